@@ -1,0 +1,206 @@
+"""One backend written against an array namespace ``xp`` (NumPy or CuPy), as Thinc's ``Ops`` are.
+
+The NumPy backend is this class with ``xp = numpy``; the CuPy backend subclasses it and overrides only
+what it does better (fused kernels, its own cuBLAS handle under capture, the memory pool).
+Elementwise primitives are bound straight to the namespace's ufuncs in ``__init__`` so a call costs one
+attribute lookup: the host cost per op decides small-model speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import Array, Backend, Shape
+
+
+class ArrayBackend(Backend):
+    """The protocol implemented with a NumPy-compatible array namespace ``xp``."""
+
+    def __init__(self, xp: Any, name: str, device: str):
+        self.xp = xp
+        self.name = name
+        self.device = device
+        ufuncs = {
+            "neg": xp.negative, "exp": xp.exp, "log": xp.log, "sqrt": xp.sqrt, "sin": xp.sin,
+            "cos": xp.cos, "tanh": xp.tanh, "abs": xp.abs, "sign": xp.sign,
+            "reciprocal": xp.reciprocal, "log1p": xp.log1p, "expm1": xp.expm1, "floor": xp.floor,
+            "ceil": xp.ceil, "round": xp.round, "logical_not": xp.logical_not, "isnan": xp.isnan,
+            "isinf": xp.isinf,
+            "add": xp.add, "sub": xp.subtract, "mul": xp.multiply, "div": xp.true_divide,
+            "pow": xp.power, "maximum": xp.maximum, "minimum": xp.minimum,
+            "floor_divide": xp.floor_divide, "remainder": xp.remainder, "atan2": xp.arctan2,
+            "eq": xp.equal, "ne": xp.not_equal, "lt": xp.less, "le": xp.less_equal,
+            "gt": xp.greater, "ge": xp.greater_equal, "logical_and": xp.logical_and,
+            "logical_or": xp.logical_or, "logical_xor": xp.logical_xor,
+        }
+        # Instance attributes shadow the abstract stubs: a primitive call is a plain ufunc call.
+        self.__dict__.update(ufuncs)
+        self.seed(0)
+
+    # erf is not a NumPy ufunc (SciPy is not a dependency); NumPy and CuPy share this one.
+    def erf(self, a: Array) -> Array:
+        """Error function: a Chebyshev-fitted erfc (relative error < 1.2e-7) for float16/32, and for
+        float64 the Maclaurin series below |x| = 2.5 (error ~1e-14) joined to the fit above it."""
+        xp = self.xp
+        ax = xp.abs(a)
+        t = 1.0 / (1.0 + 0.5 * ax)
+        poly = -ax * ax - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+            -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+                -0.82215223 + t * 0.17087277))))))))
+        y = 1.0 - t * xp.exp(poly)
+        if a.dtype == np.float64:
+            small = ax < 2.5
+            xs = xp.where(small, ax, 0.0)
+            x2 = xs * xs
+            term = xs
+            series = xs
+            for n in range(1, 64):
+                term = term * (-x2) / n
+                series = series + term / (2 * n + 1)
+            y = xp.where(small, series * (2.0 / np.sqrt(np.pi)), y)
+        out = xp.where(a < 0, -y, y)
+        return out.astype(a.dtype, copy=False)
+
+    # ----------------------------------------------------------------- host exchange and creation
+    def from_host(self, array: np.ndarray) -> Array:
+        return self.xp.asarray(array)
+
+    def to_host(self, a: Array) -> np.ndarray:
+        return np.asarray(a)
+
+    def full(self, shape: Shape, value: float | int | bool, dtype: np.dtype) -> Array:
+        return self.xp.full(shape, value, dtype=dtype)
+
+    def arange(self, start: float, stop: float, step: float, dtype: np.dtype) -> Array:
+        return self.xp.arange(start, stop, step, dtype=dtype)
+
+    # ----------------------------------------------------------------- random
+    def seed(self, seed: int) -> None:
+        self._rng = np.random.Generator(np.random.Philox(seed))
+
+    def uniform(self, shape: Shape, dtype: np.dtype) -> Array:
+        out = self._rng.random(shape, dtype=np.float64)
+        return self.from_host(out.astype(dtype, copy=False))
+
+    def normal(self, shape: Shape, dtype: np.dtype) -> Array:
+        out = self._rng.standard_normal(shape, dtype=np.float64)
+        return self.from_host(out.astype(dtype, copy=False))
+
+    def randint(self, low: int, high: int, shape: Shape, dtype: np.dtype) -> Array:
+        return self.from_host(self._rng.integers(low, high, size=shape, dtype=np.int64).astype(dtype))
+
+    # ----------------------------------------------------------------- elementwise
+    def where(self, cond: Array, a: Array, b: Array) -> Array:
+        out = self.xp.where(cond, a, b)
+        if isinstance(a, (int, float, bool)) and not isinstance(b, (int, float, bool)):
+            return out.astype(b.dtype, copy=False)
+        if isinstance(b, (int, float, bool)) and not isinstance(a, (int, float, bool)):
+            return out.astype(a.dtype, copy=False)
+        return out
+
+    def cast(self, a: Array, dtype: np.dtype) -> Array:
+        return a.astype(dtype, copy=False)
+
+    # ----------------------------------------------------------------- reductions
+    def sum(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self.xp.sum(a, axis=axes, keepdims=keepdims, dtype=a.dtype if a.dtype.kind == "f" else None)
+
+    def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self.xp.prod(a, axis=axes, keepdims=keepdims)
+
+    def max(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self.xp.max(a, axis=axes, keepdims=keepdims)
+
+    def min(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self.xp.min(a, axis=axes, keepdims=keepdims)
+
+    def any(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self.xp.any(a, axis=axes, keepdims=keepdims)
+
+    def all(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self.xp.all(a, axis=axes, keepdims=keepdims)
+
+    def argmax(self, a: Array, axis: int, keepdims: bool) -> Array:
+        return self.xp.argmax(a, axis=axis, keepdims=keepdims).astype(np.int64, copy=False)
+
+    def argmin(self, a: Array, axis: int, keepdims: bool) -> Array:
+        return self.xp.argmin(a, axis=axis, keepdims=keepdims).astype(np.int64, copy=False)
+
+    def cumsum(self, a: Array, axis: int) -> Array:
+        return self.xp.cumsum(a, axis=axis, dtype=a.dtype)
+
+    # ----------------------------------------------------------------- movement
+    def reshape(self, a: Array, shape: Shape) -> Array:
+        return a.reshape(shape)
+
+    def permute(self, a: Array, axes: Sequence[int]) -> Array:
+        return a.transpose(axes)
+
+    def expand(self, a: Array, shape: Shape) -> Array:
+        return self.xp.broadcast_to(a, shape)
+
+    def slice(self, a: Array, index: tuple[slice, ...]) -> Array:
+        return a[index]
+
+    def flip(self, a: Array, axes: Sequence[int]) -> Array:
+        return self.xp.flip(a, axis=tuple(axes))
+
+    def pad(self, a: Array, widths: Sequence[tuple[int, int]], value: float) -> Array:
+        return self.xp.pad(a, widths, mode="constant", constant_values=value)
+
+    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array:
+        return self.xp.concatenate(arrays, axis=axis)
+
+    def contiguous(self, a: Array) -> Array:
+        return self.xp.ascontiguousarray(a)
+
+    def assign(self, dst: Array, src: Array | float) -> Array:
+        if isinstance(dst, self.xp.ndarray) and dst.flags.writeable:
+            self.xp.copyto(dst, src, casting="unsafe")
+            return dst
+        # A 0-d op result (a NumPy scalar) or a read-only broadcast: give the tensor fresh storage.
+        out = self.xp.empty(dst.shape, dtype=dst.dtype)
+        self.xp.copyto(out, src, casting="unsafe")
+        return out
+
+    # ----------------------------------------------------------------- linear algebra
+    def matmul(self, a: Array, b: Array) -> Array:
+        return self.xp.matmul(a, b)
+
+    # ----------------------------------------------------------------- indexing
+    def gather(self, a: Array, axis: int, index: Array) -> Array:
+        return self.xp.take_along_axis(a, index, axis=axis)
+
+    def _full_index(self, index: Array, axis: int) -> tuple:
+        """Open-grid index tuple addressing every element of ``index`` with ``index`` on ``axis``."""
+        grids = list(self.xp.indices(index.shape, sparse=True))
+        grids[axis] = index
+        return tuple(grids)
+
+    def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        out = a.copy()
+        self.xp.add.at(out, self._full_index(index, axis), self.xp.broadcast_to(src, index.shape))
+        return out
+
+    def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        out = a.copy()
+        out[self._full_index(index, axis)] = self.xp.broadcast_to(src, index.shape)
+        return out
+
+    def memory_stats(self) -> dict[str, int]:
+        return {}
+
+
+class NumpyBackend(ArrayBackend):
+    """The CPU backend: NumPy arrays, NumPy's BLAS for matmul."""
+
+    def __init__(self, device: str = "cpu"):
+        super().__init__(np, "cpu", "cpu")
+
+    @staticmethod
+    def is_available() -> bool:
+        """NumPy is a hard dependency: always available."""
+        return True

@@ -1,0 +1,234 @@
+"""The backend protocol: the small set of primitives every device implements.
+
+A backend owns one device and works on its *native arrays* (``numpy.ndarray`` on the CPU, ``cupy.ndarray``
+on CUDA, flowgraph's own strided ``CLArray`` on OpenCL). Everything above this layer (tensor ops,
+autograd, nn, optimizers) is written once in terms of these primitives, so a new backend gets every op
+and every gradient by implementing this class.
+
+Contract shared by all primitives:
+
+* Arrays expose ``.shape`` (tuple of ints), ``.ndim`` and ``.dtype`` (a ``numpy.dtype``; bfloat16 is
+  ``ml_dtypes.bfloat16``). Nothing else about an array is assumed by the layers above.
+* Binary elementwise ops receive two arrays *of the same dtype* (the tensor layer promotes first)
+  broadcast NumPy-style, or an array and a Python scalar on either side (the scalar takes the array's
+  dtype). Comparisons return ``bool`` arrays.
+* Axes are non-negative ints already normalised by the caller; shapes are tuples.
+* Results may be views of their inputs (reshape, permute, expand, slice, flip) where the device can do
+  that; callers never write into a result unless it came from ``assign``'s target.
+* A backend may defer and fuse work (the accelerated ones do); ``to_host`` and ``synchronize`` are the
+  points where pending work must be finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError
+
+Array = Any
+Shape = tuple[int, ...]
+
+#: Names of the unary elementwise primitives (float in, same dtype out unless noted).
+UNARY_OPS: tuple[str, ...] = (
+    "neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "erf", "abs", "sign", "reciprocal",
+    "log1p", "expm1", "floor", "ceil", "round", "logical_not", "isnan", "isinf",
+)
+#: Names of the binary elementwise primitives.
+BINARY_OPS: tuple[str, ...] = (
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "floor_divide", "remainder", "atan2",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+)
+#: Reductions over a tuple of axes: ``op(a, axes, keepdims)``.
+REDUCE_OPS: tuple[str, ...] = ("sum", "prod", "max", "min", "any", "all")
+
+
+def _missing(backend: Backend, name: str | None = None) -> BackendError:
+    """The error for a primitive a backend has not implemented."""
+    import inspect
+
+    name = name or inspect.stack()[1].function
+    return BackendError(
+        f"backend {type(backend).__name__} ({backend.device}) has no primitive {name!r}; "
+        "every backend must implement the full protocol in flowgraph/backends/base.py"
+    )
+
+
+class Backend:
+    """Abstract backend. Subclasses implement every method below for one device.
+
+    ``name`` is the device type (``"cpu"``, ``"cuda"``, ``"opencl"``) and ``device`` the full device
+    string (``"cpu"``, ``"cuda:0"``, ``"opencl:1"``).
+    """
+
+    name: str = "abstract"
+    device: str = "abstract"
+    #: Whether the device computes float64 (``False`` on OpenCL devices without ``cl_khr_fp64``).
+    supports_float64: bool = True
+    #: Whether the device computes float16.
+    supports_float16: bool = True
+
+    # ----------------------------------------------------------------- host exchange and creation
+    def from_host(self, array: np.ndarray) -> Array:
+        """Copy a host ``numpy.ndarray`` to this device (dtype kept)."""
+        raise _missing(self)
+
+    def to_host(self, a: Array) -> np.ndarray:
+        """Copy ``a`` to a host ``numpy.ndarray`` (finishes pending work)."""
+        raise _missing(self)
+
+    def full(self, shape: Shape, value: float | int | bool, dtype: np.dtype) -> Array:
+        """A new array filled with ``value``."""
+        raise _missing(self)
+
+    def arange(self, start: float, stop: float, step: float, dtype: np.dtype) -> Array:
+        """``[start, start+step, ...)`` below ``stop``, NumPy semantics."""
+        raise _missing(self)
+
+    # ----------------------------------------------------------------- random (seeded, reproducible)
+    def seed(self, seed: int) -> None:
+        """Reset this device's generator."""
+        raise _missing(self)
+
+    def uniform(self, shape: Shape, dtype: np.dtype) -> Array:
+        """Uniform samples in [0, 1)."""
+        raise _missing(self)
+
+    def normal(self, shape: Shape, dtype: np.dtype) -> Array:
+        """Standard normal samples."""
+        raise _missing(self)
+
+    def randint(self, low: int, high: int, shape: Shape, dtype: np.dtype) -> Array:
+        """Integers uniform in [low, high)."""
+        raise _missing(self)
+
+    # ----------------------------------------------------------------- elementwise
+    def where(self, cond: Array, a: Array, b: Array) -> Array:
+        """``cond ? a : b`` with broadcasting; ``a``/``b`` same dtype or scalars."""
+        raise _missing(self)
+
+    def cast(self, a: Array, dtype: np.dtype) -> Array:
+        """Convert to ``dtype`` (returns ``a`` itself when it already has it)."""
+        raise _missing(self)
+
+    # ----------------------------------------------------------------- reductions and scans
+    def argmax(self, a: Array, axis: int, keepdims: bool) -> Array:
+        """Index (int64) of the first maximum along ``axis``."""
+        raise _missing(self)
+
+    def argmin(self, a: Array, axis: int, keepdims: bool) -> Array:
+        """Index (int64) of the first minimum along ``axis``."""
+        raise _missing(self)
+
+    def cumsum(self, a: Array, axis: int) -> Array:
+        """Inclusive prefix sum along ``axis``."""
+        raise _missing(self)
+
+    # ----------------------------------------------------------------- movement (views where possible)
+    def reshape(self, a: Array, shape: Shape) -> Array:
+        """Same elements in row-major order, new shape (a view when ``a`` is contiguous)."""
+        raise _missing(self)
+
+    def permute(self, a: Array, axes: Sequence[int]) -> Array:
+        """Reorder axes (a view)."""
+        raise _missing(self)
+
+    def expand(self, a: Array, shape: Shape) -> Array:
+        """Broadcast to ``shape`` (a view with zero strides)."""
+        raise _missing(self)
+
+    def slice(self, a: Array, index: tuple[slice, ...]) -> Array:
+        """Basic slicing with one ``slice(start, stop, step>0)`` per axis, bounds already clipped (a view)."""
+        raise _missing(self)
+
+    def flip(self, a: Array, axes: Sequence[int]) -> Array:
+        """Reverse the order along ``axes``."""
+        raise _missing(self)
+
+    def pad(self, a: Array, widths: Sequence[tuple[int, int]], value: float) -> Array:
+        """Constant padding; ``widths`` has a (before, after) pair per axis, both >= 0."""
+        raise _missing(self)
+
+    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array:
+        """Join same-dtype arrays along an existing axis."""
+        raise _missing(self)
+
+    def contiguous(self, a: Array) -> Array:
+        """A row-major array with its own storage (``a`` itself if it already is one)."""
+        raise _missing(self)
+
+    def assign(self, dst: Array, src: Array | float) -> Array:
+        """Write ``src`` (broadcast) into ``dst`` in place and return the array now holding the values.
+
+        ``dst`` may be a view: the write lands in the storage it shares with its base.
+        """
+        raise _missing(self)
+
+    # ----------------------------------------------------------------- linear algebra
+    def matmul(self, a: Array, b: Array) -> Array:
+        """Batched matrix product with NumPy ``matmul`` semantics for ndim >= 2."""
+        raise _missing(self)
+
+    # ----------------------------------------------------------------- indexing
+    def gather(self, a: Array, axis: int, index: Array) -> Array:
+        """``take_along_axis``: ``out[i][j][k] = a[i][index[i][j][k]][k]`` for axis 1; ``index`` is int64."""
+        raise _missing(self)
+
+    def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        """A copy of ``a`` with ``src`` added at ``index`` along ``axis`` (duplicates accumulate)."""
+        raise _missing(self)
+
+    def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        """A copy of ``a`` with ``src`` written at ``index`` along ``axis`` (last write wins)."""
+        raise _missing(self)
+
+    # ----------------------------------------------------------------- runtime
+    def synchronize(self) -> None:
+        """Wait for all queued work on the device."""
+
+    def memory_stats(self) -> dict[str, int]:
+        """Device memory figures in bytes where the backend tracks them (``allocated``, ``peak``, ``total``)."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.device}>"
+
+
+def _declare_elementwise() -> None:
+    """Give the abstract class one documented stub per elementwise/reduction primitive."""
+
+    def unary_stub(name: str):
+        def op(self: Backend, a: Array) -> Array:
+            raise _missing(self, name)
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise ``{name}(a)``."
+        return op
+
+    def binary_stub(name: str):
+        def op(self: Backend, a: Array, b: Array) -> Array:
+            raise _missing(self, name)
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise ``{name}(a, b)`` with broadcasting."
+        return op
+
+    def reduce_stub(name: str):
+        def op(self: Backend, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+            raise _missing(self, name)
+
+        op.__name__ = name
+        op.__doc__ = f"``{name}`` over ``axes`` (a tuple; empty means no reduction)."
+        return op
+
+    for n in UNARY_OPS:
+        setattr(Backend, n, unary_stub(n))
+    for n in BINARY_OPS:
+        setattr(Backend, n, binary_stub(n))
+    for n in REDUCE_OPS:
+        setattr(Backend, n, reduce_stub(n))
+
+
+_declare_elementwise()
