@@ -1,0 +1,455 @@
+"""The training monitor: console lines with an adaptive ETA, a live dashboard, an HTML report and a CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, TypeVar
+
+from flowgraph.errors import FlowError
+
+from .console import epoch_line, format_duration, format_metric
+from .eta import EtaEstimator
+from .hub import EventHub
+from .page import report_html
+from .progress import StepProgress
+from .resources import ResourceSampler
+from .source import GraphMetadata, GraphPicture, MetadataReader, is_graph, read_metrics, read_picture
+
+T = TypeVar("T")
+
+STATUSES = ("completed", "interrupted", "failed")
+_CSV_FIXED = ("epoch", "total", "seconds", "eta")
+
+
+class Monitor:
+    """Watches a training run: one console line per epoch, a live dashboard, a report at the end.
+
+    ``epoch`` passed to :meth:`log` is the zero-based loop index (``for epoch in range(total_epochs)``);
+    the console, the dashboard and the epoch objects show the one-based number, ``epoch 3/100`` for index 2.
+
+    >>> mon = Monitor(total_epochs=100, report_path="report.html")   # doctest: +SKIP
+    >>> mon.serve(port=3000)                       # live dashboard on http://127.0.0.1:3000
+    >>> for epoch in range(100):
+    ...     start = time.perf_counter()
+    ...     for batch in mon.steps(loader):        # a per-step progress bar inside the epoch
+    ...         ...
+    ...     g.flush()
+    ...     mon.log(epoch, time.perf_counter() - start, g)   # or a dict: {"loss": 0.12, "val/loss": 0.15}
+    >>> mon.finish()                               # summary, final 'complete' event, report written
+
+    Used as a context manager, a Ctrl-C (``KeyboardInterrupt``) still ends the run properly: the report is
+    written and dashboards receive ``complete`` with status ``interrupted``.
+
+    Args:
+        total_epochs: the number of epochs planned (the ``N`` of ``epoch k/N`` and of the ETA).
+        report_path: where :meth:`finish` writes the self-contained HTML report; None for no report.
+        quiet: no console output at all (no epoch lines, no progress bars, no summary).
+        progress_bar: draw a tqdm bar for :meth:`progress` / :meth:`steps` (when tqdm is installed).
+        eta_window: how many recent epochs the ETA's moving average covers.
+        stream: where console lines and bars go (default ``sys.stderr``).
+        title: a title for the dashboard (default: the graph's label, else ``"training"``).
+        client_queue_size: events buffered per dashboard client before a client that stopped reading is
+            dropped (its browser reconnects and resumes where it left off).
+    """
+
+    def __init__(
+        self,
+        total_epochs: int,
+        *,
+        report_path: str | os.PathLike[str] | None = None,
+        quiet: bool = False,
+        progress_bar: bool = True,
+        eta_window: int = 10,
+        stream: IO[str] | None = None,
+        title: str | None = None,
+        client_queue_size: int = 1024,
+    ) -> None:
+        if not isinstance(total_epochs, int) or isinstance(total_epochs, bool) or total_epochs < 1:
+            raise FlowError(f"Monitor: total_epochs must be a positive int, got {total_epochs!r}")
+        if not isinstance(client_queue_size, int) or client_queue_size < 1:
+            raise FlowError(f"Monitor: client_queue_size must be a positive int, got {client_queue_size!r}")
+        self.total_epochs = total_epochs
+        self.report_path = None if report_path is None else Path(report_path)
+        self.title = title
+        self.quiet = quiet
+        self._stream = stream if stream is not None else sys.stderr
+        self._eta = EtaEstimator(eta_window)
+        self._hub = EventHub(queue_size=client_queue_size)
+        self._sampler = ResourceSampler()
+        self._metadata_reader = MetadataReader()
+        self._progress = StepProgress(enabled=progress_bar and not quiet, stream=self._stream)
+        self._history: list[dict[str, Any]] = []
+        self._metadata = GraphMetadata()
+        self._picture = GraphPicture()
+        self._watched = False
+        self._started_at = time.time()
+        self._clock_start = time.perf_counter()
+        self._status = "running"
+        self._final: dict[str, Any] | None = None
+        self._server: Any = None
+        self._url: str | None = None
+        self._publish_meta()
+
+    # -- graph ---------------------------------------------------------------------------------------------
+
+    def watch(self, graph: Any) -> None:
+        """Show ``graph`` on the dashboard: its picture (``g.svg()``, or ``g.dot()`` source) and metadata."""
+        self._watched = True
+        self._picture = read_picture(graph)
+        self._metadata = self._metadata_reader.read(graph)
+        self._publish_meta()
+
+    # -- the training loop ---------------------------------------------------------------------------------
+
+    def log(
+        self,
+        epoch: int,
+        seconds: float,
+        metrics: Any,
+        *,
+        extra: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Record one finished epoch, print its line and push it to the dashboard.
+
+        Args:
+            epoch: the zero-based epoch index, ``0 <= epoch < total_epochs``.
+            seconds: how long the epoch took (wall-clock seconds, measured by the caller).
+            metrics: a dict ``name -> value`` or a graph with ``latest_metrics()``; values may be floats,
+                ints or 0-d tensors. Non-finite values are kept as ``None`` (null in JSON, empty in CSV).
+            extra: more metrics merged after the graph's, e.g. ``{"lr": scheduler.get_last_lr()[0]}``.
+
+        Returns:
+            The epoch object, as sent to the dashboard.
+        """
+        if self._final is not None:
+            raise FlowError(f"Monitor.log(epoch={epoch!r}): the run already finished; create a new Monitor")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < self.total_epochs:
+            raise FlowError(
+                f"Monitor.log: epoch must be the zero-based index 0..{self.total_epochs - 1} "
+                f"(total_epochs={self.total_epochs}), got {epoch!r}; "
+                "loop with `for epoch in range(total_epochs)` or raise total_epochs"
+            )
+        try:
+            seconds = float(seconds)
+        except (TypeError, ValueError) as error:
+            raise FlowError(
+                f"Monitor.log(epoch={epoch}): seconds must be a number, got {seconds!r}"
+            ) from error
+        if not math.isfinite(seconds) or seconds < 0:
+            raise FlowError(
+                f"Monitor.log(epoch={epoch}): seconds must be a finite duration >= 0, got {seconds!r}"
+            )
+        self._progress.close()
+        values = read_metrics(metrics)
+        if extra is not None:
+            values.update(read_metrics(extra, where="Monitor.log(extra=...)"))
+
+        device = None
+        if is_graph(metrics):
+            meta_before = (self._metadata, self._picture)
+            if not self._watched:
+                self._watched = True
+                self._picture = read_picture(metrics)
+            self._metadata = self._metadata_reader.read(metrics)
+            device = self._metadata.device
+            if (self._metadata, self._picture) != meta_before:
+                self._publish_meta()
+
+        self._eta.update(seconds)
+        number = epoch + 1
+        eta = self._eta.remaining(self.total_epochs - number)
+        record = {
+            "epoch": number,
+            "total": self.total_epochs,
+            "seconds": seconds,
+            "eta": None if eta is None else round(eta, 3),
+            "metrics": values,
+            "resources": self._sampler.sample(device),
+        }
+        self._history.append(record)
+        self._hub.publish_epoch(record)
+        if not self.quiet:
+            line = epoch_line(number, self.total_epochs, values, seconds, eta, record["resources"])
+            self._progress.write(line)
+        return record
+
+    def progress(self, step: int, total_steps: int | None = None) -> None:
+        """Advance the per-step bar: call after finishing step ``step`` (zero-based) of ``total_steps``.
+
+        The bar closes itself after the last step and at the next :meth:`log`. Turn bars off with
+        ``Monitor(..., progress_bar=False)``.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise FlowError(f"Monitor.progress: step must be a zero-based int >= 0, got {step!r}")
+        if total_steps is not None and (not isinstance(total_steps, int) or total_steps < 1):
+            raise FlowError(
+                f"Monitor.progress: total_steps must be a positive int or None, got {total_steps!r}"
+            )
+        self._progress.update(step + 1, total_steps, self._step_description())
+
+    def steps(self, iterable: Iterable[T], total: int | None = None) -> Iterator[T]:
+        """Iterate over ``iterable`` (e.g. a data loader) with a per-step progress bar.
+
+        ``total`` defaults to ``len(iterable)`` when it has one.
+        """
+        if total is None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        done = 0
+        for item in iterable:
+            yield item
+            done += 1
+            self._progress.update(done, total, self._step_description())
+        self._progress.close()
+
+    def _step_description(self) -> str:
+        return f"epoch {len(self._history) + 1}/{self.total_epochs}"
+
+    # -- ending the run ------------------------------------------------------------------------------------
+
+    def finish(self, status: str = "completed", *, keep_serving: bool = False) -> dict[str, Any]:
+        """End the run: print a summary, send ``complete`` to dashboards, write the report, stop the server.
+
+        Args:
+            status: ``"completed"``, ``"interrupted"`` (Ctrl-C) or ``"failed"`` (an exception).
+            keep_serving: leave the dashboard server running (showing the final state) until :meth:`close`.
+
+        Returns:
+            The final object sent with ``complete``. A second call returns it again and does nothing else.
+        """
+        if status not in STATUSES:
+            raise FlowError(f"Monitor.finish: status must be one of {', '.join(STATUSES)}; got {status!r}")
+        if self._final is not None:
+            return self._final
+        self._progress.close()
+        self._status = status
+        elapsed = self.elapsed
+        times = [record["seconds"] for record in self._history]
+        self._final = {
+            "status": status,
+            "epochs": len(self._history),
+            "total": self.total_epochs,
+            "elapsed": round(elapsed, 3),
+            "mean_epoch_seconds": round(sum(times) / len(times), 6) if times else None,
+            "final_metrics": dict(self._history[-1]["metrics"]) if self._history else {},
+        }
+        self._publish_meta()
+        self._hub.publish_complete(self._final)
+        if not self.quiet:
+            self._progress.write(self._summary_line())
+        report_error: Exception | None = None
+        if self.report_path is not None:
+            try:
+                self.save_html(self.report_path)
+                if not self.quiet:
+                    self._progress.write(f"report: {self.report_path}")
+            except (OSError, FlowError) as error:
+                report_error = error
+        if not keep_serving:
+            self.close()
+        if report_error is not None:
+            raise FlowError(
+                f"Monitor.finish: could not write the report to {str(self.report_path)!r}: {report_error}"
+            ) from report_error
+        return self._final
+
+    def _summary_line(self) -> str:
+        final = self._final or {}
+        words = {"completed": "completed", "interrupted": "interrupted", "failed": "failed"}
+        line = (
+            f"training {words[self._status]} after {final.get('epochs', 0)}/{self.total_epochs} epochs "
+            f"in {format_duration(final.get('elapsed'))}"
+        )
+        if final.get("mean_epoch_seconds") is not None:
+            line += f" ({format_duration(final['mean_epoch_seconds'])}/epoch)"
+        metrics = final.get("final_metrics") or {}
+        if metrics:
+            line += ": " + " ".join(f"{name}={format_metric(value)}" for name, value in metrics.items())
+        return line
+
+    def close(self) -> None:
+        """Stop the dashboard server and end open streams; safe to call more than once."""
+        self._progress.close()
+        server, self._server = self._server, None
+        if server is not None:
+            self._hub.close()
+            server.stop()
+        self._sampler.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._final is None:
+            if exc_type is None:
+                self.finish()
+            else:
+                status = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+                try:
+                    self.finish(status)
+                except FlowError as error:  # do not hide the exception that ended training
+                    warnings.warn(str(error), RuntimeWarning, stacklevel=2)
+        self.close()
+
+    # -- the dashboard server ------------------------------------------------------------------------------
+
+    def serve(self, port: int = 3000, host: str = "127.0.0.1") -> str:
+        """Start the live dashboard on ``http://host:port`` in a background thread; return its URL.
+
+        Returns only once the server accepts connections. ``port=0`` picks a free port (see :attr:`url`).
+        The default host only accepts connections from this machine; ``host="0.0.0.0"`` exposes the
+        dashboard (training metrics, model structure) to the whole network, without authentication.
+
+        Raises:
+            FlowError: the port is in use, the host is invalid, the server failed to start, or the
+                server packages (``pip install 'flowgraph[monitor]'``) are missing.
+        """
+        if self._server is not None:
+            raise FlowError(f"Monitor.serve: already serving on {self._url}; call close() first")
+        try:
+            from . import server as server_module
+        except ImportError as error:
+            raise FlowError(
+                f"Monitor.serve: the dashboard needs starlette, sse-starlette and uvicorn ({error}); "
+                "install them with pip install 'flowgraph[monitor]'"
+            ) from error
+        sock = server_module.bind_socket(host, port)
+        app = server_module.build_app(self._hub, lambda: self._picture.svg, host)
+        server = server_module.DashboardServer(app, sock, host)
+        server.start()
+        self._server = server
+        self._url = _url_for(host, server.port)
+        if not self.quiet:
+            self._progress.write(f"dashboard: {self._url}")
+            if not server_module.is_loopback(host):
+                self._progress.write(
+                    f"warning: the dashboard listens on {host}, reachable from other machines, with no "
+                    "authentication; use host='127.0.0.1' unless that is intended"
+                )
+        return self._url
+
+    @property
+    def url(self) -> str | None:
+        """The dashboard's URL while serving (``http://127.0.0.1:PORT``), else None."""
+        return self._url if self._server is not None else None
+
+    @property
+    def port(self) -> int | None:
+        """The port the dashboard listens on while serving, else None."""
+        return None if self._server is None else int(self._server.port)
+
+    # -- state ---------------------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """Every epoch object logged so far, oldest first (copies)."""
+        return json.loads(json.dumps(self._history))
+
+    @property
+    def status(self) -> str:
+        """``running`` until :meth:`finish`, then the status it was given."""
+        return self._status
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the monitor was created, or until it finished."""
+        if self._final is not None:
+            return float(self._final["elapsed"])
+        return time.perf_counter() - self._clock_start
+
+    def _meta(self) -> dict[str, Any]:
+        model = self._metadata.to_json()
+        return {
+            "title": self.title or model.get("label") or "training",
+            "total": self.total_epochs,
+            "status": self._status,
+            "started_at": self._started_at,
+            "elapsed": round(self.elapsed, 3),
+            "now": time.time(),
+            "model": model,
+            "graph": self._picture.to_json(),
+        }
+
+    def _publish_meta(self) -> None:
+        self._hub.publish_meta(self._meta())
+
+    # -- exports -------------------------------------------------------------------------------------------
+
+    def save_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the dashboard with every epoch embedded: one HTML file that opens offline, no server."""
+        target = Path(path)
+        data = {
+            "meta": self._meta(),
+            "epochs": self._history,
+            "complete": self._final,
+            "graph_svg": self._picture.svg,
+        }
+        _write_text(target, report_html(data), "Monitor.save_html")
+        return target
+
+    def export_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Write one row per epoch: ``epoch, total, seconds, eta``, one column per metric, then resources.
+
+        Metric columns are in order of first appearance, so a metric that starts later or is only logged
+        by a subtree gets its own column; cells where it is missing (or was not finite) are empty.
+        Resource columns are named ``resource.cpu``, ``resource.ram_used``, ...
+        """
+        metric_names: dict[str, None] = {}
+        resource_names: dict[str, None] = {}
+        for record in self._history:
+            metric_names.update(dict.fromkeys(record["metrics"]))
+            resource_names.update(dict.fromkeys(record["resources"]))
+        metric_columns = {name: f"metric.{name}" if name in _CSV_FIXED else name for name in metric_names}
+        header = [*_CSV_FIXED, *metric_columns.values(), *(f"resource.{name}" for name in resource_names)]
+        target = Path(path)
+        try:
+            with target.open("w", newline="", encoding="utf-8") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(header)
+                for record in self._history:
+                    row = [_cell(record[key]) for key in _CSV_FIXED]
+                    row.extend(_cell(record["metrics"].get(name)) for name in metric_names)
+                    row.extend(_cell(record["resources"].get(name)) for name in resource_names)
+                    writer.writerow(row)
+        except OSError as error:
+            raise FlowError(f"Monitor.export_csv: cannot write {str(target)!r}: {error}") from error
+        return target
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    return str(value)
+
+
+def _write_text(target: Path, text: str, where: str) -> None:
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise FlowError(f"{where}: cannot write {str(target)!r}: {error}") from error
+
+
+def _url_for(host: str, port: int) -> str:
+    """The URL a local browser should open: a wildcard host is reached through loopback."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
