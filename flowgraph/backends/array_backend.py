@@ -71,6 +71,18 @@ class ArrayBackend(Backend):
     def to_host(self, a: Array) -> np.ndarray:
         return np.asarray(a)
 
+    def from_dlpack(self, obj: Any) -> Array:
+        """Zero-copy import of a DLPack-capable array on this device."""
+        return self.xp.from_dlpack(obj)
+
+    def to_dlpack(self, a: Array, *args: Any, **kwargs: Any) -> Any:
+        """A DLPack capsule for ``a`` (``Tensor.__dlpack__``)."""
+        return self.xp.asarray(a).__dlpack__(*args, **kwargs)
+
+    def dlpack_device(self, a: Array) -> tuple[int, int]:
+        """``(device_type, index)`` for ``Tensor.__dlpack_device__``."""
+        return self.xp.asarray(a).__dlpack_device__()
+
     def full(self, shape: Shape, value: float | int | bool, dtype: np.dtype) -> Array:
         return self.xp.full(shape, value, dtype=dtype)
 
@@ -199,6 +211,13 @@ class NumpyBackend(ArrayBackend):
 
     def __init__(self, device: str = "cpu"):
         super().__init__(np, "cpu", "cpu")
+        # Overflow to inf, 0/0 and log(0) are values here, as in PyTorch, not warnings.
+        np.seterr(all="ignore")
+
+    @staticmethod
+    def list_devices() -> list[str]:
+        """The CPU device."""
+        return ["cpu"]
 
     @staticmethod
     def is_available() -> bool:

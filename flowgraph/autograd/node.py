@@ -1,0 +1,190 @@
+"""Graph nodes and the backward engine.
+
+Each differentiable op that records produces one ``Node`` for its single output tensor. The node keeps
+exactly what backward needs (Chainer's explicit retention): a closure over the saved values, the input
+tensors that require grad, and ``(tensor, version)`` pairs for saved tensors so an in-place change
+between forward and backward is an error rather than a silently wrong gradient.
+
+The engine collects the nodes reachable from the roots with an explicit stack (no recursion: graphs of
+tens of thousands of ops are fine) and runs them in decreasing creation order, which is a valid
+topological order because an op can only consume tensors created before it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AnomalyError, FlowError
+from .grad_mode import STATE, enable_grad, no_grad
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..tensor.tensor import Tensor
+
+_SEQ = itertools.count()
+
+
+class Node:
+    """A recorded op: ``backward(grad_of_output) -> tuple of input grads`` (``None`` where not needed)."""
+
+    __slots__ = ("backward", "inputs", "name", "seq", "saved", "hooks", "retain", "__weakref__")
+
+    def __init__(self, backward: Callable, inputs: tuple, name: str, saved: tuple = ()):
+        self.backward = backward
+        self.inputs = inputs
+        self.name = name
+        self.seq = next(_SEQ)
+        self.saved = saved
+        self.hooks: list | None = None
+        self.retain: Any = None  # weakref to the output when retain_grad() was called
+
+    def __repr__(self) -> str:
+        return f"<{self.name}Backward #{self.seq}>"
+
+    def next_functions(self) -> tuple:
+        """The nodes feeding this one (``None`` for leaves), like PyTorch's ``grad_fn.next_functions``."""
+        return tuple(None if t is None else t._grad_fn for t in self.inputs)
+
+
+_by_seq = attrgetter("seq")
+
+
+def _collect(roots: Sequence[Node]) -> list[Node]:
+    seen: set[Node] = set()
+    stack = list(roots)
+    order: list[Node] = []
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        order.append(node)
+        for t in node.inputs:
+            if t is not None:
+                fn = t._grad_fn
+                if fn is not None and fn not in seen:
+                    stack.append(fn)
+    order.sort(key=_by_seq, reverse=True)
+    return order
+
+
+def _check_versions(node: Node) -> None:
+    for t, version in node.saved:
+        if t._version != version:
+            raise FlowError(
+                f"a tensor saved by {node.name} for its backward was modified in place afterwards "
+                f"(version {version} when saved, {t._version} now); use an out-of-place op "
+                f"(e.g. x = x + y instead of x.add_(y)) or .clone() before modifying it"
+            )
+
+
+def _check_finite(value: Tensor, where: str) -> None:
+    if value.dtype.is_floating_point and not bool(value.isfinite().all().item()):
+        raise AnomalyError(f"{where} produced NaN or infinity (detect_anomaly is on)")
+
+
+def _apply_hooks(hooks: list | None, grad: Tensor) -> Tensor:
+    if hooks:
+        for hook in hooks:
+            result = hook(grad)
+            if result is not None:
+                grad = result
+    return grad
+
+
+def run_backward(
+    roots: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    retain_graph: bool = False,
+    create_graph: bool = False,
+    capture: Sequence[Tensor] | None = None,
+    allow_unused: bool = True,
+) -> list[Tensor | None] | None:
+    """Propagate ``grads`` from ``roots`` back through the graph.
+
+    Without ``capture`` the gradients of leaves that require grad accumulate into ``.grad``. With
+    ``capture`` (``fg.autograd.grad``) nothing accumulates: the gradients of those tensors are returned.
+    """
+    pending: dict[Node, Tensor] = {}
+    leaf_grads: dict[int, list] = {}
+    capture_nodes: dict[Node, int] = {}
+    capture_leaves: dict[int, int] = {}
+    captured: list[Tensor | None] = []
+    if capture is not None:
+        captured = [None] * len(capture)
+        for i, t in enumerate(capture):
+            if t._grad_fn is not None:
+                capture_nodes[t._grad_fn] = i
+            else:
+                capture_leaves[id(t)] = i
+
+    def route(t: Tensor, g: Tensor) -> None:
+        fn = t._grad_fn
+        if fn is not None:
+            prev = pending.get(fn)
+            pending[fn] = g if prev is None else prev + g
+        elif t.requires_grad:
+            entry = leaf_grads.get(id(t))
+            if entry is None:
+                leaf_grads[id(t)] = [t, g]
+            else:
+                entry[1] = entry[1] + g
+
+    grad_ctx = enable_grad() if create_graph else no_grad()
+    with grad_ctx:
+        for t, g in zip(roots, grads):
+            route(t, g)
+        anomaly = STATE.anomaly
+        for node in _collect([t._grad_fn for t in roots if t._grad_fn is not None]):
+            g = pending.pop(node, None)
+            if g is None:
+                continue
+            g = _apply_hooks(node.hooks, g)
+            if node.retain is not None:
+                out = node.retain()
+                if out is not None:
+                    out.grad = g if out.grad is None else out.grad + g
+            if node in capture_nodes:
+                captured[capture_nodes[node]] = g
+            backward = node.backward
+            if backward is None:
+                raise FlowError(
+                    f"backward through {node.name} a second time: its saved values were freed after the first "
+                    "backward; pass retain_graph=True to the first backward() if you need to run it twice"
+                )
+            if node.saved:
+                _check_versions(node)
+            in_grads = backward(g)
+            if not retain_graph:
+                node.backward = None
+                node.saved = ()
+            for t, gi in zip(node.inputs, in_grads):
+                if t is None or gi is None:
+                    continue
+                if anomaly:
+                    _check_finite(gi, f"the backward of {node.name}")
+                route(t, gi)
+        for t, g in leaf_grads.values():
+            g = _apply_hooks(t._hooks, g)
+            if g.shape != t.shape:
+                raise FlowError(f"internal: gradient of shape {g.shape} for a leaf of shape {t.shape}")
+            if capture is not None:
+                i = capture_leaves.get(id(t))
+                if i is not None:
+                    captured[i] = g
+                continue
+            if not create_graph:
+                g = g.detach()
+            t.grad = g if t.grad is None else t.grad + g
+    if capture is not None:
+        if not allow_unused:
+            for i, g in enumerate(captured):
+                if g is None:
+                    raise FlowError(
+                        f"input {i} of autograd.grad is not reachable from the outputs; "
+                        "pass allow_unused=True to get None for it"
+                    )
+        return captured
+    return None

@@ -1,0 +1,437 @@
+"""Backend-agnostic elementwise fusion: a lazy expression graph, its structural key, and a C emitter.
+
+An accelerated backend (OpenCL now, CUDA later) does not run an elementwise primitive at once. It returns
+a *lazy* array whose ``lazy`` attribute is an :class:`Expr` (an op applied to inputs), and only compiles and
+runs the whole chain when something needs a real buffer: a reduction, matmul, a movement op, a host read,
+or the size caps below. The chain then becomes one kernel.
+
+This module holds everything about that which does not depend on the device API:
+
+* :class:`Expr` / :class:`Scalar` - the graph. Inputs of an ``Expr`` are arrays (realized ones are the
+  *leaves*; lazy ones carry their own ``Expr``) or scalars. Every array input has the node's shape already
+  (a backend broadcasts realized inputs as zero-stride views and realizes lazy inputs of another shape), so
+  every leaf of a tree has the root's shape and is addressed by its own strides.
+* :func:`linearize` - a tree into a :class:`FusedProgram`: leaves and scalars in order, instructions in
+  topological order, and a *structural key* (ops, dtypes, sharing) that never contains values or sizes, so
+  one compiled kernel serves every shape and every scalar value.
+* :class:`CEmitter` - turns a program into C-like statements. It holds the op templates shared by OpenCL C
+  and CUDA C; a device emitter subclass names the C types and the few functions that differ.
+* :func:`result_dtype` - the NumPy result dtype of every elementwise primitive, so fused backends agree with
+  the NumPy backend.
+* :func:`set_enabled` - turn fusion off (each op realizes at once) for debugging.
+
+The arrays themselves are opaque here: the only attributes read are ``lazy``, ``dtype`` and ``shape``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError
+
+#: A fused tree is realized before it grows past this many op nodes ...
+MAX_NODES = 32
+#: ... or reads more than this many leaf arrays (kernel argument lists stay short).
+MAX_LEAVES = 8
+
+_ENABLED = [True]
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn elementwise fusion on (default) or off; off, every elementwise primitive runs at once.
+
+    >>> from flowgraph.backends import fusion
+    >>> fusion.set_enabled(False)   # debug: one kernel per primitive
+    >>> fusion.set_enabled(True)
+    """
+    _ENABLED[0] = bool(enabled)
+
+
+def is_enabled() -> bool:
+    """Whether elementwise fusion is on."""
+    return _ENABLED[0]
+
+
+class Scalar:
+    """A Python scalar operand, already converted to the dtype it is computed in.
+
+    Its value is a kernel argument, never part of the kernel source or the structural key.
+    """
+
+    __slots__ = ("value", "dtype")
+
+    def __init__(self, value: Any, dtype: np.dtype):
+        self.dtype = np.dtype(dtype)
+        self.value = np.array(value).astype(self.dtype)[()]
+
+    def __repr__(self) -> str:
+        return f"Scalar({self.value!r}, {self.dtype})"
+
+
+class Expr:
+    """One pending elementwise op: ``op`` applied to ``inputs`` (arrays or :class:`Scalar`), giving ``dtype``.
+
+    ``nodes`` and ``leaves`` are upper bounds of the tree size (shared subtrees counted twice); backends
+    compare them with :data:`MAX_NODES` / :data:`MAX_LEAVES` to decide when to realize.
+    """
+
+    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves")
+
+    def __init__(self, op: str, inputs: Sequence[Any], dtype: np.dtype):
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.dtype = np.dtype(dtype)
+        nodes, leaves = 1, 0
+        for x in self.inputs:
+            if isinstance(x, Scalar):
+                continue
+            sub = x.lazy
+            if sub is None:
+                leaves += 1
+            else:
+                nodes += sub.nodes
+                leaves += sub.leaves
+        self.nodes = nodes
+        self.leaves = leaves
+
+    def too_big(self) -> bool:
+        """Whether this tree passed the fusion caps and should be realized."""
+        return self.nodes > MAX_NODES or self.leaves > MAX_LEAVES
+
+    def __repr__(self) -> str:
+        return f"Expr({self.op}, {len(self.inputs)} inputs, {self.dtype}, nodes={self.nodes})"
+
+
+# A reference inside a program: ("l", i) leaf i, ("s", i) scalar i, ("v", i) the value of instruction i.
+Ref = tuple[str, int]
+
+
+class FusedProgram:
+    """A linearized expression: what a device emitter needs to write one kernel.
+
+    ``leaves`` are the realized arrays read (deduplicated by identity), ``scalars`` the scalar operands,
+    ``instrs`` ``(op, dtype, refs)`` in evaluation order, ``result`` the reference holding the value, and
+    ``key`` the structural key (hashable; no sizes, strides or values).
+    """
+
+    __slots__ = ("leaves", "scalars", "instrs", "result", "key")
+
+    def __init__(self, leaves: list[Any], scalars: list[Scalar], instrs: list[tuple[str, np.dtype, tuple[Ref, ...]]],
+                 result: Ref):
+        self.leaves = leaves
+        self.scalars = scalars
+        self.instrs = instrs
+        self.result = result
+        self.key = (
+            tuple((op, dt.str, refs) for op, dt, refs in instrs),
+            tuple(leaf.dtype.str for leaf in leaves),
+            tuple(s.dtype.str for s in scalars),
+            result,
+        )
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the program's result."""
+        return self.ref_dtype(self.result)
+
+    def ref_dtype(self, ref: Ref) -> np.dtype:
+        """The dtype of one reference."""
+        kind, i = ref
+        if kind == "l":
+            return self.leaves[i].dtype
+        if kind == "s":
+            return self.scalars[i].dtype
+        return self.instrs[i][1]
+
+    def dtypes(self) -> set[np.dtype]:
+        """Every dtype that appears in the program (for device extension pragmas)."""
+        found = {leaf.dtype for leaf in self.leaves} | {s.dtype for s in self.scalars}
+        return found | {dt for _, dt, _ in self.instrs}
+
+    def emit(self, emitter: CEmitter, load: Callable[[int], str], scalar_name: Callable[[int], str]) -> tuple[
+            list[str], str]:
+        """C statements computing the result and the C expression naming it.
+
+        ``load(i)`` is the C expression reading leaf ``i`` at the current element; ``scalar_name(i)`` the
+        kernel parameter holding scalar ``i``.
+        """
+        lines: list[str] = []
+        names: dict[Ref, str] = {}
+        for i, leaf in enumerate(self.leaves):
+            names[("l", i)] = f"l{i}"
+            lines.append(f"{emitter.ctype(leaf.dtype)} l{i} = {load(i)};")
+        for i in range(len(self.scalars)):
+            names[("s", i)] = scalar_name(i)
+        for k, (op, dtype, refs) in enumerate(self.instrs):
+            operands = [(names[r], self.ref_dtype(r)) for r in refs]
+            lines.append(f"{emitter.ctype(dtype)} v{k} = {emitter.apply(op, operands, dtype)};")
+            names[("v", k)] = f"v{k}"
+        return lines, names[self.result]
+
+
+def linearize(root: Any) -> FusedProgram:
+    """Flatten the lazy tree under ``root`` (an array or a :class:`Scalar`) into a :class:`FusedProgram`.
+
+    A realized array (``lazy is None``) is a leaf; shared subtrees and repeated leaves are emitted once.
+    """
+    leaves: list[Any] = []
+    leaf_refs: dict[int, Ref] = {}
+    scalars: list[Scalar] = []
+    instrs: list[tuple[str, np.dtype, tuple[Ref, ...]]] = []
+    memo: dict[int, Ref] = {}
+
+    def visit(x: Any) -> Ref:
+        if isinstance(x, Scalar):
+            scalars.append(x)
+            return ("s", len(scalars) - 1)
+        expr = x.lazy
+        if expr is None:
+            ref = leaf_refs.get(id(x))
+            if ref is None:
+                leaves.append(x)
+                ref = leaf_refs[id(x)] = ("l", len(leaves) - 1)
+            return ref
+        ref = memo.get(id(x))
+        if ref is None:
+            refs = tuple(visit(i) for i in expr.inputs)
+            instrs.append((expr.op, expr.dtype, refs))
+            ref = memo[id(x)] = ("v", len(instrs) - 1)
+        return ref
+
+    result = visit(root)
+    return FusedProgram(leaves, scalars, instrs, result)
+
+
+def leaves_of(root: Any) -> list[Any]:
+    """The realized arrays a lazy tree reads (empty for a realized array or a scalar)."""
+    if isinstance(root, Scalar) or root.lazy is None:
+        return []
+    return linearize(root).leaves
+
+
+# ----------------------------------------------------------------------------------------- dtype rules
+_NUMPY_UFUNCS: dict[str, str] = {
+    "neg": "negative", "exp": "exp", "log": "log", "sqrt": "sqrt", "sin": "sin", "cos": "cos",
+    "tanh": "tanh", "erf": "sin", "abs": "abs", "sign": "sign", "reciprocal": "reciprocal",
+    "log1p": "log1p", "expm1": "expm1", "floor": "floor", "ceil": "ceil", "round": "rint",
+    "logical_not": "logical_not", "isnan": "isnan", "isinf": "isinf",
+    "add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide", "pow": "power",
+    "maximum": "maximum", "minimum": "minimum", "floor_divide": "floor_divide", "remainder": "remainder",
+    "atan2": "arctan2", "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
+    "gt": "greater", "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
+    "logical_xor": "logical_xor",
+}
+#: Ops whose result is bool whatever the input (computed in the input dtype).
+BOOL_RESULT_OPS = frozenset({
+    "logical_not", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "logical_xor",
+})
+_RESULT_DTYPES: dict[tuple[str, np.dtype], np.dtype] = {}
+
+
+def result_dtype(op: str, dtype: np.dtype) -> np.dtype:
+    """The dtype NumPy gives ``op`` on arrays of ``dtype`` (both operands ``dtype`` for binary ops).
+
+    Raises BackendError where NumPy refuses the combination (e.g. ``sub`` on bool).
+    """
+    key = (op, dtype)
+    found = _RESULT_DTYPES.get(key)
+    if found is None:
+        name = _NUMPY_UFUNCS.get(op)
+        if name is None:
+            raise BackendError(f"unknown elementwise op {op!r}; expected one of {sorted(_NUMPY_UFUNCS)}")
+        ufunc = getattr(np, name)
+        probe = np.zeros(1, dtype=dtype)
+        try:
+            with np.errstate(all="ignore"):
+                out = ufunc(*([probe] * ufunc.nin))
+        except TypeError as exc:
+            raise BackendError(f"elementwise {op!r} is not defined for {dtype} arrays (NumPy: {exc})") from exc
+        found = _RESULT_DTYPES[key] = out.dtype
+    return found
+
+
+# ----------------------------------------------------------------------------------------- C emitter
+_FLOAT_UNARY: dict[str, str] = {
+    "neg": "(-{x})", "exp": "exp({x})", "log": "log({x})", "sqrt": "sqrt({x})", "sin": "sin({x})",
+    "cos": "cos({x})", "tanh": "tanh({x})", "erf": "erf({x})", "abs": "fabs({x})",
+    "sign": "(isnan({x}) ? {x} : ({T})(({x} > 0) - ({x} < 0)))", "reciprocal": "(({T})1 / {x})",
+    "log1p": "log1p({x})", "expm1": "expm1({x})", "floor": "floor({x})", "ceil": "ceil({x})",
+    "round": "rint({x})", "copy": "{x}", "cast": "{x}",
+}
+_INT_UNARY: dict[str, str] = {
+    "neg": "(({T})-{x})", "abs": "({x} < 0 ? ({T})-{x} : {x})", "sign": "({T})(({x} > 0) - ({x} < 0))",
+    "reciprocal": "({x} == 0 ? ({T})0 : ({T})(1 / {x}))", "floor": "{x}", "ceil": "{x}", "round": "{x}",
+    "copy": "{x}", "cast": "{x}",
+}
+_BOOL_UNARY: dict[str, str] = {
+    "logical_not": "({B})({x} == 0)",
+}
+_FLOAT_BINARY: dict[str, str] = {
+    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
+    "pow": "pow({a}, {b})", "maximum": "(({a} > {b} || isnan({a})) ? {a} : {b})",
+    "minimum": "(({a} < {b} || isnan({a})) ? {a} : {b})", "floor_divide": "fg_floordiv_{t}({a}, {b})",
+    "remainder": "fg_remainder_{t}({a}, {b})", "atan2": "atan2({a}, {b})",
+}
+_INT_BINARY: dict[str, str] = {
+    "add": "({T})({a} + {b})", "sub": "({T})({a} - {b})", "mul": "({T})({a} * {b})",
+    "div": "({T})({b} == 0 ? 0 : {a} / {b})", "pow": "fg_ipow_{t}({a}, {b})",
+    "maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})",
+    "floor_divide": "fg_floordiv_{t}({a}, {b})", "remainder": "fg_remainder_{t}({a}, {b})",
+}
+_BOOL_BINARY: dict[str, str] = {
+    "add": "({a} | {b})", "mul": "({a} & {b})", "maximum": "({a} | {b})", "minimum": "({a} & {b})",
+}
+_COMPARE: dict[str, str] = {
+    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+}
+_LOGICAL: dict[str, str] = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}
+
+
+class CEmitter:
+    """Op templates shared by the C dialects (OpenCL C, CUDA C); a subclass names the types.
+
+    ``apply(op, operands, dtype)`` returns a C expression for one instruction. Operands are cast to the
+    dtype the op computes in (the result dtype, or the common input dtype for ops with a bool result).
+    Helper functions an expression calls (integer power, NumPy's floor division and remainder) are
+    collected in ``helpers`` and written by :meth:`helper_source`.
+    """
+
+    #: numpy dtype -> C type name; a subclass fills this for its dialect.
+    CTYPES: dict[np.dtype, str] = {}
+    #: qualifier put before helper functions (``""`` in OpenCL C, ``"__device__"`` in CUDA).
+    FUNCTION_QUALIFIER = ""
+
+    def __init__(self) -> None:
+        self.helpers: dict[str, str] = {}
+
+    # ---------------------------------------------------------------- types
+    def ctype(self, dtype: np.dtype) -> str:
+        """The C type that stores ``dtype`` (bool is stored as an unsigned char)."""
+        try:
+            return self.CTYPES[np.dtype(dtype)]
+        except KeyError:
+            raise BackendError(
+                f"dtype {np.dtype(dtype)} has no C type in {type(self).__name__}; supported: "
+                f"{sorted(str(d) for d in self.CTYPES)}"
+            ) from None
+
+    def convert(self, x: str, src: np.dtype, dst: np.dtype) -> str:
+        """``x`` of ``src`` as a ``dst`` value (bool: nonzero test)."""
+        if src == dst:
+            return x
+        if dst.kind == "b":
+            return f"({self.ctype(dst)})({x} != 0)"
+        return f"({self.ctype(dst)})({x})"
+
+    # ---------------------------------------------------------------- expressions
+    def apply(self, op: str, operands: list[tuple[str, np.dtype]], dtype: np.dtype) -> str:
+        """C expression of ``op`` on ``operands`` ((expression, dtype) pairs) with result ``dtype``."""
+        if op == "where":
+            (c, _), (a, at), (b, bt) = operands
+            return f"({c} ? {self.convert(a, at, dtype)} : {self.convert(b, bt, dtype)})"
+        if op in BOOL_RESULT_OPS:
+            compute = operands[0][1]
+        else:
+            compute = dtype
+        args = [self.convert(x, dt, compute) for x, dt in operands]
+        if op in ("cast", "copy"):
+            return args[0]
+        if len(args) == 1:
+            return self._unary(op, args[0], compute)
+        return self._binary(op, args[0], args[1], compute)
+
+    def _fill(self, template: str, dtype: np.dtype, **names: str) -> str:
+        ctype = self.ctype(dtype)
+        return template.format(T=ctype, t=ctype.replace(" ", "_"), B=self.ctype(np.dtype(bool)), **names)
+
+    def _unary(self, op: str, x: str, dtype: np.dtype) -> str:
+        bool_t = self.ctype(np.dtype(bool))
+        if op == "isnan":
+            return f"({bool_t})isnan({x})" if dtype.kind == "f" else f"({bool_t})0"
+        if op == "isinf":
+            return f"({bool_t})isinf({x})" if dtype.kind == "f" else f"({bool_t})0"
+        if op in _BOOL_UNARY:
+            return self._fill(_BOOL_UNARY[op], dtype, x=x)
+        table = _FLOAT_UNARY if dtype.kind == "f" else _INT_UNARY
+        if dtype.kind == "u" and op in ("abs", "neg", "sign"):
+            table = {"abs": "{x}", "neg": "(({T})-{x})", "sign": "({T})({x} > 0)"}
+        template = table.get(op)
+        if template is None:
+            raise BackendError(f"elementwise {op!r} is not defined for {dtype} in {type(self).__name__}")
+        return self._fill(template, dtype, x=x)
+
+    def _binary(self, op: str, a: str, b: str, dtype: np.dtype) -> str:
+        bool_t = self.ctype(np.dtype(bool))
+        if op in _COMPARE:
+            return f"({bool_t})({a} {_COMPARE[op]} {b})"
+        if op in _LOGICAL:
+            return f"({bool_t})(({a} != 0) {_LOGICAL[op]} ({b} != 0))"
+        if dtype.kind == "b":
+            template = _BOOL_BINARY.get(op)
+        elif dtype.kind == "f":
+            template = _FLOAT_BINARY.get(op)
+        else:
+            template = _INT_BINARY.get(op)
+        if template is None:
+            raise BackendError(f"elementwise {op!r} is not defined for {dtype} in {type(self).__name__}")
+        if "fg_" in template:
+            self._need_helper(op, dtype)
+        return self._fill(template, dtype, a=a, b=b)
+
+    # ---------------------------------------------------------------- helper functions
+    def _need_helper(self, op: str, dtype: np.dtype) -> None:
+        ctype = self.ctype(dtype)
+        t = ctype.replace(" ", "_")
+        q = self.FUNCTION_QUALIFIER
+        name = f"{op}_{t}"
+        if name in self.helpers:
+            return
+        signed = dtype.kind == "i"
+        if op == "pow":
+            negative = (
+                f"  if (b < 0) return (a == 1) ? ({ctype})1 : ((a == -1) ? ((b & 1) ? ({ctype})-1 : ({ctype})1) "
+                f": ({ctype})0);\n" if signed else ""
+            )
+            body = (
+                f"{q} {ctype} fg_ipow_{t}({ctype} a, {ctype} b) {{\n{negative}"
+                f"  {ctype} r = 1;\n  while (b) {{ if (b & 1) r *= a; a *= a; b >>= 1; }}\n  return r;\n}}\n"
+            )
+        elif op == "floor_divide" and dtype.kind == "f":
+            body = (
+                f"{q} {ctype} fg_floordiv_{t}({ctype} a, {ctype} b) {{\n"
+                f"  if (b == 0) return a / b;\n"
+                f"  {ctype} mod = fmod(a, b);\n  {ctype} div = (a - mod) / b;\n"
+                f"  if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;\n"
+                f"  if (div == 0) return copysign(({ctype})0, a / b);\n"
+                f"  {ctype} fl = floor(div);\n  if (div - fl > ({ctype})0.5) fl += 1;\n  return fl;\n}}\n"
+            )
+        elif op == "remainder" and dtype.kind == "f":
+            body = (
+                f"{q} {ctype} fg_remainder_{t}({ctype} a, {ctype} b) {{\n"
+                f"  {ctype} mod = fmod(a, b);\n  if (b == 0) return mod;\n"
+                f"  if (mod != 0) {{ if ((b < 0) != (mod < 0)) mod += b; }}\n"
+                f"  else mod = copysign(({ctype})0, b);\n  return mod;\n}}\n"
+            )
+        elif op == "floor_divide":
+            guard = f"  if (b == -1) return ({ctype})-a;\n" if signed else ""
+            adjust = "  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;\n" if signed else ""
+            body = (
+                f"{q} {ctype} fg_floordiv_{t}({ctype} a, {ctype} b) {{\n  if (b == 0) return 0;\n{guard}"
+                f"  {ctype} q = a / b;\n{adjust}  return q;\n}}\n"
+            )
+        else:  # integer remainder
+            guard = "  if (b == -1) return 0;\n" if signed else ""
+            adjust = "  if (r != 0 && ((r < 0) != (b < 0))) r += b;\n" if signed else ""
+            body = (
+                f"{q} {ctype} fg_remainder_{t}({ctype} a, {ctype} b) {{\n  if (b == 0) return 0;\n{guard}"
+                f"  {ctype} r = a % b;\n{adjust}  return r;\n}}\n"
+            )
+        self.helpers[name] = body
+
+    def helper_source(self) -> str:
+        """The helper functions the emitted expressions call, in first-use order."""
+        return "".join(self.helpers.values())

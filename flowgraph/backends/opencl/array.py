@@ -1,0 +1,98 @@
+"""``CLArray``: the OpenCL backend's native array, a strided view of a device buffer or a pending expression.
+
+A realized array is (buffer, shape, strides, offset, dtype) with strides and offset counted in elements;
+views (reshape of a contiguous array, permute, expand with zero strides, slicing, flips with negative
+strides) share the buffer. A lazy array has no buffer yet: ``lazy`` holds the fused elementwise
+expression (``flowgraph.backends.fusion.Expr``) that computes it, and its backend realizes it into a
+fresh contiguous buffer at the first point that needs one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..fusion import Expr
+    from .backend import OpenCLBackend
+
+Shape = tuple[int, ...]
+
+
+def contiguous_strides(shape: Shape) -> tuple[int, ...]:
+    """Row-major strides (in elements) of ``shape``."""
+    strides = []
+    step = 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(shape: Shape, strides: tuple[int, ...]) -> bool:
+    """Whether ``strides`` lay ``shape`` out row-major (size-1 axes may have any stride)."""
+    step = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n == 0:
+            return True
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def shape_size(shape: Shape) -> int:
+    """Number of elements of ``shape``."""
+    size = 1
+    for n in shape:
+        size *= n
+    return size
+
+
+class CLArray:
+    """A strided array on an OpenCL device (or a pending fused expression that will become one).
+
+    Layers above read only ``shape``, ``ndim``, ``dtype``, ``size`` and ``len()``; the backend owns the rest.
+    """
+
+    __slots__ = ("backend", "buffer", "shape", "strides", "offset", "dtype", "lazy", "__weakref__")
+
+    def __init__(self, backend: OpenCLBackend, buffer: Any, shape: Shape, strides: tuple[int, ...] | None,
+                 offset: int, dtype: np.dtype, lazy: Expr | None = None):
+        self.backend = backend
+        self.buffer = buffer
+        self.shape = shape
+        self.strides = contiguous_strides(shape) if strides is None else strides
+        self.offset = offset
+        self.dtype = dtype
+        self.lazy = lazy
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return shape_size(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the elements take when contiguous."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_contiguous(self) -> bool:
+        """Whether this is a realized row-major layout (any offset)."""
+        return self.lazy is None and is_contiguous(self.shape, self.strides)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d CLArray")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        state = "lazy" if self.lazy is not None else f"strides={self.strides}, offset={self.offset}"
+        return f"CLArray(shape={self.shape}, dtype={self.dtype}, {state}, device={self.backend.device})"

@@ -1,0 +1,233 @@
+"""Tensor creation: ``tensor``, ``zeros``, ``ones``, ``full``, ``arange``, ``linspace``, ``eye``, the random
+constructors, the ``*_like`` forms, ``manual_seed`` and ``from_dlpack``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.registry import get_backend, seed_all
+from ..errors import BackendError, FlowError
+from .dtype import DType, as_dtype, get_default_dtype
+from .tensor import Tensor, _wrap
+
+_INT64 = np.dtype(np.int64)
+
+
+def _backend(device):
+    return get_backend("cpu" if device is None else device)
+
+
+def _infer_dtype(arr: np.ndarray, data) -> DType:
+    kind = arr.dtype.kind
+    if kind == "f" and not isinstance(data, np.ndarray) and not isinstance(data, np.generic):
+        return get_default_dtype()  # Python floats: the default dtype, as in PyTorch
+    if kind in "iu" and not isinstance(data, (np.ndarray, np.generic)):
+        return as_dtype("int64")
+    if kind == "O" or kind in "USc":
+        raise FlowError(f"tensor(): cannot build a tensor from {type(data).__name__} of dtype {arr.dtype}")
+    return as_dtype(arr.dtype)
+
+
+def _collect_tensors(data):
+    """Lists may hold 0-d tensors (``[t1, t2]``): turn them into host values."""
+    if isinstance(data, Tensor):
+        return data._backend.to_host(data._data)
+    if isinstance(data, (list, tuple)):
+        return [_collect_tensors(x) for x in data]
+    return data
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A new tensor copying ``data`` (nested lists, scalars, numpy arrays, tensors).
+
+    Python floats give the default dtype (float32), ints give int64, bools give bool.
+    """
+    bk = _backend(device)
+    if isinstance(data, Tensor):
+        out = data.detach().to(bk.device if device is not None else data.device)
+        out = out.to(dtype) if dtype is not None else out
+        out = _wrap(out._backend.contiguous(out._data) if out._data is not data._data
+                    else out._backend.contiguous(out._backend.add(out._data, 0)), out._backend)
+        return out.requires_grad_(requires_grad) if requires_grad else out
+    data = _collect_tensors(data)
+    arr = np.asarray(data)
+    dt = as_dtype(dtype) if dtype is not None else _infer_dtype(arr, data)
+    arr = np.ascontiguousarray(arr, dtype=dt.np)
+    if dt.name == "float64" and not bk.supports_float64:
+        raise BackendError(f"tensor(): {bk.device} does not support float64; use dtype=fg.float32")
+    out = _wrap(bk.from_host(arr), bk)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """Like ``tensor`` but returns ``data`` itself when it already is a tensor of that dtype/device."""
+    if isinstance(data, Tensor):
+        out = data
+        if device is not None:
+            out = out.to(device)
+        return out.to(dtype) if dtype is not None else out
+    return tensor(data, dtype=dtype, device=device)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A CPU tensor sharing memory with a numpy array."""
+    return _wrap(array, get_backend("cpu"))
+
+
+def _shape(size) -> tuple[int, ...]:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    shape = tuple(int(s) for s in size)
+    if any(s < 0 for s in shape):
+        raise FlowError(f"negative dimension in size {shape}")
+    return shape
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ``size`` filled with ``fill_value``."""
+    bk = _backend(device)
+    if dtype is None:
+        dtype = as_dtype("bool") if isinstance(fill_value, bool) else (
+            as_dtype("int64") if isinstance(fill_value, int) else get_default_dtype())
+    dt = as_dtype(dtype)
+    out = _wrap(bk.full(_shape((size,)) if isinstance(size, int) else tuple(size), fill_value, dt.np), bk)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros (default dtype float32)."""
+    return full(_shape(size), 0, dtype or get_default_dtype(), device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones (default dtype float32)."""
+    return full(_shape(size), 1, dtype or get_default_dtype(), device, requires_grad)
+
+
+empty = zeros
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Values ``start, start+step, ...`` below ``end`` (int64 for integer arguments, else the default float)."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise FlowError("arange: step must be nonzero")
+    if dtype is None:
+        is_int = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
+        dtype = as_dtype("int64") if is_int else get_default_dtype()
+    dt = as_dtype(dtype)
+    bk = _backend(device)
+    out = _wrap(bk.arange(start, end, step, dt.np), bk)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def linspace(start: float, end: float, steps: int, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive."""
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    arr = np.linspace(start, end, steps, dtype=np.float64).astype(dt.np)
+    return tensor(arr, dtype=dt, device=device, requires_grad=requires_grad)
+
+
+def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """The identity matrix (``n`` x ``m``)."""
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    return tensor(np.eye(n, m if m is not None else n, dtype=dt.np), dtype=dt, device=device,
+                  requires_grad=requires_grad)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator of every device (reproducible ``rand``/``randn``/dropout/initialisation)."""
+    seed_all(seed)
+
+
+def rand(*size, dtype=None, device=None, requires_grad: bool = False, generator=None) -> Tensor:
+    """Uniform samples in [0, 1)."""
+    bk = _backend(device)
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    out = _wrap(bk.uniform(_shape(size), dt.np), bk)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def randn(*size, dtype=None, device=None, requires_grad: bool = False, generator=None) -> Tensor:
+    """Standard normal samples."""
+    bk = _backend(device)
+    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
+    out = _wrap(bk.normal(_shape(size), dt.np), bk)
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def randint(low: int, high: int | None = None, size=(), dtype=None, device=None) -> Tensor:
+    """Integers uniform in ``[low, high)`` (``randint(high, size)`` form too)."""
+    if high is None:
+        low, high = 0, low
+    if high <= low:
+        raise FlowError(f"randint: high ({high}) must be greater than low ({low})")
+    bk = _backend(device)
+    dt = as_dtype(dtype) if dtype is not None else as_dtype("int64")
+    return _wrap(bk.randint(int(low), int(high), tuple(size), dt.np), bk)
+
+
+def randperm(n: int, dtype=None, device=None) -> Tensor:
+    """A random permutation of ``0..n-1`` (argsort of uniform keys, so it follows the device's seed)."""
+    keys = rand(n, dtype=as_dtype("float64") if _backend(device).supports_float64 else None, device=device)
+    host = np.argsort(keys.numpy(), kind="stable").astype(np.int64)
+    return tensor(host, dtype=dtype or as_dtype("int64"), device=device)
+
+
+def normal(mean: float = 0.0, std: float = 1.0, size=(), dtype=None, device=None) -> Tensor:
+    """Normal samples with the given mean and standard deviation."""
+    return randn(*size, dtype=dtype, device=device) * std + mean
+
+
+def bernoulli(p: Tensor) -> Tensor:
+    """0/1 samples with probabilities ``p`` (same dtype as ``p``)."""
+    return (rand(*p.shape, dtype=p.dtype, device=p.device) < p).to(p.dtype)
+
+
+def _like(name: str, maker):
+    def fn(t: Tensor, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
+        return maker(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad,
+                     **kwargs)
+
+    fn.__name__ = name
+    fn.__doc__ = f"``{name.removesuffix('_like')}`` with the shape, dtype and device of ``t``."
+    return fn
+
+
+zeros_like = _like("zeros_like", lambda s, **k: zeros(*s, **k))
+ones_like = _like("ones_like", lambda s, **k: ones(*s, **k))
+empty_like = zeros_like
+rand_like = _like("rand_like", lambda s, **k: rand(*s, **k))
+randn_like = _like("randn_like", lambda s, **k: randn(*s, **k))
+
+
+def full_like(t: Tensor, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """``full`` with the shape, dtype and device of ``t``."""
+    return full(t.shape, fill_value, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
+
+
+def randint_like(t: Tensor, low: int, high: int | None = None, dtype=None, device=None) -> Tensor:
+    """``randint`` with the shape of ``t``."""
+    return randint(low, high, t.shape, dtype=dtype or t.dtype, device=device or t.device)
+
+
+def from_dlpack(obj) -> Tensor:
+    """Zero-copy import of a DLPack-capable array (numpy, torch, cupy, jax)."""
+    if not hasattr(obj, "__dlpack_device__"):
+        raise FlowError(f"from_dlpack: {type(obj).__name__} does not implement the DLPack protocol")
+    kind, index = obj.__dlpack_device__()
+    kind = int(kind)
+    if kind == 1:
+        bk = get_backend("cpu")
+    elif kind in (2, 3):  # kDLCUDA, kDLCUDAHost
+        bk = get_backend(f"cuda:{int(index)}")
+    else:
+        raise BackendError(f"from_dlpack: DLPack device type {kind} has no flowgraph backend (cpu=1, cuda=2)")
+    importer = getattr(bk, "from_dlpack", None)
+    if importer is None:
+        raise BackendError(f"from_dlpack: the {bk.name} backend cannot import DLPack")
+    return _wrap(importer(obj), bk)
+

@@ -1,0 +1,444 @@
+"""Indexing: ``__getitem__``/``__setitem__`` (basic and advanced), gather, scatter, scatter_add,
+index_select, masked_fill, take_along_dim, nonzero; and the in-place machinery with version checks.
+
+Basic indexing (ints, slices, None, Ellipsis) becomes backend views; advanced indexing (integer or bool
+tensors, lists) is lowered to one ``gather`` on a flattened view, so every backend supports it with the
+same two primitives, and its gradient is the matching ``scatter_add``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd.grad_mode import STATE, no_grad
+from ..errors import FlowError, ShapeError
+from .dtype import as_dtype
+from .tensor import Tensor, _attach, _norm_dim, _share_version, _wrap
+
+_INT64 = np.dtype(np.int64)
+
+
+def _as_index_tensor(value, like: Tensor) -> Tensor:
+    from .creation import tensor
+
+    if isinstance(value, Tensor):
+        if value._backend is not like._backend:
+            value = value.to(like.device)
+        return value
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biu":
+        raise FlowError(f"index: tensors used as indices must be integer or bool, got {arr.dtype}")
+    return tensor(arr if arr.dtype.kind == "b" else arr.astype(np.int64), device=like._backend)
+
+
+def _normalise_key(a: Tensor, key):
+    """Expand the key into (items, n_dims_consumed); bool masks become integer index tensors."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    items = []
+    for k in key:
+        if k is None or k is Ellipsis or isinstance(k, slice):
+            items.append(k)
+        elif isinstance(k, (bool, np.bool_)):
+            raise FlowError("index: a bare Python bool is not a supported index; use a bool tensor mask")
+        elif isinstance(k, (int, np.integer)):
+            items.append(int(k))
+        else:
+            t = _as_index_tensor(k, a)
+            if t._data.dtype.kind == "b":
+                items.append(("mask", t))
+            elif t.ndim == 0 and not isinstance(k, (list, np.ndarray)) and isinstance(k, Tensor):
+                items.append(("adv", t))
+            else:
+                items.append(("adv", t.to(as_dtype("int64")) if t._data.dtype != _INT64 else t))
+    consumed = sum(
+        (k[1].ndim if k[0] == "mask" else 1) if isinstance(k, tuple)
+        else (0 if k is None or k is Ellipsis else 1)
+        for k in items
+    )
+    if consumed > a.ndim:
+        raise FlowError(f"index: too many indices ({consumed}) for a tensor with {a.ndim} dims")
+    if sum(1 for k in items if k is Ellipsis) > 1:
+        raise FlowError("index: an index can only have a single ellipsis ('...')")
+    out = []
+    for k in items:
+        if k is Ellipsis:
+            out.extend([slice(None)] * (a.ndim - consumed))
+        elif isinstance(k, tuple) and k[0] == "mask":
+            mask = k[1]
+            pos = len([x for x in out if x is not None])
+            expected = a.shape[pos:pos + mask.ndim]
+            if mask.shape != expected:
+                raise ShapeError(f"index: bool mask of shape {mask.shape} does not match the indexed dims {expected}")
+            out.extend(("adv", idx) for idx in nonzero(mask, as_tuple=True))
+        else:
+            out.append(k)
+    while len([x for x in out if x is not None]) < a.ndim:
+        out.append(slice(None))
+    return out
+
+
+def getitem(a: Tensor, key) -> Tensor:
+    """``a[key]`` with NumPy/PyTorch semantics."""
+    if type(key) is slice and key.step is None and a.ndim:  # fast path: a[i:j]
+        start, stop, _ = key.indices(a.shape[0])
+        return _basic(a, (slice(start, max(start, stop), 1),) + (slice(None),) * (a.ndim - 1), (), (), a.shape)
+    items = _normalise_key(a, key)
+    shape = a.shape
+    slices, flips, squeeze_dims, final_shape = [], [], [], []
+    adv_positions, adv_tensors = [], []
+    dim = 0
+    for k in items:
+        if k is None:
+            final_shape.append(1)
+            continue
+        n = shape[dim]
+        if isinstance(k, int):
+            i = k + n if k < 0 else k
+            if not 0 <= i < n:
+                raise FlowError(f"index {k} is out of bounds for dimension {dim} with size {n}")
+            slices.append(slice(i, i + 1, 1))
+            squeeze_dims.append(dim)
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            if step == 0:
+                raise FlowError("index: slice step cannot be zero")
+            m = len(range(start, stop, step))
+            if step > 0:
+                slices.append(slice(start, start + (m - 1) * step + 1 if m else start, step))
+            elif m == 0:
+                slices.append(slice(0, 0, 1))
+            else:
+                last = start + (m - 1) * step
+                slices.append(slice(last, start + 1, -step))
+                flips.append(dim)
+            final_shape.append(m)
+        else:
+            slices.append(slice(0, n, 1))
+            adv_positions.append(len(final_shape))
+            adv_tensors.append(k[1])
+            final_shape.append(n)
+        dim += 1
+    out = _basic(a, tuple(slices), tuple(flips), tuple(squeeze_dims), tuple(final_shape))
+    if adv_tensors:
+        out = _advanced(out, adv_positions, adv_tensors)
+    return out
+
+
+def _basic(a: Tensor, slices, flips, squeeze_dims, final_shape) -> Tensor:
+    bk = a._backend
+    shape = a.shape
+    full = all(s.start == 0 and s.stop == n and s.step == 1 for s, n in zip(slices, shape))
+    data = a._data if full else bk.slice(a._data, slices)
+    if flips:
+        data = bk.flip(data, flips)
+    if data.shape != final_shape:
+        data = bk.reshape(data, final_shape)
+    if data is a._data:
+        return a
+    out = _share_version(_wrap(data, bk), a)
+    if a.requires_grad and STATE.enabled:
+        sliced_shape = tuple(len(range(s.start, s.stop, s.step)) for s in slices)
+
+        def bw(g):
+            g = g.reshape(sliced_shape)
+            if flips:
+                g = g.flip(flips)
+            return (_slice_backward(g, shape, slices),)
+
+        _attach(out, bw, (a,), "Slice")
+    return out
+
+
+def _slice_backward(g: Tensor, shape, slices) -> Tensor:
+    """Zeros of ``shape`` with ``g`` written at ``slices`` (differentiable: its backward slices again)."""
+    bk = g._backend
+    base = bk.full(shape, 0, g._data.dtype)
+    view = bk.slice(base, slices)
+    bk.assign(view, g._data)
+    out = _wrap(base, bk)
+    if g.requires_grad and STATE.enabled:
+        _attach(out, lambda gg: (_wrap(bk.slice(gg._data, slices), bk) if not gg.requires_grad
+                                 else _basic(gg, slices, (), (), g.shape),), (g,), "SliceBackward")
+    return out
+
+
+def _advanced(x: Tensor, positions: list[int], indices: list[Tensor]) -> Tensor:
+    from .shape import broadcast_tensors
+
+    idx = broadcast_tensors(*indices) if len(indices) > 1 else indices
+    bshape = idx[0].shape
+    sizes = [x.shape[p] for p in positions]
+    if x.device == "cpu":
+        for p, n, i in zip(positions, sizes, idx):
+            if i.numel():
+                lo, hi = int(i.min().item()), int(i.max().item())
+                if lo < -n or hi >= n:
+                    raise FlowError(f"index {hi if hi >= n else lo} is out of bounds for dimension {p} with size {n}")
+    flat = None
+    stride = 1
+    for n, i in zip(reversed(sizes), reversed(idx)):
+        i = (i < 0).to(i.dtype) * n + i
+        term = i * stride if stride != 1 else i
+        flat = term if flat is None else flat + term
+        stride *= n
+    rest = [d for d in range(x.ndim) if d not in positions]
+    moved = x.permute(positions + rest) if positions + rest != list(range(x.ndim)) else x
+    rest_shape = tuple(x.shape[d] for d in rest)
+    table = moved.reshape((stride,) + rest_shape)
+    picked = index_select(table, 0, flat.reshape(-1))
+    out = picked.reshape(bshape + rest_shape)
+    contiguous = positions == list(range(positions[0], positions[0] + len(positions)))
+    if contiguous and positions[0] > 0 and bshape:
+        nb = len(bshape)
+        order = list(range(nb, nb + positions[0])) + list(range(nb)) + list(range(nb + positions[0], out.ndim))
+        out = out.permute(order)
+    return out
+
+
+def gather(a: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``out[i][j] = a[i][index[i][j]]`` along ``dim`` (PyTorch's gather; index may be smaller than a)."""
+    d = _norm_dim(dim, a.ndim, "gather")
+    index = _as_index_tensor(index, a)
+    if index.ndim != a.ndim:
+        raise ShapeError(f"gather: index has {index.ndim} dims, input has {a.ndim}; they must match")
+    src = a
+    if any(index.shape[i] != a.shape[i] for i in range(a.ndim) if i != d):
+        sl = tuple(slice(0, index.shape[i]) if i != d else slice(None) for i in range(a.ndim))
+        src = a[sl]
+    bk = a._backend
+    idx = index._data if index._data.dtype == _INT64 else bk.cast(index._data, _INT64)
+    out = _wrap(bk.gather(src._data, d, idx), bk) if a.ndim else _wrap(src._data, bk)
+    if src.requires_grad and STATE.enabled:
+        shape = src.shape
+        _attach(out, lambda g: (scatter_add(g.new_zeros(shape), d, index, g),), (src,), "Gather")
+    return out
+
+
+def take_along_dim(a: Tensor, indices: Tensor, dim: int) -> Tensor:
+    """NumPy's ``take_along_axis`` (indices broadcast against the input)."""
+    d = _norm_dim(dim, a.ndim, "take_along_dim")
+    shape = list(a.shape)
+    shape[d] = indices.shape[d]
+    from .elementwise import broadcast_shapes
+
+    target = broadcast_shapes(tuple(shape), indices.shape)
+    a_shape = list(target)
+    a_shape[d] = a.shape[d]
+    return gather(a.expand(tuple(a_shape)), d, indices.expand(target))
+
+
+def scatter_add(a: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """A copy of ``a`` with ``src`` added at ``index`` along ``dim`` (duplicates accumulate)."""
+    d = _norm_dim(dim, a.ndim, "scatter_add")
+    index = _as_index_tensor(index, a)
+    bk = a._backend
+    src_data = src._data
+    if src.shape != index.shape:
+        sl = tuple(slice(0, n) for n in index.shape)
+        src_data = src[sl]._data
+    if src_data.dtype != a._data.dtype:
+        src_data = bk.cast(src_data, a._data.dtype)
+    out = _wrap(bk.scatter_add(a._data, d, index._data, src_data), bk)
+    if STATE.enabled and (a.requires_grad or src.requires_grad):
+        src_shape = src.shape
+
+        def bw(g):
+            gs = gather(g, d, index)
+            if gs.shape != src_shape:
+                gs = _slice_backward(gs, src_shape, tuple(slice(0, n, 1) for n in index.shape))
+            return (g, gs)
+
+        _attach(out, bw, (a, src), "ScatterAdd")
+    return out
+
+
+def scatter(a: Tensor, dim: int, index: Tensor, src) -> Tensor:
+    """A copy of ``a`` with ``src`` (a tensor or scalar) written at ``index`` along ``dim``."""
+    d = _norm_dim(dim, a.ndim, "scatter")
+    index = _as_index_tensor(index, a)
+    bk = a._backend
+    if not isinstance(src, Tensor):
+        src = a.new_full(index.shape, src)
+    src_data = src._data if src.shape == index.shape else src[tuple(slice(0, n) for n in index.shape)]._data
+    if src_data.dtype != a._data.dtype:
+        src_data = bk.cast(src_data, a._data.dtype)
+    out = _wrap(bk.scatter(a._data, d, index._data, src_data), bk)
+    if STATE.enabled and (a.requires_grad or src.requires_grad):
+        src_shape = src.shape
+
+        def bw(g):
+            ga = scatter(g, d, index, 0.0)
+            gs = gather(g, d, index)
+            if gs.shape != src_shape:
+                gs = _slice_backward(gs, src_shape, tuple(slice(0, n, 1) for n in index.shape))
+            return (ga, gs)
+
+        _attach(out, bw, (a, src), "Scatter")
+    return out
+
+
+def index_select(a: Tensor, dim: int, index: Tensor) -> Tensor:
+    """Rows (along ``dim``) picked by a 1-d integer ``index``."""
+    d = _norm_dim(dim, a.ndim, "index_select")
+    index = _as_index_tensor(index, a)
+    if index.ndim > 1:
+        raise ShapeError(f"index_select: index must be 1-d, got shape {index.shape}")
+    index = index.reshape(-1)
+    view = [1] * a.ndim
+    view[d] = index.shape[0]
+    shape = list(a.shape)
+    shape[d] = index.shape[0]
+    return gather(a, d, index.reshape(tuple(view)).expand(tuple(shape)))
+
+
+def index_add(a: Tensor, dim: int, index: Tensor, source: Tensor, alpha: float = 1) -> Tensor:
+    """A copy of ``a`` with rows of ``source`` added at positions ``index`` along ``dim``."""
+    d = _norm_dim(dim, a.ndim, "index_add")
+    index = _as_index_tensor(index, a).reshape(-1)
+    view = [1] * a.ndim
+    view[d] = index.shape[0]
+    return scatter_add(a, d, index.reshape(tuple(view)).expand(source.shape), source * alpha if alpha != 1 else source)
+
+
+def masked_fill(a: Tensor, mask: Tensor, value) -> Tensor:
+    """``value`` where ``mask`` is true, else ``a`` (mask broadcasts)."""
+    from .elementwise import where
+
+    if isinstance(value, Tensor) and value.ndim == 0 and not value.requires_grad:
+        value = value.item()
+    return where(mask, value, a)
+
+
+def masked_select(a: Tensor, mask: Tensor) -> Tensor:
+    """The elements where ``mask`` is true, as a 1-d tensor."""
+    from .shape import broadcast_tensors
+
+    a, mask = broadcast_tensors(a, mask)
+    return a[mask]
+
+
+def nonzero(a: Tensor, as_tuple: bool = False):
+    """Indices of nonzero elements: an ``(n, ndim)`` int64 tensor, or a tuple of 1-d tensors."""
+    from .creation import tensor
+
+    host = a._backend.to_host(a._data)
+    idx = np.nonzero(host) if host.ndim else np.nonzero(host.reshape(1))
+    if as_tuple:
+        return tuple(tensor(i.astype(np.int64), device=a._backend) for i in idx)
+    return tensor(np.stack(idx, axis=1).astype(np.int64) if idx else np.zeros((0, 0), np.int64),
+                  device=a._backend)
+
+
+# ---------------------------------------------------------------------- in-place machinery
+def _leaf_check(a: Tensor, op: str) -> None:
+    if a.requires_grad and a._grad_fn is None and STATE.enabled:
+        raise FlowError(
+            f"{op}: in-place operation on a leaf tensor that requires grad (a parameter?); "
+            "wrap it in `with fg.no_grad():` (as optimizers do) or use the out-of-place op"
+        )
+
+
+def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
+    """Run ``compute(a_snapshot)`` and write its result into ``a``'s storage, rebasing autograd.
+
+    Views of ``a`` see the new values; tensors saved for backward notice through the version counter.
+    """
+    _leaf_check(a, op)
+    records = STATE.enabled and (a.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others))
+    if records:
+        old = _wrap(a._data, a._backend)
+        old._grad_fn = a._grad_fn
+        old.requires_grad = a.requires_grad
+        new = compute(old)
+        a._grad_fn = new._grad_fn
+        a.requires_grad = new.requires_grad
+    else:
+        with no_grad():
+            new = compute(a)
+    nd = new._data
+    if nd.dtype != a._data.dtype:
+        nd = a._backend.cast(nd, a._data.dtype)
+    if new.shape != a.shape:
+        raise ShapeError(f"{op}: the result has shape {new.shape}, which cannot be written into shape {a.shape}")
+    a._data = a._backend.assign(a._data, nd)
+    a._bump_version()
+    return a
+
+
+def setitem(a: Tensor, key, value) -> None:
+    """``a[key] = value`` (value broadcasts to the indexed shape)."""
+    from .creation import arange
+
+    if not isinstance(value, Tensor):
+        value = a.new_full((), value) if not isinstance(value, (list, np.ndarray)) else _as_float_like(value, a)
+    if not (STATE.enabled and (a.requires_grad or value.requires_grad)) and _is_basic(key):
+        _leaf_check(a, "__setitem__")
+        bk = a._backend
+        with no_grad():
+            view = a[key]
+        if view._data is a._data:
+            a._data = bk.assign(a._data, bk.cast(value._data, a._data.dtype))
+        else:
+            target = bk.expand(bk.cast(value._data, a._data.dtype), view.shape) if value.shape != view.shape \
+                else bk.cast(value._data, a._data.dtype)
+            if not _writes_through(bk, a, key, target):
+                raise FlowError("__setitem__: this index produced a copy, not a view; internal error")
+        a._bump_version()
+        return
+    with no_grad():
+        positions = arange(a.numel(), device=a.device).reshape(a.shape)[key]
+
+    def compute(old: Tensor) -> Tensor:
+        v = value if value.dtype is old.dtype else value.to(old.dtype)
+        v = v.expand(positions.shape) if v.shape != positions.shape else v
+        flat = scatter(old.reshape(-1), 0, positions.reshape(-1), v.reshape(-1))
+        return flat.reshape(old.shape)
+
+    apply_inplace(a, compute, "__setitem__", value)
+
+
+def _writes_through(bk, a: Tensor, key, src) -> bool:
+    """Write ``src`` into the view ``a[key]`` of ``a``'s storage; False if the backend copied."""
+    items = _normalise_key(a, key)
+    slices, flips, dim = [], [], 0
+    for k in items:
+        if k is None:
+            continue
+        n = a.shape[dim]
+        if isinstance(k, int):
+            i = k + n if k < 0 else k
+            slices.append(slice(i, i + 1, 1))
+        else:
+            start, stop, step = k.indices(n)
+            m = len(range(start, stop, step))
+            if step > 0:
+                slices.append(slice(start, start + (m - 1) * step + 1 if m else start, step))
+            elif m == 0:
+                slices.append(slice(0, 0, 1))
+            else:
+                slices.append(slice(start + (m - 1) * step, start + 1, -step))
+                flips.append(dim)
+        dim += 1
+    view = bk.slice(a._data, tuple(slices))
+    if src.shape != view.shape:
+        src = bk.reshape(bk.contiguous(src), view.shape)
+    if flips:
+        src = bk.flip(src, flips)
+    written = bk.assign(view, src)
+    return written is view
+
+
+def _is_basic(key) -> bool:
+    keys = key if isinstance(key, tuple) else (key,)
+    for k in keys:
+        if not (k is None or k is Ellipsis or isinstance(k, (slice, int, np.integer))) or isinstance(k, bool):
+            return False
+    return True
+
+
+def _as_float_like(value, a: Tensor) -> Tensor:
+    from .creation import tensor
+
+    return tensor(np.asarray(value), dtype=a.dtype, device=a._backend)
+

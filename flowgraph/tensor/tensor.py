@@ -1,0 +1,353 @@
+"""The ``Tensor`` class and the helpers every op uses.
+
+A tensor is a native array of one backend plus autograd bookkeeping. The hot path is deliberately lean
+(``__slots__``, no per-op dicts, one attribute read for the grad mode): the host cost of an op decides
+the speed of small models. Ops live in sibling modules and are installed as methods by
+``flowgraph.tensor.__init__``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..autograd.grad_mode import STATE
+from ..autograd.node import Node, run_backward
+from ..errors import AnomalyError, BackendError, FlowError
+from .dtype import DType, from_numpy_dtype
+
+_new = object.__new__
+
+
+class Tensor:
+    """An n-dimensional array on a device, with reverse-mode autograd.
+
+    Create tensors with ``fg.tensor``, ``fg.zeros``, ``fg.randn`` ...; the API follows ``torch.Tensor``::
+
+        x = fg.tensor([[1.0, 2.0]], requires_grad=True)
+        y = (x * 2 + 1).relu().sum()
+        y.backward()
+        x.grad  # tensor([[2., 2.]])
+    """
+
+    __slots__ = ("_data", "_backend", "requires_grad", "grad", "_grad_fn", "_vc", "_hooks", "__weakref__")
+    __array_priority__ = 1000  # numpy defers to Tensor's reflected operators
+
+    # ------------------------------------------------------------------ construction
+    def __init__(self, data: Any = None, dtype=None, device=None, requires_grad: bool = False):
+        from .creation import tensor as make
+
+        made = make([] if data is None else data, dtype=dtype, device=device, requires_grad=requires_grad)
+        self._data = made._data
+        self._backend = made._backend
+        self.requires_grad = made.requires_grad
+        self.grad = None
+        self._grad_fn = None
+        self._vc = None
+        self._hooks = None
+
+    # ------------------------------------------------------------------ basic properties
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape as a tuple of ints (PyTorch's ``torch.Size`` is a tuple too)."""
+        return self._data.shape
+
+    def size(self, dim: int | None = None):
+        """The shape, or the length of one dimension."""
+        shape = self._data.shape
+        if dim is None:
+            return shape
+        return shape[_norm_dim(dim, len(shape), "size")]
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return self._data.ndim
+
+    def dim(self) -> int:
+        """Number of dimensions."""
+        return self._data.ndim
+
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for s in self._data.shape:
+            n *= s
+        return n
+
+    def __len__(self) -> int:
+        if not self._data.shape:
+            raise FlowError("len() of a 0-d tensor; use .item() or .numel()")
+        return self._data.shape[0]
+
+    @property
+    def dtype(self) -> DType:
+        """The flowgraph dtype (``fg.float32`` ...)."""
+        return from_numpy_dtype(self._data.dtype)
+
+    @property
+    def device(self) -> str:
+        """The device string: ``"cpu"``, ``"cuda:0"``, ``"opencl:1"``."""
+        return self._backend.device
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors not produced by a recorded op (user-created tensors, parameters)."""
+        return self._grad_fn is None
+
+    @property
+    def grad_fn(self) -> Node | None:
+        """The node that produced this tensor, or ``None`` for a leaf."""
+        return self._grad_fn
+
+    @property
+    def _version(self) -> int:
+        return 0 if self._vc is None else self._vc[0]
+
+    def _bump_version(self) -> None:
+        if self._vc is None:
+            self._vc = [1]
+        else:
+            self._vc[0] += 1
+
+    @property
+    def data(self) -> Tensor:
+        """A detached tensor sharing this one's storage (writes through it skip autograd)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        if not isinstance(value, Tensor):
+            raise FlowError(f".data must be set to a Tensor, got {type(value).__name__}")
+        self._data = value._data
+        self._backend = value._backend
+
+    # ------------------------------------------------------------------ autograd
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool = False,
+                 create_graph: bool = False, inputs=None) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
+
+        ``gradient`` is required for non-scalar tensors (the vector in the vector-Jacobian product).
+        """
+        if not self.requires_grad:
+            raise FlowError(
+                "backward() on a tensor that does not require grad: no input of the computation had "
+                "requires_grad=True (or it ran under fg.no_grad())"
+            )
+        if gradient is None:
+            if self.numel() != 1:
+                raise FlowError(
+                    f"backward() without a gradient needs a single-element tensor, this one has shape {self.shape}; "
+                    "reduce it first (e.g. loss.sum()) or pass gradient=..."
+                )
+            gradient = _wrap(self._backend.full(self.shape, 1, self._data.dtype), self._backend)
+        elif gradient.shape != self.shape:
+            raise FlowError(f"backward(): gradient has shape {gradient.shape}, expected {self.shape}")
+        if inputs is not None:
+            inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+            grads = run_backward([self], [gradient], retain_graph, create_graph, capture=inputs)
+            with_graph = create_graph
+            for t, g in zip(inputs, grads):
+                if g is not None:
+                    g = g if with_graph else g.detach()
+                    t.grad = g if t.grad is None else t.grad + g
+            return
+        run_backward([self], [gradient], retain_graph, create_graph)
+
+    def detach(self) -> Tensor:
+        """A tensor sharing storage but cut from the graph."""
+        out = _wrap(self._data, self._backend)
+        if self._vc is None:
+            self._vc = [0]
+        out._vc = self._vc
+        return out
+
+    def detach_(self) -> Tensor:
+        """Cut this tensor from the graph in place."""
+        self._grad_fn = None
+        self.requires_grad = False
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Set ``requires_grad`` on a leaf (in place) and return it."""
+        if self._grad_fn is not None and not requires_grad:
+            raise FlowError(
+                "requires_grad_(False) on a non-leaf tensor; use .detach() to get a tensor cut from the graph"
+            )
+        if requires_grad and not self._data.dtype.kind == "f" and self._data.dtype.name != "bfloat16":
+            raise FlowError(f"only floating tensors can require gradients, this one is {self.dtype}")
+        self.requires_grad = requires_grad
+        return self
+
+    def retain_grad(self) -> None:
+        """Keep ``.grad`` on this non-leaf tensor after backward."""
+        if self._grad_fn is not None:
+            self._grad_fn.retain = weakref.ref(self)
+
+    def register_hook(self, hook):
+        """Call ``hook(grad)`` when this tensor's gradient is computed; a non-None result replaces it."""
+        if not self.requires_grad:
+            raise FlowError("register_hook on a tensor that does not require grad")
+        if self._grad_fn is not None:
+            if self._grad_fn.hooks is None:
+                self._grad_fn.hooks = []
+            hooks = self._grad_fn.hooks
+        else:
+            if self._hooks is None:
+                self._hooks = []
+            hooks = self._hooks
+        hooks.append(hook)
+
+        class _Handle:
+            def remove(self_inner) -> None:
+                if hook in hooks:
+                    hooks.remove(hook)
+
+        return _Handle()
+
+    # ------------------------------------------------------------------ host exchange
+    def item(self):
+        """The value of a one-element tensor as a Python number (waits for the device)."""
+        if self.numel() != 1:
+            raise FlowError(f"item() needs a single-element tensor, this one has shape {self.shape}")
+        return self._backend.to_host(self._data).reshape(()).item()
+
+    def numpy(self) -> np.ndarray:
+        """The values as a numpy array (shares memory on the CPU backend, a copy elsewhere)."""
+        if self.requires_grad:
+            raise FlowError("numpy() on a tensor that requires grad; call .detach().numpy() instead")
+        return self._backend.to_host(self._data)
+
+    def tolist(self):
+        """The values as nested Python lists."""
+        return self._backend.to_host(self._data).tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise FlowError(
+                f"the truth value of a tensor with {self.numel()} elements is ambiguous; use .any() or .all()"
+            )
+        return bool(self.item())
+
+    def __index__(self) -> int:
+        if self._data.dtype.kind not in "iub" or self.numel() != 1:
+            raise FlowError("only single-element integer tensors can be used as an index")
+        return int(self.item())
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        host = self._backend.to_host(self._data)
+        if host.dtype.name == "bfloat16":
+            host = host.astype(np.float32)
+        body = np.array2string(host, separator=", ", prefix="tensor(", threshold=1000, precision=4)
+        extras = []
+        if self._backend.device != "cpu":
+            extras.append(f"device='{self._backend.device}'")
+        dt = self.dtype
+        if dt.name not in ("float32", "int64", "bool") or host.size == 0:
+            extras.append(f"dtype=flowgraph.{dt.name}")
+        if self._grad_fn is not None:
+            extras.append(f"grad_fn=<{self._grad_fn.name}Backward>")
+        elif self.requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    def __dlpack__(self, *args, **kwargs):
+        exporter = getattr(self._backend, "to_dlpack", None)
+        if exporter is None:
+            raise BackendError(f"the {self._backend.name} backend cannot export DLPack; copy to 'cpu' first")
+        return exporter(self._data, *args, **kwargs)
+
+    def __dlpack_device__(self):
+        device = getattr(self._backend, "dlpack_device", None)
+        if device is None:
+            raise BackendError(f"the {self._backend.name} backend has no DLPack device")
+        return device(self._data)
+
+    def __getstate__(self):
+        raise FlowError("flowgraph tensors are not picklable; save them with safetensors (Graph.save_checkpoint)")
+
+
+# ---------------------------------------------------------------------- helpers shared by the ops
+def _wrap(data, backend) -> Tensor:
+    """A new tensor around a native array, outside the graph (the fastest constructor)."""
+    t = _new(Tensor)
+    t._data = data
+    t._backend = backend
+    t.requires_grad = False
+    t.grad = None
+    t._grad_fn = None
+    t._vc = None
+    t._hooks = None
+    return t
+
+
+def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) -> Tensor:
+    """Record ``out`` as produced by an op. ``inputs`` are the op's tensor inputs (None for constants)."""
+    out._grad_fn = Node(backward, inputs, name, tuple([(t, t._version) for t in saved]) if saved else ())
+    out.requires_grad = True
+    if STATE.anomaly:
+        if out._data.dtype.kind == "f" and not bool(out._backend.to_host(
+                out._backend.all(out._backend.logical_not(out._backend.isnan(out._data)), tuple(range(out.ndim)),
+                                 False))):
+            raise AnomalyError(f"the forward of {name} produced NaN (detect_anomaly is on)")
+    return out
+
+
+def _alias(t: Tensor) -> Tensor:
+    """A graph-free alias of ``t`` sharing its version counter (for saving an op's output)."""
+    if t._vc is None:
+        t._vc = [0]
+    a = _wrap(t._data, t._backend)
+    a._vc = t._vc
+    return a
+
+
+def _share_version(out: Tensor, base: Tensor) -> Tensor:
+    """Mark ``out`` as a view of ``base``: in-place writes to either bump one counter."""
+    if base._vc is None:
+        base._vc = [0]
+    out._vc = base._vc
+    return out
+
+
+def _needs_grad(*tensors) -> bool:
+    if not STATE.enabled:
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def _norm_dim(dim: int, ndim: int, where: str) -> int:
+    if dim < -max(ndim, 1) or dim >= max(ndim, 1):
+        raise FlowError(f"{where}: dim {dim} out of range for a tensor with {ndim} dims "
+                        f"(valid: {-max(ndim, 1)} .. {max(ndim, 1) - 1})")
+    return dim + ndim if dim < 0 else (0 if ndim == 0 else dim)
+
+
+def _norm_dims(dim, ndim: int, where: str) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        return (_norm_dim(dim, ndim, where),) if ndim else ()
+    dims = tuple(sorted({_norm_dim(d, ndim, where) for d in dim})) if ndim else ()
+    return dims
+
+
+def _same_device(a: Tensor, b: Tensor, where: str) -> None:
+    if a._backend is not b._backend:
+        raise BackendError(
+            f"{where}: tensors on different devices ({a.device} and {b.device}); move one with .to('{a.device}')"
+        )
