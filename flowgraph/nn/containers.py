@@ -1,0 +1,159 @@
+"""Containers: ``Sequential``, ``ModuleList``, ``ModuleDict``, ``ParameterList``, and ``Identity``."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..errors import FlowError
+from .module import Module, Parameter
+
+
+class Identity(Module):
+    """Returns its input unchanged (accepts and ignores extra arguments, as PyTorch's does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__()
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return x
+
+
+class Sequential(Module):
+    """Modules called in order: ``Sequential(nn.Linear(2, 4), nn.ReLU())`` or from an ``OrderedDict``."""
+
+    def __init__(self, *modules: Module):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            for name, m in modules[0].items():
+                self.add_module(name, m)
+        else:
+            for i, m in enumerate(modules):
+                self.add_module(str(i), m)
+
+    def forward(self, x: Any) -> Any:
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __getitem__(self, idx: int | slice) -> Module:
+        mods = list(self._modules.values())
+        if isinstance(idx, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[idx]))
+        try:
+            return mods[idx]
+        except IndexError:
+            raise FlowError(f"Sequential index {idx} out of range for {len(mods)} modules") from None
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def append(self, module: Module) -> Sequential:
+        """Add a module at the end."""
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+
+class ModuleList(Module):
+    """A list of modules registered as children ``"0"``, ``"1"``, ..."""
+
+    def __init__(self, modules: Iterable[Module] | None = None):
+        super().__init__()
+        for m in modules or ():
+            self.append(m)
+
+    def append(self, module: Module) -> ModuleList:
+        """Add a module at the end."""
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> ModuleList:
+        """Add several modules."""
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __getitem__(self, idx: int | slice):
+        mods = list(self._modules.values())
+        if isinstance(idx, slice):
+            return ModuleList(mods[idx])
+        return mods[idx]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        key = list(self._modules)[idx]
+        self._modules[key] = module
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise FlowError("ModuleList is a container, not a layer: iterate over it in your forward()")
+
+
+class ModuleDict(Module):
+    """A dict of modules registered as children by key (insertion order kept)."""
+
+    def __init__(self, modules: dict[str, Module] | None = None):
+        super().__init__()
+        for k, m in (modules or {}).items():
+            self.add_module(k, m)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, module)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def keys(self):
+        """The keys."""
+        return self._modules.keys()
+
+    def values(self):
+        """The modules."""
+        return self._modules.values()
+
+    def items(self):
+        """``(key, module)`` pairs."""
+        return self._modules.items()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise FlowError("ModuleDict is a container, not a layer: index it in your forward()")
+
+
+class ParameterList(Module):
+    """A list of parameters registered as ``"0"``, ``"1"``, ..."""
+
+    def __init__(self, parameters: Iterable[Parameter] | None = None):
+        super().__init__()
+        for p in parameters or ():
+            self.append(p)
+
+    def append(self, p: Parameter) -> ParameterList:
+        """Add a parameter."""
+        self.register_parameter(str(len(self._parameters)), p if isinstance(p, Parameter) else Parameter(p))
+        return self
+
+    def __getitem__(self, idx: int) -> Parameter:
+        return list(self._parameters.values())[idx]
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self) -> Iterator[Parameter]:
+        return iter(self._parameters.values())
