@@ -119,8 +119,13 @@ class FusedProgram:
 
     __slots__ = ("leaves", "scalars", "instrs", "result", "key")
 
-    def __init__(self, leaves: list[Any], scalars: list[Scalar], instrs: list[tuple[str, np.dtype, tuple[Ref, ...]]],
-                 result: Ref):
+    def __init__(
+        self,
+        leaves: list[Any],
+        scalars: list[Scalar],
+        instrs: list[tuple[str, np.dtype, tuple[Ref, ...]]],
+        result: Ref,
+    ):
         self.leaves = leaves
         self.scalars = scalars
         self.instrs = instrs
@@ -151,8 +156,9 @@ class FusedProgram:
         found = {leaf.dtype for leaf in self.leaves} | {s.dtype for s in self.scalars}
         return found | {dt for _, dt, _ in self.instrs}
 
-    def emit(self, emitter: CEmitter, load: Callable[[int], str], scalar_name: Callable[[int], str]) -> tuple[
-            list[str], str]:
+    def emit(
+        self, emitter: CEmitter, load: Callable[[int], str], scalar_name: Callable[[int], str]
+    ) -> tuple[list[str], str]:
         """C statements computing the result and the C expression naming it.
 
         ``load(i)`` is the C expression reading leaf ``i`` at the current element; ``scalar_name(i)`` the
@@ -214,21 +220,62 @@ def leaves_of(root: Any) -> list[Any]:
 
 # ----------------------------------------------------------------------------------------- dtype rules
 _NUMPY_UFUNCS: dict[str, str] = {
-    "neg": "negative", "exp": "exp", "log": "log", "sqrt": "sqrt", "sin": "sin", "cos": "cos",
-    "tanh": "tanh", "erf": "sin", "abs": "abs", "sign": "sign", "reciprocal": "reciprocal",
-    "log1p": "log1p", "expm1": "expm1", "floor": "floor", "ceil": "ceil", "round": "rint",
-    "logical_not": "logical_not", "isnan": "isnan", "isinf": "isinf",
-    "add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide", "pow": "power",
-    "maximum": "maximum", "minimum": "minimum", "floor_divide": "floor_divide", "remainder": "remainder",
-    "atan2": "arctan2", "eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
-    "gt": "greater", "ge": "greater_equal", "logical_and": "logical_and", "logical_or": "logical_or",
+    "neg": "negative",
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "sin": "sin",
+    "cos": "cos",
+    "tanh": "tanh",
+    "erf": "sin",
+    "abs": "abs",
+    "sign": "sign",
+    "reciprocal": "reciprocal",
+    "log1p": "log1p",
+    "expm1": "expm1",
+    "floor": "floor",
+    "ceil": "ceil",
+    "round": "rint",
+    "logical_not": "logical_not",
+    "isnan": "isnan",
+    "isinf": "isinf",
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "div": "true_divide",
+    "pow": "power",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "floor_divide": "floor_divide",
+    "remainder": "remainder",
+    "atan2": "arctan2",
+    "eq": "equal",
+    "ne": "not_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+    "logical_and": "logical_and",
+    "logical_or": "logical_or",
     "logical_xor": "logical_xor",
 }
 #: Ops whose result is bool whatever the input (computed in the input dtype).
-BOOL_RESULT_OPS = frozenset({
-    "logical_not", "isnan", "isinf", "eq", "ne", "lt", "le", "gt", "ge",
-    "logical_and", "logical_or", "logical_xor",
-})
+BOOL_RESULT_OPS = frozenset(
+    {
+        "logical_not",
+        "isnan",
+        "isinf",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+    }
+)
 _RESULT_DTYPES: dict[tuple[str, np.dtype], np.dtype] = {}
 
 
@@ -249,44 +296,84 @@ def result_dtype(op: str, dtype: np.dtype) -> np.dtype:
             with np.errstate(all="ignore"):
                 out = ufunc(*([probe] * ufunc.nin))
         except TypeError as exc:
-            raise BackendError(f"elementwise {op!r} is not defined for {dtype} arrays (NumPy: {exc})") from exc
+            raise BackendError(
+                f"elementwise {op!r} is not defined for {dtype} arrays (NumPy: {exc})"
+            ) from exc
         found = _RESULT_DTYPES[key] = out.dtype
     return found
 
 
 # ----------------------------------------------------------------------------------------- C emitter
 _FLOAT_UNARY: dict[str, str] = {
-    "neg": "(-{x})", "exp": "exp({x})", "log": "log({x})", "sqrt": "sqrt({x})", "sin": "sin({x})",
-    "cos": "cos({x})", "tanh": "tanh({x})", "erf": "erf({x})", "abs": "fabs({x})",
-    "sign": "(isnan({x}) ? {x} : ({T})(({x} > 0) - ({x} < 0)))", "reciprocal": "(({T})1 / {x})",
-    "log1p": "log1p({x})", "expm1": "expm1({x})", "floor": "floor({x})", "ceil": "ceil({x})",
-    "round": "rint({x})", "copy": "{x}", "cast": "{x}",
+    "neg": "(-{x})",
+    "exp": "exp({x})",
+    "log": "log({x})",
+    "sqrt": "sqrt({x})",
+    "sin": "sin({x})",
+    "cos": "cos({x})",
+    "tanh": "tanh({x})",
+    "erf": "erf({x})",
+    "abs": "fabs({x})",
+    "sign": "(isnan({x}) ? {x} : ({T})(({x} > 0) - ({x} < 0)))",
+    "reciprocal": "(({T})1 / {x})",
+    "log1p": "log1p({x})",
+    "expm1": "expm1({x})",
+    "floor": "floor({x})",
+    "ceil": "ceil({x})",
+    "round": "rint({x})",
+    "copy": "{x}",
+    "cast": "{x}",
 }
 _INT_UNARY: dict[str, str] = {
-    "neg": "(({T})-{x})", "abs": "({x} < 0 ? ({T})-{x} : {x})", "sign": "({T})(({x} > 0) - ({x} < 0))",
-    "reciprocal": "({x} == 0 ? ({T})0 : ({T})(1 / {x}))", "floor": "{x}", "ceil": "{x}", "round": "{x}",
-    "copy": "{x}", "cast": "{x}",
+    "neg": "(({T})-{x})",
+    "abs": "({x} < 0 ? ({T})-{x} : {x})",
+    "sign": "({T})(({x} > 0) - ({x} < 0))",
+    "reciprocal": "({x} == 0 ? ({T})0 : ({T})(1 / {x}))",
+    "floor": "{x}",
+    "ceil": "{x}",
+    "round": "{x}",
+    "copy": "{x}",
+    "cast": "{x}",
 }
 _BOOL_UNARY: dict[str, str] = {
     "logical_not": "({B})({x} == 0)",
 }
 _FLOAT_BINARY: dict[str, str] = {
-    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
-    "pow": "pow({a}, {b})", "maximum": "(({a} > {b} || isnan({a})) ? {a} : {b})",
-    "minimum": "(({a} < {b} || isnan({a})) ? {a} : {b})", "floor_divide": "fg_floordiv_{t}({a}, {b})",
-    "remainder": "fg_remainder_{t}({a}, {b})", "atan2": "atan2({a}, {b})",
+    "add": "({a} + {b})",
+    "sub": "({a} - {b})",
+    "mul": "({a} * {b})",
+    "div": "({a} / {b})",
+    "pow": "pow({a}, {b})",
+    "maximum": "(({a} > {b} || isnan({a})) ? {a} : {b})",
+    "minimum": "(({a} < {b} || isnan({a})) ? {a} : {b})",
+    "floor_divide": "fg_floordiv_{t}({a}, {b})",
+    "remainder": "fg_remainder_{t}({a}, {b})",
+    "atan2": "atan2({a}, {b})",
 }
 _INT_BINARY: dict[str, str] = {
-    "add": "({T})({a} + {b})", "sub": "({T})({a} - {b})", "mul": "({T})({a} * {b})",
-    "div": "({T})({b} == 0 ? 0 : {a} / {b})", "pow": "fg_ipow_{t}({a}, {b})",
-    "maximum": "({a} > {b} ? {a} : {b})", "minimum": "({a} < {b} ? {a} : {b})",
-    "floor_divide": "fg_floordiv_{t}({a}, {b})", "remainder": "fg_remainder_{t}({a}, {b})",
+    "add": "({T})({a} + {b})",
+    "sub": "({T})({a} - {b})",
+    "mul": "({T})({a} * {b})",
+    "div": "({T})({b} == 0 ? 0 : {a} / {b})",
+    "pow": "fg_ipow_{t}({a}, {b})",
+    "maximum": "({a} > {b} ? {a} : {b})",
+    "minimum": "({a} < {b} ? {a} : {b})",
+    "floor_divide": "fg_floordiv_{t}({a}, {b})",
+    "remainder": "fg_remainder_{t}({a}, {b})",
 }
 _BOOL_BINARY: dict[str, str] = {
-    "add": "({a} | {b})", "mul": "({a} & {b})", "maximum": "({a} | {b})", "minimum": "({a} & {b})",
+    "add": "({a} | {b})",
+    "mul": "({a} & {b})",
+    "maximum": "({a} | {b})",
+    "minimum": "({a} & {b})",
 }
 _COMPARE: dict[str, str] = {
-    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
 }
 _LOGICAL: dict[str, str] = {"logical_and": "&&", "logical_or": "||", "logical_xor": "!="}
 
@@ -393,8 +480,10 @@ class CEmitter:
         signed = dtype.kind == "i"
         if op == "pow":
             negative = (
-                f"  if (b < 0) return (a == 1) ? ({ctype})1 : ((a == -1) ? ((b & 1) ? ({ctype})-1 : ({ctype})1) "
-                f": ({ctype})0);\n" if signed else ""
+                f"  if (b < 0) return (a == 1) ? ({ctype})1 : "
+                f"((a == -1) ? ((b & 1) ? ({ctype})-1 : ({ctype})1) : ({ctype})0);\n"
+                if signed
+                else ""
             )
             body = (
                 f"{q} {ctype} fg_ipow_{t}({ctype} a, {ctype} b) {{\n{negative}"

@@ -58,8 +58,16 @@ class CLArray:
 
     __slots__ = ("backend", "buffer", "shape", "strides", "offset", "dtype", "lazy", "__weakref__")
 
-    def __init__(self, backend: OpenCLBackend, buffer: Any, shape: Shape, strides: tuple[int, ...] | None,
-                 offset: int, dtype: np.dtype, lazy: Expr | None = None):
+    def __init__(
+        self,
+        backend: OpenCLBackend,
+        buffer: Any,
+        shape: Shape,
+        strides: tuple[int, ...] | None,
+        offset: int,
+        dtype: np.dtype,
+        lazy: Expr | None = None,
+    ):
         self.backend = backend
         self.buffer = buffer
         self.shape = shape

@@ -51,12 +51,15 @@ def device_context(index: int) -> tuple[Any, Any, Any]:
         return found
     if cl is None:
         raise BackendError(
-            "device 'opencl' needs pyopencl, which is not installed; install it with: pip install 'flowgraph[opencl]'"
+            "device 'opencl' needs pyopencl, which is not installed; "
+            "install it with: pip install 'flowgraph[opencl]'"
         )
     try:
         devices = _all_devices()
     except Exception as exc:  # noqa: BLE001
-        raise BackendError(f"OpenCL platforms could not be listed ({exc}); is an ICD (e.g. PoCL) installed?") from exc
+        raise BackendError(
+            f"OpenCL platforms could not be listed ({exc}); is an ICD (e.g. PoCL) installed?"
+        ) from exc
     if not 0 <= index < len(devices):
         names = [f"opencl:{i} ({d.name.strip()})" for i, d in enumerate(devices)] or ["none"]
         raise BackendError(f"no OpenCL device opencl:{index}; available: {', '.join(names)}")
@@ -77,7 +80,8 @@ def build_program(context: Any, source: str) -> Any:
             program = cl.Program(context, source).build()
         except cl.RuntimeError as exc:
             raise BackendError(
-                f"OpenCL kernel failed to build (a flowgraph bug; please report it with this source):\n{exc}\n"
+                "OpenCL kernel failed to build (a flowgraph bug; please report it with this source):\n"
+                f"{exc}\n"
                 f"--- source ---\n{source}"
             ) from exc
         _STATS["compiled"] += 1

@@ -1,0 +1,842 @@
+"""``OpenCLBackend``: the backend protocol on PyOpenCL with generated, cached, fused kernels.
+
+Elementwise primitives return lazy :class:`CLArray` s (see ``flowgraph.backends.fusion``); the chain runs as
+one kernel when a boundary needs a buffer. Reductions read their input through the same fused program, so
+``sum(x * y)`` is one kernel too. Kernels are keyed by structure (program key, dtypes, collapsed rank),
+never by sizes, and built programs are shared per context across backend instances.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError, ShapeError
+from .. import fusion
+from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
+from ..fusion import Expr, FusedProgram, Scalar, linearize, result_dtype
+from . import kernels as K
+from .array import CLArray, contiguous_strides, is_contiguous, shape_size
+from .runtime import build_program, cl, compile_stats, device_context, list_devices
+
+_SCALAR_TYPES = (bool, int, float, np.generic)
+_BOOL = np.dtype(bool)
+_INT64 = np.dtype(np.int64)
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_F16 = np.dtype(np.float16)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+class OpenCLBackend(Backend):
+    """The protocol on one OpenCL device (``"opencl:N"``, numbered over all platforms in order).
+
+    >>> from flowgraph.backends import get_backend
+    >>> be = get_backend("opencl:0")                       # doctest: +SKIP
+    >>> be.to_host(be.add(be.from_host(np.ones(3)), 1.0))  # doctest: +SKIP
+    array([2., 2., 2.])
+    """
+
+    name = "opencl"
+    #: Work-group size cap for reductions (a power of two).
+    REDUCE_GROUP = 256
+    #: Work-group size of elementwise and line kernels.
+    ELEMENTWISE_GROUP = 128
+
+    def __init__(self, device: str = "opencl:0"):
+        kind, _, index = device.partition(":")
+        if kind != "opencl" or not (index or "0").isdigit():
+            raise BackendError(f"OpenCLBackend needs a device string 'opencl:<index>', got {device!r}")
+        self.device = f"opencl:{int(index or 0)}"
+        self.cl_device, self.context, self.queue = device_context(int(index or 0))
+        extensions = self.cl_device.extensions.split()
+        self.supports_float64 = "cl_khr_fp64" in extensions
+        self.supports_float16 = "cl_khr_fp16" in extensions
+        self.device_name = self.cl_device.name.strip()
+        self._max_group = int(self.cl_device.max_work_group_size)
+        self._tile = 16 if self._max_group >= 256 else 8
+        from pyopencl.tools import ImmediateAllocator, MemoryPool
+
+        self._pool = MemoryPool(ImmediateAllocator(self.queue))
+        self._peak = 0
+        self._kernels: dict[tuple, tuple[Any, K.KernelSource]] = {}
+        self._pending: weakref.WeakSet[CLArray] = weakref.WeakSet()
+        self._seed = 0
+        self._counter = 0
+
+    # ----------------------------------------------------------------- discovery
+    @staticmethod
+    def list_devices() -> list[str]:
+        """Every OpenCL device as ``"opencl:N"``; ``[]`` (never raises) without pyopencl or a platform."""
+        return list_devices()
+
+    @staticmethod
+    def is_available() -> bool:
+        """Whether at least one OpenCL device can be used."""
+        return bool(list_devices())
+
+    @staticmethod
+    def compile_stats() -> dict[str, float]:
+        """Programs compiled so far in this process and the seconds spent (cache misses only)."""
+        return compile_stats()
+
+    # ----------------------------------------------------------------- dtype checks and allocation
+    def check_dtype(self, dtype: Any, where: str) -> np.dtype:
+        """``dtype`` as a numpy dtype this device computes, or a BackendError saying why not."""
+        dtype = np.dtype(dtype)
+        if dtype.name == "bfloat16":
+            raise BackendError(
+                f"{where}: bfloat16 is not supported on OpenCL ({self.device}); use float16 (where the "
+                "device has cl_khr_fp16) or float32, or run bfloat16 on 'cuda' or 'cpu'"
+            )
+        if dtype == _F16 and not self.supports_float16:
+            raise BackendError(
+                f"{where}: float16 needs the cl_khr_fp16 extension, which {self.device} ({self.device_name}) "
+                "lacks; use float32"
+            )
+        if dtype == _F64 and not self.supports_float64:
+            raise BackendError(
+                f"{where}: float64 needs the cl_khr_fp64 extension, which {self.device} ({self.device_name}) "
+                "lacks; use float32"
+            )
+        if dtype not in K.EMITTER_TYPES:
+            raise BackendError(
+                f"{where}: dtype {dtype} is not supported on OpenCL; supported: bool, (u)int8-64, float16, "
+                "float32, float64"
+            )
+        return dtype
+
+    def _allocate(self, nbytes: int) -> Any:
+        buffer = self._pool.allocate(max(nbytes, 1))
+        active = self._pool.active_bytes
+        if active > self._peak:
+            self._peak = active
+        return buffer
+
+    def empty(self, shape: Shape, dtype: np.dtype) -> CLArray:
+        """A new uninitialised contiguous array (a non-protocol helper)."""
+        dtype = np.dtype(dtype)
+        return CLArray(self, self._allocate(shape_size(shape) * dtype.itemsize), tuple(shape), None, 0, dtype)
+
+    # ----------------------------------------------------------------- kernels
+    def _kernel(self, key: tuple, make: Callable[[], K.KernelSource]) -> Any:
+        """The cached kernel for ``key``; builds (or fetches the built program for) its source once."""
+        found = self._kernels.get(key)
+        if found is None:
+            source = make()
+            program = build_program(self.context, source.source)
+            kernel = getattr(program, source.name)
+            kernel.set_scalar_arg_dtypes(source.arg_dtypes)
+            found = self._kernels[key] = (kernel, source)
+        return found[0]
+
+    def kernel_source(self, key: tuple) -> str | None:
+        """The source of a cached kernel (for debugging), or None."""
+        found = self._kernels.get(key)
+        return found[1].source if found else None
+
+    def _launch(self, kernel: Any, n: int, args: Sequence[Any]) -> None:
+        group = self.ELEMENTWISE_GROUP
+        kernel(self.queue, (-(-n // group) * group,), (group,), *args)
+
+    def _group_limit(self, kernel: Any) -> int:
+        size = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device)
+        return _floor_pow2(min(int(size), self.REDUCE_GROUP))
+
+    # ----------------------------------------------------------------- realization (fusion boundary)
+    def _own(self, a: Any, where: str) -> CLArray:
+        if not isinstance(a, CLArray):
+            raise BackendError(f"{where}: expected a CLArray on {self.device}, got {type(a).__name__}")
+        if a.backend is not self:
+            raise BackendError(
+                f"{where}: the array lives on {a.backend.device}, not {self.device}; move it first"
+            )
+        return a
+
+    def realize(self, a: CLArray) -> CLArray:
+        """Run ``a``'s pending expression into a fresh contiguous buffer (no-op when already realized)."""
+        if a.lazy is None:
+            return a
+        program = linearize(a)
+        buffer = self._allocate(a.nbytes)
+        strides = contiguous_strides(a.shape)
+        self._run_program(program, a.shape, buffer, 0, strides, a.dtype)
+        a.buffer, a.strides, a.offset, a.lazy = buffer, strides, 0, None
+        self._pending.discard(a)
+        return a
+
+    def _run_program(
+        self,
+        program: FusedProgram,
+        shape: Shape,
+        buffer: Any,
+        offset: int,
+        strides: tuple[int, ...],
+        out_dtype: np.dtype,
+    ) -> None:
+        n = shape_size(shape)
+        if n == 0:
+            return
+        dims, cstrides = K.collapse(shape, [strides] + [leaf.strides for leaf in program.leaves])
+        rank = len(dims)
+        kernel = self._kernel(
+            ("ew", program.key, out_dtype.str, rank), lambda: K.elementwise_source(program, rank, out_dtype)
+        )
+        args: list[Any] = [n, *dims, buffer, offset, *cstrides[0]]
+        for leaf, leaf_strides in zip(program.leaves, cstrides[1:]):
+            args += [leaf.buffer, leaf.offset, *leaf_strides]
+        args += [s.value for s in program.scalars]
+        self._launch(kernel, n, args)
+
+    def _write(self, dst: CLArray, src: CLArray | Scalar) -> None:
+        """Evaluate ``src`` (broadcast) into the realized view ``dst``, converting to ``dst.dtype``."""
+        if isinstance(src, CLArray) and src.shape != dst.shape:
+            src = self._broadcast_operand(src, dst.shape, "assign")
+        program = linearize(src)
+        for leaf in program.leaves:
+            same_layout = leaf.offset == dst.offset and leaf.strides == dst.strides
+            if leaf.buffer is dst.buffer and not same_layout:
+                # Reads overlapping the write in another layout: stage the source in its own buffer.
+                staged = self.empty(src.shape, src.dtype)
+                self._run_program(program, src.shape, staged.buffer, 0, staged.strides, src.dtype)
+                program = linearize(staged)
+                break
+        self._run_program(program, dst.shape, dst.buffer, dst.offset, dst.strides, dst.dtype)
+
+    def _flush_readers(self, buffer: Any, keep: Any) -> None:
+        """Realize pending expressions that read ``buffer`` before it is overwritten (except ``keep``)."""
+        for pending in list(self._pending):
+            if pending is keep or pending.lazy is None:
+                continue
+            if any(leaf.buffer is buffer for leaf in fusion.leaves_of(pending)):
+                self.realize(pending)
+
+    # ----------------------------------------------------------------- elementwise graph building
+    def _broadcast_operand(self, x: CLArray, shape: Shape, where: str) -> CLArray:
+        if x.lazy is not None:
+            self.realize(x)
+        return self._expand_view(x, shape, where)
+
+    def _node(self, op: str, inputs: Sequence[CLArray | Scalar], dtype: np.dtype) -> CLArray:
+        arrays = [x for x in inputs if isinstance(x, CLArray)]
+        shape = arrays[0].shape
+        for x in arrays[1:]:
+            if x.shape != shape:
+                try:
+                    shape = tuple(np.broadcast_shapes(shape, x.shape))
+                except ValueError:
+                    raise ShapeError(
+                        f"{op}: shapes {[a.shape for a in arrays]} do not broadcast together (NumPy rules)"
+                    ) from None
+        prepared = [
+            x if isinstance(x, Scalar) or x.shape == shape else self._broadcast_operand(x, shape, op)
+            for x in inputs
+        ]
+        expr = Expr(op, prepared, dtype)
+        if expr.too_big():
+            for x in prepared:
+                if isinstance(x, CLArray):
+                    self.realize(x)
+            expr = Expr(op, prepared, dtype)
+        out = CLArray(self, None, shape, None, 0, dtype, expr)
+        if not fusion.is_enabled():
+            return self.realize(out)
+        self._pending.add(out)
+        return out
+
+    def _unary(self, op: str, a: Array) -> CLArray:
+        a = self._own(a, op)
+        dtype = self.check_dtype(result_dtype(op, a.dtype), op)
+        return self._node(op, (a,), dtype)
+
+    def _binary(self, op: str, a: Array, b: Array) -> CLArray:
+        if isinstance(a, CLArray):
+            self._own(a, op)
+            dtype = a.dtype
+            if isinstance(b, CLArray):
+                self._own(b, op)
+                if b.dtype != dtype:
+                    raise BackendError(
+                        f"{op}: operands have dtypes {a.dtype} and {b.dtype}; the backend takes one dtype "
+                        "(promote first, e.g. with cast)"
+                    )
+            else:
+                b = self._scalar(b, dtype, op)
+        else:
+            b = self._own(b, op)
+            dtype = b.dtype
+            a = self._scalar(a, dtype, op)
+        out_dtype = self.check_dtype(result_dtype(op, dtype), op)
+        return self._node(op, (a, b), out_dtype)
+
+    @staticmethod
+    def _scalar(value: Any, dtype: np.dtype, where: str) -> Scalar:
+        if not isinstance(value, _SCALAR_TYPES):
+            raise BackendError(f"{where}: expected a CLArray or a Python scalar, got {type(value).__name__}")
+        return Scalar(value, dtype)
+
+    def where(self, cond: Array, a: Array, b: Array) -> Array:
+        arrays = [x for x in (a, b) if isinstance(x, CLArray)]
+        if arrays:
+            dtype = arrays[0].dtype
+            if len(arrays) == 2 and b.dtype != dtype:
+                raise BackendError(f"where: branches have dtypes {a.dtype} and {b.dtype}; cast one first")
+        else:
+            dtype = np.result_type(a, b)
+        dtype = self.check_dtype(dtype, "where")
+        inputs = [
+            self._own(x, "where") if isinstance(x, CLArray) else self._scalar(x, dtype, "where")
+            for x in (a, b)
+        ]
+        if isinstance(cond, CLArray):
+            cond = self._own(cond, "where")
+        else:
+            cond = self._scalar(cond, _BOOL, "where")
+        if not any(isinstance(x, CLArray) for x in (cond, *inputs)):
+            raise BackendError("where: at least one of cond, a, b must be a CLArray")
+        return self._node("where", (cond, *inputs), dtype)
+
+    def cast(self, a: Array, dtype: np.dtype) -> Array:
+        a = self._own(a, "cast")
+        dtype = np.dtype(dtype)
+        if a.dtype == dtype:
+            return a
+        self.check_dtype(dtype, "cast")
+        return self._node("cast", (a,), dtype)
+
+    # ----------------------------------------------------------------- host exchange and creation
+    def from_host(self, array: np.ndarray) -> Array:
+        host = np.ascontiguousarray(array)
+        dtype = self.check_dtype(host.dtype, "from_host")
+        out = self.empty(host.shape, dtype)
+        if host.size:
+            cl.enqueue_copy(self.queue, out.buffer, host.view(np.uint8) if dtype == _BOOL else host)
+        return out
+
+    def to_host(self, a: Array) -> np.ndarray:
+        a = self.realize(self._own(a, "to_host"))
+        host = np.empty(a.shape, dtype=a.dtype)
+        if host.size == 0:
+            return host
+        if not is_contiguous(a.shape, a.strides):
+            a = self.contiguous(a)
+        target = host.view(np.uint8) if a.dtype == _BOOL else host
+        cl.enqueue_copy(self.queue, target, a.buffer, src_offset=a.offset * a.dtype.itemsize)
+        return host
+
+    def full(self, shape: Shape, value: float | int | bool, dtype: np.dtype) -> Array:
+        dtype = self.check_dtype(dtype, "full")
+        out = CLArray(self, None, tuple(shape), None, 0, dtype, Expr("copy", (Scalar(value, dtype),), dtype))
+        if not fusion.is_enabled():
+            return self.realize(out)
+        return out
+
+    def arange(self, start: float, stop: float, step: float, dtype: np.dtype) -> Array:
+        dtype = self.check_dtype(dtype, "arange")
+        if step == 0:
+            raise BackendError("arange: step must not be zero")
+        n = max(0, math.ceil((stop - start) / step))
+        out = self.empty((n,), dtype)
+        if n == 0:
+            return out
+        integral = all(float(v).is_integer() for v in (start, step))
+        if dtype.kind in "iub" and integral:
+            step_dtype, first, delta = _INT64, int(start), int(step)
+        else:
+            # NumPy's fill rule: start and start + step rounded to dtype, then start + i * delta.
+            step_dtype = _F64 if self.supports_float64 else _F32
+            first_value = np.array(start).astype(dtype)
+            second_value = np.array(start + step).astype(dtype)
+            first = float(first_value)
+            delta = float(second_value) - first
+        kernel = self._kernel(
+            ("arange", dtype.str, step_dtype.str), lambda: K.arange_source(dtype, step_dtype)
+        )
+        self._launch(kernel, n, [n, n, out.buffer, 0, 1, first, delta])
+        return out
+
+    # ----------------------------------------------------------------- random
+    def seed(self, seed: int) -> None:
+        self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self._counter = 0
+
+    def _random(self, dist: str, shape: Shape, dtype: np.dtype, extra: Sequence[Any] = ()) -> CLArray:
+        dtype = self.check_dtype(dtype, dist)
+        if dist != "randint" and dtype.kind != "f":
+            raise BackendError(f"{dist}: needs a floating dtype, got {dtype}")
+        if dist == "randint" and dtype.kind not in "iu":
+            raise BackendError(f"randint: needs an integer dtype, got {dtype}")
+        out = self.empty(tuple(shape), dtype)
+        n = out.size
+        if n == 0:
+            return out
+        per = K.rng_per_block(dist, dtype)
+        blocks = -(-n // per)
+        kernel = self._kernel(("rng", dist, dtype.str), lambda: K.rng_source(dist, dtype))
+        args = [out.buffer, n, self._counter, self._seed & 0xFFFFFFFF, self._seed >> 32, *extra]
+        self._counter += blocks
+        self._launch(kernel, blocks, args)
+        return out
+
+    def uniform(self, shape: Shape, dtype: np.dtype) -> Array:
+        return self._random("uniform", shape, dtype)
+
+    def normal(self, shape: Shape, dtype: np.dtype) -> Array:
+        return self._random("normal", shape, dtype)
+
+    def randint(self, low: int, high: int, shape: Shape, dtype: np.dtype) -> Array:
+        if high <= low:
+            raise BackendError(f"randint: needs low < high, got low={low}, high={high}")
+        return self._random("randint", shape, dtype, (int(low), int(high) - int(low)))
+
+    # ----------------------------------------------------------------- reductions and scans
+    def _reduce(
+        self,
+        op: str,
+        a: Array,
+        axes: tuple[int, ...],
+        keepdims: bool,
+        out_dtype: np.dtype,
+        acc_dtype: np.dtype,
+    ) -> CLArray:
+        a = self._own(a, op)
+        axes = tuple(sorted(set(axes)))
+        for axis in axes:
+            if not 0 <= axis < a.ndim:
+                raise ShapeError(f"{op}: axis {axis} is out of range for an array of shape {a.shape}")
+        kept = [d for d in range(a.ndim) if d not in axes]
+        kept_shape = tuple(a.shape[d] for d in kept)
+        red_shape = tuple(a.shape[d] for d in axes)
+        n_out, n_in = shape_size(kept_shape), shape_size(red_shape)
+        if n_in == 0 and op in ("max", "min", "argmax", "argmin"):
+            raise BackendError(
+                f"{op}: zero-size reduction over axes {axes} of shape {a.shape} has no identity; "
+                "reduce a non-empty axis"
+            )
+        out_shape = tuple(1 if d in axes else n for d, n in enumerate(a.shape)) if keepdims else kept_shape
+        out = self.empty(out_shape, out_dtype)
+        if n_out == 0:
+            return out
+        program = linearize(a)
+        leaves = program.leaves
+        kdims, kstrides = K.collapse(kept_shape, [tuple(leaf.strides[d] for d in kept) for leaf in leaves])
+        rdims, rstrides = K.collapse(red_shape, [tuple(leaf.strides[d] for d in axes) for leaf in leaves])
+        kr, rr = len(kdims), len(rdims)
+        key = ("reduce", op, program.key, acc_dtype.str, out_dtype.str, kr, rr)
+        kernel = self._kernel(key, lambda: K.reduce_source(program, kr, rr, op, acc_dtype, out_dtype))
+        group = min(self._group_limit(kernel), _next_pow2(max(n_in, 1)))
+        args: list[Any] = [n_in, *kdims, *rdims, out.buffer]
+        for leaf, ks, rs in zip(leaves, kstrides, rstrides):
+            args += [leaf.buffer, leaf.offset, *ks, *rs]
+        args += [s.value for s in program.scalars]
+        args.append(cl.LocalMemory(group * acc_dtype.itemsize))
+        if op in ("argmax", "argmin"):
+            args.append(cl.LocalMemory(group * 8))
+        kernel(self.queue, (n_out * group,), (group,), *args)
+        return out
+
+    def _accumulator(self, dtype: np.dtype) -> np.dtype:
+        if dtype == _F16:
+            return _F32
+        return dtype
+
+    def sum(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        out_dtype = np.dtype(a.dtype if a.dtype.kind == "f" else np.sum(np.zeros(1, a.dtype)).dtype)
+        return self._reduce("sum", a, axes, keepdims, out_dtype, self._accumulator(out_dtype))
+
+    def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        out_dtype = np.prod(np.zeros(1, a.dtype)).dtype
+        return self._reduce("prod", a, axes, keepdims, out_dtype, self._accumulator(out_dtype))
+
+    def max(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self._reduce("max", a, axes, keepdims, a.dtype, self._accumulator(a.dtype))
+
+    def min(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self._reduce("min", a, axes, keepdims, a.dtype, self._accumulator(a.dtype))
+
+    def any(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self._reduce("any", a, axes, keepdims, _BOOL, _BOOL)
+
+    def all(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        return self._reduce("all", a, axes, keepdims, _BOOL, _BOOL)
+
+    def argmax(self, a: Array, axis: int, keepdims: bool) -> Array:
+        return self._reduce("argmax", a, (axis,), keepdims, _INT64, self._accumulator(a.dtype))
+
+    def argmin(self, a: Array, axis: int, keepdims: bool) -> Array:
+        return self._reduce("argmin", a, (axis,), keepdims, _INT64, self._accumulator(a.dtype))
+
+    def _line_layout(
+        self, shape: Shape, axis: int, strides: Sequence[tuple[int, ...]]
+    ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+        """Collapsed line space: ``shape`` with ``axis`` removed, for operands with ``strides``."""
+        line_shape = tuple(1 if d == axis else n for d, n in enumerate(shape))
+        return K.collapse(line_shape, strides)
+
+    def cumsum(self, a: Array, axis: int) -> Array:
+        a = self.realize(self._own(a, "cumsum"))
+        if not 0 <= axis < a.ndim:
+            raise ShapeError(f"cumsum: axis {axis} is out of range for an array of shape {a.shape}")
+        out = self.empty(a.shape, a.dtype)
+        if out.size == 0:
+            return out
+        dims, strides = self._line_layout(a.shape, axis, [out.strides, a.strides])
+        acc_dtype = _INT64 if a.dtype == _BOOL else self._accumulator(a.dtype)
+        kernel = self._kernel(
+            ("cumsum", a.dtype.str, len(dims)), lambda: K.cumsum_source(len(dims), a.dtype, acc_dtype)
+        )
+        n_lines = shape_size(dims)
+        args = [
+            n_lines,
+            *dims,
+            out.buffer,
+            0,
+            *strides[0],
+            a.buffer,
+            a.offset,
+            *strides[1],
+            a.shape[axis],
+            a.strides[axis],
+            out.strides[axis],
+        ]
+        self._launch(kernel, n_lines, args)
+        return out
+
+    # ----------------------------------------------------------------- movement
+    def _expand_view(self, a: CLArray, shape: Shape, where: str) -> CLArray:
+        shape = tuple(shape)
+        if len(shape) < a.ndim:
+            raise ShapeError(f"{where}: cannot broadcast shape {a.shape} to {shape} (fewer axes)")
+        lead = len(shape) - a.ndim
+        strides = [0] * lead
+        for n, target, stride in zip(a.shape, shape[lead:], a.strides):
+            if n == target:
+                strides.append(stride)
+            elif n == 1:
+                strides.append(0)
+            else:
+                raise ShapeError(f"{where}: cannot broadcast shape {a.shape} to {shape} (NumPy rules)")
+        return CLArray(self, a.buffer, shape, tuple(strides), a.offset, a.dtype)
+
+    def _view(self, a: CLArray, shape: Shape, strides: Sequence[int], offset: int) -> CLArray:
+        return CLArray(self, a.buffer, tuple(shape), tuple(strides), offset, a.dtype)
+
+    def reshape(self, a: Array, shape: Shape) -> Array:
+        a = self.realize(self._own(a, "reshape"))
+        shape = tuple(shape)
+        if shape_size(shape) != a.size:
+            raise ShapeError(
+                f"reshape: cannot reshape an array of shape {a.shape} ({a.size} elements) to {shape}"
+            )
+        if not is_contiguous(a.shape, a.strides):
+            a = self.contiguous(a)
+        return self._view(a, shape, contiguous_strides(shape), a.offset)
+
+    def permute(self, a: Array, axes: Sequence[int]) -> Array:
+        a = self.realize(self._own(a, "permute"))
+        axes = tuple(axes)
+        if sorted(axes) != list(range(a.ndim)):
+            raise ShapeError(f"permute: axes {axes} are not a permutation of range({a.ndim})")
+        return self._view(a, [a.shape[d] for d in axes], [a.strides[d] for d in axes], a.offset)
+
+    def expand(self, a: Array, shape: Shape) -> Array:
+        a = self.realize(self._own(a, "expand"))
+        return self._expand_view(a, shape, "expand")
+
+    def slice(self, a: Array, index: tuple[slice, ...]) -> Array:
+        a = self.realize(self._own(a, "slice"))
+        if len(index) > a.ndim:
+            raise ShapeError(f"slice: {len(index)} slices for an array of {a.ndim} axes")
+        shape, strides, offset = list(a.shape), list(a.strides), a.offset
+        for axis, s in enumerate(index):
+            start, stop, step = s.indices(a.shape[axis])
+            if step <= 0:
+                raise BackendError(f"slice: axis {axis} has step {step}; use flip for reversed order")
+            length = len(range(start, stop, step))
+            if length:
+                offset += start * strides[axis]
+            shape[axis] = length
+            strides[axis] *= step
+        return self._view(a, shape, strides, offset)
+
+    def flip(self, a: Array, axes: Sequence[int]) -> Array:
+        a = self.realize(self._own(a, "flip"))
+        strides, offset = list(a.strides), a.offset
+        for axis in set(axes):
+            if a.shape[axis] > 0:
+                offset += (a.shape[axis] - 1) * strides[axis]
+            strides[axis] = -strides[axis]
+        return self._view(a, a.shape, strides, offset)
+
+    def pad(self, a: Array, widths: Sequence[tuple[int, int]], value: float) -> Array:
+        a = self._own(a, "pad")
+        if len(widths) != a.ndim:
+            raise ShapeError(f"pad: {len(widths)} (before, after) pairs for an array of {a.ndim} axes")
+        shape = tuple(n + lo + hi for n, (lo, hi) in zip(a.shape, widths))
+        out = self.empty(shape, a.dtype)
+        self._write(out, Scalar(value, a.dtype))
+        inner = self.slice(out, tuple(slice(lo, lo + n) for n, (lo, _) in zip(a.shape, widths)))
+        self._write(inner, a)
+        return out
+
+    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array:
+        arrays = [self._own(x, "concatenate") for x in arrays]
+        if not arrays:
+            raise BackendError("concatenate: needs at least one array")
+        first = arrays[0]
+        for x in arrays[1:]:
+            if x.dtype != first.dtype:
+                raise BackendError(f"concatenate: dtypes {first.dtype} and {x.dtype} differ; cast first")
+            same = x.ndim == first.ndim and all(
+                n == m for d, (n, m) in enumerate(zip(x.shape, first.shape)) if d != axis
+            )
+            if not same:
+                raise ShapeError(
+                    f"concatenate: shapes {[y.shape for y in arrays]} differ outside axis {axis}"
+                )
+        shape = list(first.shape)
+        shape[axis] = sum(x.shape[axis] for x in arrays)
+        out = self.empty(tuple(shape), first.dtype)
+        start = 0
+        for x in arrays:
+            index = tuple(
+                slice(start, start + x.shape[axis]) if d == axis else slice(None) for d in range(x.ndim)
+            )
+            self._write(self.slice(out, index), x)
+            start += x.shape[axis]
+        return out
+
+    def contiguous(self, a: Array) -> Array:
+        a = self._own(a, "contiguous")
+        if a.lazy is not None:
+            return self.realize(a)
+        if a.offset == 0 and is_contiguous(a.shape, a.strides):
+            return a
+        out = self.empty(a.shape, a.dtype)
+        self._write(out, a)
+        return out
+
+    def assign(self, dst: Array, src: Array | float) -> Array:
+        dst = self.realize(self._own(dst, "assign"))
+        if isinstance(src, CLArray):
+            self._own(src, "assign")
+        else:
+            src = self._scalar(src, dst.dtype, "assign")
+        if any(s == 0 and n > 1 for n, s in zip(dst.shape, dst.strides)):
+            # A broadcast view cannot hold distinct values: give the result its own storage.
+            out = self.empty(dst.shape, dst.dtype)
+            self._write(out, src)
+            return out
+        self._flush_readers(dst.buffer, keep=src)
+        self._write(dst, src)
+        return dst
+
+    # ----------------------------------------------------------------- linear algebra
+    def matmul(self, a: Array, b: Array) -> Array:
+        a = self.realize(self._own(a, "matmul"))
+        b = self.realize(self._own(b, "matmul"))
+        if a.dtype != b.dtype:
+            raise BackendError(f"matmul: operands have dtypes {a.dtype} and {b.dtype}; cast one first")
+        if a.ndim == 0 or b.ndim == 0:
+            raise ShapeError("matmul: operands must have at least one axis (use mul for scalars)")
+        squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+        if squeeze_a:
+            a = self._view(a, (1, a.shape[0]), (0, a.strides[0]), a.offset)
+        if squeeze_b:
+            b = self._view(b, (b.shape[0], 1), (b.strides[0], 0), b.offset)
+        (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+        if k != k2:
+            raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k} != {k2})")
+        try:
+            batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        except ValueError:
+            raise ShapeError(
+                f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast"
+            ) from None
+        a = self._expand_view(a, batch + (m, k), "matmul")
+        b = self._expand_view(b, batch + (k, n), "matmul")
+        out = self.empty(batch + (m, n), a.dtype)
+        if out.size:
+            nb = len(batch)
+            dims, strides = K.collapse(batch, [out.strides[:nb], a.strides[:nb], b.strides[:nb]])
+            rank = len(dims)
+            acc = _INT64 if a.dtype.kind in "biu" else self._accumulator(a.dtype)
+            tile = self._tile
+            kernel = self._kernel(
+                ("matmul", a.dtype.str, rank, tile), lambda: K.matmul_source(rank, a.dtype, acc, tile)
+            )
+            args = [
+                m,
+                n,
+                k,
+                *dims,
+                out.buffer,
+                0,
+                *strides[0],
+                a.buffer,
+                a.offset,
+                *strides[1],
+                a.strides[-2],
+                a.strides[-1],
+                b.buffer,
+                b.offset,
+                *strides[2],
+                b.strides[-2],
+                b.strides[-1],
+            ]
+            gsize = (-(-n // tile) * tile, -(-m // tile) * tile, shape_size(dims))
+            kernel(self.queue, gsize, (tile, tile, 1), *args)
+        if squeeze_a or squeeze_b:
+            shape = out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,))
+            out = self._view(out, shape, contiguous_strides(shape), 0)
+        return out
+
+    # ----------------------------------------------------------------- indexing
+    def _index_operand(self, index: Array, where: str) -> CLArray:
+        index = self._own(index, where)
+        if index.dtype.kind not in "iu":
+            raise BackendError(f"{where}: index must be an integer array, got {index.dtype}")
+        return self.realize(self.cast(index, _INT64))
+
+    def gather(self, a: Array, axis: int, index: Array) -> Array:
+        a = self.realize(self._own(a, "gather"))
+        index = self._index_operand(index, "gather")
+        if index.ndim != a.ndim or not 0 <= axis < a.ndim:
+            raise ShapeError(
+                f"gather: index shape {index.shape} and axis {axis} do not fit array shape {a.shape}"
+            )
+        out = self.empty(index.shape, a.dtype)
+        if out.size == 0:
+            return out
+        if a.shape[axis] == 0:
+            raise ShapeError(f"gather: axis {axis} of shape {a.shape} is empty; nothing to index")
+        a_strides = tuple(
+            0 if d == axis or (n == 1 and index.shape[d] != 1) else s
+            for d, (n, s) in enumerate(zip(a.shape, a.strides))
+        )
+        dims, strides = K.collapse(index.shape, [out.strides, index.strides, a_strides])
+        kernel = self._kernel(("gather", a.dtype.str, len(dims)), lambda: K.gather_source(len(dims), a.dtype))
+        n = out.size
+        args = [
+            n,
+            *dims,
+            out.buffer,
+            0,
+            *strides[0],
+            index.buffer,
+            index.offset,
+            *strides[1],
+            a.buffer,
+            a.offset,
+            *strides[2],
+            a.strides[axis],
+            a.shape[axis],
+        ]
+        self._launch(kernel, n, args)
+        return out
+
+    def _scatter(self, a: Array, axis: int, index: Array, src: Array, accumulate: bool) -> CLArray:
+        where = "scatter_add" if accumulate else "scatter"
+        a = self._own(a, where)
+        index = self._index_operand(index, where)
+        if index.ndim != a.ndim or not 0 <= axis < a.ndim:
+            raise ShapeError(
+                f"{where}: index shape {index.shape} and axis {axis} do not fit array shape {a.shape}"
+            )
+        out = self.empty(a.shape, a.dtype)
+        self._write(out, a)
+        if index.size == 0:
+            return out
+        if isinstance(src, CLArray):
+            src = self._broadcast_operand(self._own(src, where), index.shape, where)
+            src = self.realize(self.cast(src, a.dtype))
+        else:
+            src = self.realize(self.full(index.shape, src, a.dtype))
+        out_strides = tuple(0 if d == axis else s for d, s in enumerate(out.strides))
+        dims, strides = self._line_layout(index.shape, axis, [out_strides, index.strides, src.strides])
+        kernel = self._kernel(
+            (where, a.dtype.str, len(dims)), lambda: K.scatter_source(len(dims), a.dtype, accumulate)
+        )
+        n_lines = shape_size(dims)
+        args = [
+            n_lines,
+            *dims,
+            out.buffer,
+            0,
+            *strides[0],
+            index.buffer,
+            index.offset,
+            *strides[1],
+            src.buffer,
+            src.offset,
+            *strides[2],
+            index.shape[axis],
+            out.strides[axis],
+            a.shape[axis],
+            index.strides[axis],
+            src.strides[axis],
+        ]
+        self._launch(kernel, n_lines, args)
+        return out
+
+    def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        return self._scatter(a, axis, index, src, accumulate=True)
+
+    def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        return self._scatter(a, axis, index, src, accumulate=False)
+
+    # ----------------------------------------------------------------- runtime
+    def synchronize(self) -> None:
+        for pending in list(self._pending):
+            self.realize(pending)
+        self.queue.finish()
+
+    def memory_stats(self) -> dict[str, int]:
+        return {
+            "allocated": int(self._pool.active_bytes),
+            "reserved": int(self._pool.managed_bytes),
+            "peak": int(self._peak),
+            "total": int(self.cl_device.global_mem_size),
+        }
+
+    def __repr__(self) -> str:
+        return f"<OpenCLBackend {self.device} ({self.device_name})>"
+
+
+def _bind_elementwise() -> None:
+    """One method per name in UNARY_OPS / BINARY_OPS, each building a lazy node."""
+
+    def unary(name: str):
+        def op(self: OpenCLBackend, a: Array) -> Array:
+            return self._unary(name, a)
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise ``{name}(a)`` (lazy; fused with its neighbours)."
+        return op
+
+    def binary(name: str):
+        def op(self: OpenCLBackend, a: Array, b: Array) -> Array:
+            return self._binary(name, a, b)
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise ``{name}(a, b)`` with broadcasting (lazy; fused with its neighbours)."
+        return op
+
+    for name in UNARY_OPS:
+        setattr(OpenCLBackend, name, unary(name))
+    for name in BINARY_OPS:
+        setattr(OpenCLBackend, name, binary(name))
+
+
+_bind_elementwise()

@@ -1,0 +1,546 @@
+"""OpenCL C source generators: elementwise (fused), reductions, line scans, gather/scatter, matmul, random.
+
+Every generator returns a :class:`KernelSource` (the source text plus the argument dtypes pyopencl needs
+to pack scalar arguments). Shapes, strides and offsets are never written into source: a kernel takes
+``rank`` dimension sizes and, per operand, an offset and ``rank`` strides as ``long`` arguments, so one
+program serves every shape of that rank. Callers first merge dimensions that are contiguous in every
+operand (:func:`collapse`), so most calls use rank 0-2 kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...errors import BackendError
+from ..fusion import CEmitter, FusedProgram
+
+LONG = np.dtype(np.int64)
+BOOL = np.dtype(bool)
+
+
+class OpenCLEmitter(CEmitter):
+    """The OpenCL C dialect of the shared C emitter: type names and extension pragmas."""
+
+    CTYPES = {
+        np.dtype(bool): "uchar",
+        np.dtype(np.int8): "char",
+        np.dtype(np.uint8): "uchar",
+        np.dtype(np.int16): "short",
+        np.dtype(np.uint16): "ushort",
+        np.dtype(np.int32): "int",
+        np.dtype(np.uint32): "uint",
+        np.dtype(np.int64): "long",
+        np.dtype(np.uint64): "ulong",
+        np.dtype(np.float16): "half",
+        np.dtype(np.float32): "float",
+        np.dtype(np.float64): "double",
+    }
+
+    @staticmethod
+    def pragmas(dtypes: set[np.dtype]) -> str:
+        """Extension pragmas the dtypes need (half and double arithmetic)."""
+        lines = []
+        if np.dtype(np.float16) in dtypes:
+            lines.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n")
+        if np.dtype(np.float64) in dtypes:
+            lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n")
+        return "".join(lines)
+
+
+EMITTER_TYPES = OpenCLEmitter.CTYPES
+
+
+def ctype(dtype: np.dtype) -> str:
+    """OpenCL C type storing ``dtype``."""
+    return OpenCLEmitter().ctype(dtype)
+
+
+class KernelSource:
+    """Source text of one kernel named ``name`` and the pyopencl scalar-argument dtypes of its parameters."""
+
+    __slots__ = ("source", "name", "arg_dtypes")
+
+    def __init__(self, source: str, name: str, arg_dtypes: list[np.dtype | None]):
+        self.source = source
+        self.name = name
+        self.arg_dtypes = arg_dtypes
+
+
+class Params:
+    """Builds a kernel parameter list and the matching pyopencl argument dtypes together."""
+
+    def __init__(self) -> None:
+        self.decls: list[str] = []
+        self.dtypes: list[np.dtype | None] = []
+
+    def long(self, *names: str) -> None:
+        """``long`` scalar parameters."""
+        for name in names:
+            self.decls.append(f"long {name}")
+            self.dtypes.append(LONG)
+
+    def scalar(self, dtype: np.dtype, name: str, c_type: str | None = None) -> None:
+        """A scalar parameter of ``dtype`` (bool travels as uchar)."""
+        self.decls.append(f"{c_type or ctype(dtype)} {name}")
+        self.dtypes.append(np.dtype(np.uint8) if dtype.kind == "b" else np.dtype(dtype))
+
+    def buffer(self, dtype: np.dtype, name: str, const: bool) -> None:
+        """A ``__global`` pointer parameter."""
+        qualifier = "const " if const else ""
+        self.decls.append(f"__global {qualifier}{ctype(dtype)}* restrict {name}")
+        self.dtypes.append(None)
+
+    def local(self, c_type: str, name: str) -> None:
+        """A ``__local`` pointer parameter (sized at launch with ``cl.LocalMemory``)."""
+        self.decls.append(f"__local {c_type}* {name}")
+        self.dtypes.append(None)
+
+    def strided(self, dtype: np.dtype, name: str, rank: int, const: bool, suffix: str = "s") -> None:
+        """A buffer with its element offset and ``rank`` strides: ``name``, ``name_off``, ``name_s0``..."""
+        self.buffer(dtype, name, const)
+        self.long(f"{name}_off", *[f"{name}_{suffix}{i}" for i in range(rank)])
+
+    def signature(self, name: str) -> str:
+        """The kernel's declaration line."""
+        return f"__kernel void {name}(" + ", ".join(self.decls) + ")"
+
+
+def collapse(
+    shape: Sequence[int], strides: Sequence[Sequence[int]]
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Drop size-1 axes and merge neighbours that are contiguous in every operand.
+
+    ``strides`` holds one stride tuple per operand (in elements). Returns the reduced shape and strides;
+    a C-contiguous elementwise op becomes rank 1, a 0-d or single-element one rank 0.
+    """
+    out_shape: list[int] = []
+    out_strides: list[list[int]] = []
+    for axis, n in enumerate(shape):
+        if n == 1:
+            continue
+        column = [s[axis] for s in strides]
+        if out_shape and all(prev == cur * n for prev, cur in zip(out_strides[-1], column)):
+            out_shape[-1] *= n
+            out_strides[-1] = column
+        else:
+            out_shape.append(n)
+            out_strides.append(column)
+    per_operand = [tuple(col[k] for col in out_strides) for k in range(len(strides))]
+    return tuple(out_shape), per_operand
+
+
+def decompose(index: str, dims: str, coords: str, rank: int) -> list[str]:
+    """C lines splitting the linear ``index`` over ``rank`` dims ``{dims}0..`` into ``{coords}0..``."""
+    if rank == 0:
+        return []
+    if rank == 1:
+        return [f"long {coords}0 = {index};"]
+    lines = [f"long {coords}_r = {index};"]
+    for axis in range(rank - 1, 0, -1):
+        lines.append(f"long {coords}{axis} = {coords}_r % {dims}{axis}; {coords}_r /= {dims}{axis};")
+    lines.append(f"long {coords}0 = {coords}_r;")
+    return lines
+
+
+def offset_expr(base: str, name: str, coords: str, rank: int, suffix: str = "s") -> str:
+    """``base + c0*name_s0 + ...``: the element offset of operand ``name`` at coordinates ``coords``."""
+    terms = [base] + [f"{coords}{i} * {name}_{suffix}{i}" for i in range(rank)]
+    return " + ".join(terms)
+
+
+def _header(emitter: OpenCLEmitter, dtypes: set[np.dtype]) -> str:
+    return emitter.pragmas(dtypes)
+
+
+def strided_kernel(
+    name: str,
+    rank: int,
+    operands: Sequence[tuple[str, np.dtype, bool]],
+    params_after: Params,
+    body: Sequence[str],
+    emitter: OpenCLEmitter | None = None,
+    extra_dtypes: set[np.dtype] | None = None,
+) -> KernelSource:
+    """A kernel with one work-item per element of a ``rank``-d index space.
+
+    ``operands`` are ``(name, dtype, const)`` strided buffers; the body sees ``{name}_p``, each operand's
+    element offset at the current index, and ``gid``. ``params_after`` are extra parameters appended.
+    """
+    emitter = emitter or OpenCLEmitter()
+    params = Params()
+    params.long("n", *[f"d{i}" for i in range(rank)])
+    for op_name, dtype, const in operands:
+        params.strided(dtype, op_name, rank, const)
+    params.decls += params_after.decls
+    params.dtypes += params_after.dtypes
+    lines = ["long gid = get_global_id(0);", "if (gid >= n) return;"]
+    lines += decompose("gid", "d", "c", rank)
+    lines += [
+        f"long {op_name}_p = {offset_expr(f'{op_name}_off', op_name, 'c', rank)};"
+        for op_name, _, _ in operands
+    ]
+    lines += list(body)
+    dtypes = {dt for _, dt, _ in operands} | (extra_dtypes or set())
+    source = (
+        _header(emitter, dtypes)
+        + emitter.helper_source()
+        + params.signature(name)
+        + " {\n"
+        + "".join(f"  {line}\n" for line in lines)
+        + "}\n"
+    )
+    return KernelSource(source, name, params.dtypes)
+
+
+# ----------------------------------------------------------------------------------------- elementwise
+def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype) -> KernelSource:
+    """One kernel evaluating a fused program into a strided output of ``out_dtype``."""
+    emitter = OpenCLEmitter()
+    lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
+    lines.append(f"out[out_p] = {emitter.convert(result, program.dtype, out_dtype)};")
+    operands = [("out", out_dtype, False)] + [
+        (f"in{i}", leaf.dtype, True) for i, leaf in enumerate(program.leaves)
+    ]
+    scalars = Params()
+    for i, s in enumerate(program.scalars):
+        scalars.scalar(s.dtype, f"s{i}")
+    return strided_kernel("fg_elementwise", rank, operands, scalars, lines, emitter, program.dtypes())
+
+
+# ----------------------------------------------------------------------------------------- reductions
+def _int_literal(value: int, dtype: np.dtype) -> str:
+    if value == -(2**63):
+        text = "(-9223372036854775807L - 1)"
+    elif value >= 2**63:
+        text = f"{value}UL"
+    else:
+        text = f"{value}L"
+    return f"(({ctype(dtype)}){text})"
+
+
+def reduce_identity(op: str, dtype: np.dtype) -> str:
+    """C literal of the identity of reduction ``op`` for accumulator ``dtype``."""
+    if op in ("sum", "any"):
+        return f"(({ctype(dtype)})0)"
+    if op in ("prod", "all"):
+        return f"(({ctype(dtype)})1)"
+    largest = op in ("min", "argmin")
+    if dtype.kind == "f":
+        return "INFINITY" if largest else "(-INFINITY)"
+    if dtype.kind == "b":
+        return f"(({ctype(dtype)}){1 if largest else 0})"
+    info = np.iinfo(dtype)
+    return _int_literal(int(info.max if largest else info.min), dtype)
+
+
+def reduce_combine(op: str, dtype: np.dtype, acc: str, v: str) -> str:
+    """C expression folding value ``v`` into accumulator ``acc`` for reduction ``op``."""
+    if op == "sum":
+        return f"({acc} + {v})"
+    if op == "prod":
+        return f"({acc} * {v})"
+    if op == "any":
+        return f"({acc} | {v})"
+    if op == "all":
+        return f"({acc} & {v})"
+    cmp = ">" if op == "max" else "<"
+    if dtype.kind == "f":
+        return f"(({v} {cmp} {acc} || isnan({v})) ? {v} : {acc})"
+    return f"({v} {cmp} {acc} ? {v} : {acc})"
+
+
+def _arg_better(op: str, dtype: np.dtype, v: str, i: str, bv: str, bi: str) -> str:
+    """Whether (v, i) beats (bv, bi) for argmax/argmin: NaN first, then ties to the lower index."""
+    cmp = ">" if op == "argmax" else "<"
+    plain = f"({v} {cmp} {bv} || ({v} == {bv} && {i} < {bi}))"
+    if dtype.kind != "f":
+        return plain
+    return f"(isnan({v}) ? (!isnan({bv}) || {i} < {bi}) : (!isnan({bv}) && {plain}))"
+
+
+def reduce_source(
+    program: FusedProgram, kept_rank: int, red_rank: int, op: str, acc_dtype: np.dtype, out_dtype: np.dtype
+) -> KernelSource:
+    """A work-group per output element: strided partial folds, then a tree in local memory.
+
+    The input is a fused program (so ``sum(x * y)`` is one kernel). Leaves are addressed by ``kept_rank``
+    strides (``in{i}_k*``) over the kept axes and ``red_rank`` strides (``in{i}_r*``) over the reduced ones.
+    ``op`` is a name of REDUCE_OPS or ``argmax``/``argmin`` (which track the index along one axis).
+    """
+    emitter = OpenCLEmitter()
+    arg = op in ("argmax", "argmin")
+    acc_t = ctype(acc_dtype)
+    params = Params()
+    params.long("n_in", *[f"k{i}" for i in range(kept_rank)], *[f"r{i}" for i in range(red_rank)])
+    params.buffer(out_dtype, "out", const=False)
+    for i, leaf in enumerate(program.leaves):
+        params.buffer(leaf.dtype, f"in{i}", const=True)
+        params.long(
+            f"in{i}_off",
+            *[f"in{i}_k{a}" for a in range(kept_rank)],
+            *[f"in{i}_r{a}" for a in range(red_rank)],
+        )
+    for i, s in enumerate(program.scalars):
+        params.scalar(s.dtype, f"s{i}")
+    params.local(acc_t, "sacc")
+    if arg:
+        params.local("long", "sidx")
+    expr_lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
+    lines = ["long g = get_group_id(0);", "int t = get_local_id(0);", "int L = get_local_size(0);"]
+    lines += decompose("g", "k", "kc", kept_rank)
+    lines += [
+        f"long in{i}_b = {offset_expr(f'in{i}_off', f'in{i}', 'kc', kept_rank, 'k')};"
+        for i in range(len(program.leaves))
+    ]
+    lines += [f"{acc_t} acc = {reduce_identity(op, acc_dtype)};"]
+    if arg:
+        lines.append("long bi = LONG_MAX;")
+    lines.append("for (long j = t; j < n_in; j += L) {")
+    inner = decompose("j", "r", "rc", red_rank)
+    inner += [
+        f"long in{i}_p = {offset_expr(f'in{i}_b', f'in{i}', 'rc', red_rank, 'r')};"
+        for i in range(len(program.leaves))
+    ]
+    inner += expr_lines
+    inner.append(f"{acc_t} v = {emitter.convert(result, program.dtype, acc_dtype)};")
+    if arg:
+        inner.append(f"if ({_arg_better(op, acc_dtype, 'v', 'j', 'acc', 'bi')}) {{ acc = v; bi = j; }}")
+    else:
+        inner.append(f"acc = {reduce_combine(op, acc_dtype, 'acc', 'v')};")
+    lines += [f"  {line}" for line in inner] + ["}"]
+    lines += ["sacc[t] = acc;"] + (["sidx[t] = bi;"] if arg else [])
+    lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
+    lines.append("for (int s = L >> 1; s > 0; s >>= 1) {")
+    if arg:
+        better = _arg_better(op, acc_dtype, "sacc[t + s]", "sidx[t + s]", "sacc[t]", "sidx[t]")
+        lines.append(f"  if (t < s && {better}) {{ sacc[t] = sacc[t + s]; sidx[t] = sidx[t + s]; }}")
+    else:
+        lines.append(f"  if (t < s) sacc[t] = {reduce_combine(op, acc_dtype, 'sacc[t]', 'sacc[t + s]')};")
+    lines += ["  barrier(CLK_LOCAL_MEM_FENCE);", "}"]
+    final = "(long)sidx[0]" if arg else emitter.convert("sacc[0]", acc_dtype, out_dtype)
+    lines.append(f"if (t == 0) out[g] = {final};")
+    dtypes = program.dtypes() | {acc_dtype, out_dtype}
+    source = (
+        _header(emitter, dtypes)
+        + emitter.helper_source()
+        + params.signature("fg_reduce")
+        + " {\n"
+        + "".join(f"  {line}\n" for line in lines)
+        + "}\n"
+    )
+    return KernelSource(source, "fg_reduce", params.dtypes)
+
+
+# ----------------------------------------------------------------------------------------- line kernels
+def cumsum_source(rank: int, dtype: np.dtype, acc_dtype: np.dtype) -> KernelSource:
+    """Inclusive scan: one work-item per line along the scanned axis (``len`` elements, axis strides)."""
+    emitter = OpenCLEmitter()
+    extra = Params()
+    extra.long("len", "x_as", "out_as")
+    acc_t = ctype(acc_dtype)
+    body = [
+        f"{acc_t} acc = 0;",
+        "for (long j = 0; j < len; j++) {",
+        f"  acc += {emitter.convert('x[x_p + j * x_as]', dtype, acc_dtype)};",
+        f"  out[out_p + j * out_as] = {emitter.convert('acc', acc_dtype, dtype)};",
+        "}",
+    ]
+    operands = [("out", dtype, False), ("x", dtype, True)]
+    return strided_kernel("fg_cumsum", rank, operands, extra, body, emitter, {acc_dtype})
+
+
+def scatter_source(rank: int, dtype: np.dtype, accumulate: bool) -> KernelSource:
+    """Scatter (or scatter-add) along an axis: one work-item per line, so duplicates never race.
+
+    Within a line the index is walked in order: duplicates accumulate (scatter-add) or the last write
+    wins (scatter), matching NumPy's sequential ``put_along_axis`` / ``add.at``.
+    """
+    extra = Params()
+    extra.long("len", "out_as", "out_alen", "idx_as", "src_as")
+    if not accumulate:
+        update = "out[k] = src[src_p + j * src_as];"
+    elif dtype.kind == "b":
+        update = "out[k] = out[k] | src[src_p + j * src_as];"
+    else:
+        update = "out[k] += src[src_p + j * src_as];"
+    body = [
+        "for (long j = 0; j < len; j++) {",
+        "  long i = idx[idx_p + j * idx_as];",
+        "  if (i < 0) i += out_alen;",
+        "  i = clamp(i, 0L, out_alen - 1);",
+        "  long k = out_p + i * out_as;",
+        f"  {update}",
+        "}",
+    ]
+    operands = [("out", dtype, False), ("idx", LONG, True), ("src", dtype, True)]
+    name = "fg_scatter_add" if accumulate else "fg_scatter"
+    return strided_kernel(name, rank, operands, extra, body)
+
+
+def gather_source(rank: int, dtype: np.dtype) -> KernelSource:
+    """``take_along_axis``: ``a`` is addressed with its axis stride zeroed plus ``index * a_as``."""
+    extra = Params()
+    extra.long("a_as", "a_alen")
+    body = [
+        "long i = idx[idx_p];",
+        "if (i < 0) i += a_alen;",
+        "i = clamp(i, 0L, a_alen - 1);",
+        "out[out_p] = a[a_p + i * a_as];",
+    ]
+    operands = [("out", dtype, False), ("idx", LONG, True), ("a", dtype, True)]
+    return strided_kernel("fg_gather", rank, operands, extra, body)
+
+
+def arange_source(dtype: np.dtype, step_dtype: np.dtype) -> KernelSource:
+    """``out[i] = start + i * step`` computed in ``step_dtype`` (NumPy's fill rule), stored as ``dtype``."""
+    emitter = OpenCLEmitter()
+    extra = Params()
+    extra.scalar(step_dtype, "start")
+    extra.scalar(step_dtype, "step")
+    value = f"start + ({ctype(step_dtype)})gid * step"
+    body = [f"out[out_p] = {emitter.convert(f'({value})', step_dtype, dtype)};"]
+    return strided_kernel("fg_arange", 1, [("out", dtype, False)], extra, body, emitter, {step_dtype})
+
+
+# ----------------------------------------------------------------------------------------- matmul
+def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, tile: int) -> KernelSource:
+    """Tiled batched GEMM: ``tile`` x ``tile`` work-groups stage A and B tiles in local memory.
+
+    A and B are strided (row and column strides are arguments, so transposed views need no copy); the
+    batch index is split over ``batch_rank`` collapsed batch dims with per-operand batch strides.
+    """
+    emitter = OpenCLEmitter()
+    acc_t = ctype(acc_dtype)
+    params = Params()
+    params.long("M", "N", "K", *[f"d{i}" for i in range(batch_rank)])
+    params.strided(dtype, "out", batch_rank, const=False)
+    params.strided(dtype, "a", batch_rank, const=True)
+    params.long("a_rs", "a_cs")
+    params.strided(dtype, "b", batch_rank, const=True)
+    params.long("b_rs", "b_cs")
+    lines = [
+        "int tx = get_local_id(0), ty = get_local_id(1);",
+        f"long col = get_group_id(0) * {tile} + tx;",
+        f"long row = get_group_id(1) * {tile} + ty;",
+        "long bidx = get_global_id(2);",
+    ]
+    lines += decompose("bidx", "d", "c", batch_rank)
+    lines += [f"long {n}_p = {offset_expr(f'{n}_off', n, 'c', batch_rank)};" for n in ("out", "a", "b")]
+    lines += [
+        f"__local {acc_t} As[{tile}][{tile} + 1];",
+        f"__local {acc_t} Bs[{tile}][{tile} + 1];",
+        f"{acc_t} acc = 0;",
+        f"for (long t0 = 0; t0 < K; t0 += {tile}) {{",
+        "  long ak = t0 + tx, bk = t0 + ty;",
+        f"  As[ty][tx] = (row < M && ak < K) ? ({acc_t})a[a_p + row * a_rs + ak * a_cs] : ({acc_t})0;",
+        f"  Bs[ty][tx] = (bk < K && col < N) ? ({acc_t})b[b_p + bk * b_rs + col * b_cs] : ({acc_t})0;",
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        f"  for (int k = 0; k < {tile}; k++) acc += As[ty][k] * Bs[k][tx];",
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        "}",
+        f"if (row < M && col < N) out[out_p + row * N + col] = {emitter.convert('acc', acc_dtype, dtype)};",
+    ]
+    source = (
+        _header(emitter, {dtype, acc_dtype})
+        + params.signature("fg_matmul")
+        + " {\n"
+        + "".join(f"  {line}\n" for line in lines)
+        + "}\n"
+    )
+    return KernelSource(source, "fg_matmul", params.dtypes)
+
+
+# ----------------------------------------------------------------------------------------- random
+_PHILOX = """
+inline uint4 fg_philox(uint4 c, uint2 k) {
+  for (int r = 0; r < 10; r++) {
+    uint lo0 = c.x * 0xD2511F53u, hi0 = mul_hi(c.x, 0xD2511F53u);
+    uint lo1 = c.z * 0xCD9E8D57u, hi1 = mul_hi(c.z, 0xCD9E8D57u);
+    c = (uint4)(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    k.x += 0x9E3779B9u; k.y += 0xBB67AE85u;
+  }
+  return c;
+}
+"""
+
+
+def rng_per_block(dist: str, dtype: np.dtype) -> int:
+    """Values one Philox block (four 32-bit words) yields: 2 where each takes 64 random bits, else 4."""
+    return 2 if dist == "randint" or dtype == np.float64 else 4
+
+
+def _u24(w: str) -> str:
+    return f"((float)({w} >> 8) * (1.0f / 16777216.0f))"
+
+
+def _u53(hi: str, lo: str) -> str:
+    return f"(((double)({hi} >> 5) * 67108864.0 + (double)({lo} >> 6)) * (1.0 / 9007199254740992.0))"
+
+
+def rng_source(dist: str, dtype: np.dtype) -> KernelSource:
+    """Counter-based Philox4x32-10: block ``counter + gid`` under key ``(key0, key1)`` fills ``per`` values.
+
+    ``uniform`` is in [0, 1) (24 random bits for float32, 53 for float64, 11 for float16 so it never
+    rounds up to 1); ``normal`` is Box-Muller; ``randint`` is ``low + (64 random bits) % range``.
+    """
+    emitter = OpenCLEmitter()
+    per = rng_per_block(dist, dtype)
+    params = Params()
+    params.buffer(dtype, "out", const=False)
+    params.long("n")
+    params.scalar(np.dtype(np.uint64), "counter")
+    params.scalar(np.dtype(np.uint32), "key0")
+    params.scalar(np.dtype(np.uint32), "key1")
+    values: list[str] = []
+    if dist == "uniform":
+        if dtype == np.float64:
+            values = [_u53("w[0]", "w[1]"), _u53("w[2]", "w[3]")]
+        elif dtype == np.float16:
+            values = [f"((float)(w[{k}] >> 21) * (1.0f / 2048.0f))" for k in range(4)]
+        else:
+            values = [_u24(f"w[{k}]") for k in range(4)]
+        acc = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    elif dist == "normal":
+        if dtype == np.float64:
+            acc = np.dtype(np.float64)
+            u1 = f"(1.0 - {_u53('w[0]', 'w[1]')})"
+            u2 = _u53("w[2]", "w[3]")
+            pairs = [(u1, u2)]
+            pi2 = "6.283185307179586"
+        else:
+            acc = np.dtype(np.float32)
+            pairs = [(f"(1.0f - {_u24('w[0]')})", _u24("w[1]")), (f"(1.0f - {_u24('w[2]')})", _u24("w[3]"))]
+            pi2 = "6.2831853f"
+        for u1, u2 in pairs:
+            values += [
+                f"(sqrt(-2 * log({u1})) * cos({pi2} * {u2}))",
+                f"(sqrt(-2 * log({u1})) * sin({pi2} * {u2}))",
+            ]
+    elif dist == "randint":
+        acc = LONG
+        params.long("low")
+        params.scalar(np.dtype(np.uint64), "range")
+        values = [f"(low + (long)(((((ulong)w[{2 * k}]) << 32) | w[{2 * k + 1}]) % range))" for k in range(2)]
+    else:
+        raise BackendError(f"unknown random distribution {dist!r}")
+    lines = [
+        "long gid = get_global_id(0);",
+        f"long base = gid * {per};",
+        "if (base >= n) return;",
+        "ulong ctr = counter + (ulong)gid;",
+        "uint4 r = fg_philox((uint4)((uint)ctr, (uint)(ctr >> 32), 0u, 0u), (uint2)(key0, key1));",
+        "uint w[4] = {r.x, r.y, r.z, r.w};",
+    ]
+    for k, value in enumerate(values):
+        lines.append(f"if (base + {k} < n) out[base + {k}] = {emitter.convert(value, acc, dtype)};")
+    source = (
+        _header(emitter, {dtype, acc})
+        + _PHILOX
+        + params.signature("fg_random")
+        + " {\n"
+        + "".join(f"  {line}\n" for line in lines)
+        + "}\n"
+    )
+    return KernelSource(source, "fg_random", params.dtypes)
