@@ -1,0 +1,4 @@
+"""pooling layers (being written)."""
+
+__all__: list[str] = []
+__functional__: list[str] = []

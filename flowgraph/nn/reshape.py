@@ -1,0 +1,4 @@
+"""reshape layers (being written)."""
+
+__all__: list[str] = []
+__functional__: list[str] = []

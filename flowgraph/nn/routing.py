@@ -1,0 +1,4 @@
+"""routing layers (being written)."""
+
+__all__: list[str] = []
+__functional__: list[str] = []
