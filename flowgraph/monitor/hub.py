@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ class Subscriber:
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Message | _Stop]
+    on_drop: Callable[[], None] | None = None
     dropped: bool = False
     stopped: bool = field(default=False)
 
@@ -61,6 +63,8 @@ class Subscriber:
         except asyncio.QueueFull:
             self.dropped = True
             self._stop(_Stop("dropped"))
+            if self.on_drop is not None:
+                self.on_drop()
 
     def _stop(self, item: _Stop) -> None:
         """End the stream: after what is queued when closing, at once when the client is dropped."""
@@ -91,7 +95,7 @@ class EventHub:
         self._closed = False
         self._subscribers: set[Subscriber] = set()
         self.queue_size = queue_size
-        self.dropped_count = 0
+        self.dropped_count = 0  # clients dropped so far for falling behind
 
     # -- training-thread side ------------------------------------------------------------------------------
 
@@ -125,6 +129,9 @@ class EventHub:
 
     def _broadcast(self, item: Message | _Stop) -> None:
         for subscriber in list(self._subscribers):
+            if subscriber.stopped:  # dropped on its loop since the last publish: stop scheduling for it
+                self._forget(subscriber)
+                continue
             try:
                 subscriber.loop.call_soon_threadsafe(subscriber.deliver, item)
             except RuntimeError:  # its loop is closed: the server is gone
@@ -135,7 +142,7 @@ class EventHub:
     def subscribe(self) -> tuple[Subscriber, Snapshot]:
         """Register a client on the running loop and take its snapshot, atomically."""
         loop = asyncio.get_running_loop()
-        subscriber = Subscriber(loop, asyncio.Queue(maxsize=self.queue_size))
+        subscriber = Subscriber(loop, asyncio.Queue(maxsize=self.queue_size), on_drop=self._count_drop)
         with self._lock:
             snapshot = Snapshot(list(self._epochs), self._meta, self._complete)
             if self._closed:
@@ -147,9 +154,14 @@ class EventHub:
     def unsubscribe(self, subscriber: Subscriber) -> None:
         """Forget a client (its stream ended or it disconnected)."""
         with self._lock:
-            self._subscribers.discard(subscriber)
-            if subscriber.dropped:
-                self.dropped_count += 1
+            self._forget(subscriber)
+
+    def _forget(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+
+    def _count_drop(self) -> None:
+        with self._lock:
+            self.dropped_count += 1
 
     # -- readers -------------------------------------------------------------------------------------------
 

@@ -94,7 +94,7 @@ def build_app(hub: EventHub, graph_svg: Callable[[], str | None], host: str, ret
 
     async def events(request: Request) -> Response:
         last_seen = _last_event_id(request)
-        return EventSourceResponse(_stream(hub, last_seen, retry_ms), ping=15, send_timeout=30)
+        return EventSourceResponse(_stream(hub, last_seen, retry_ms), ping=15, send_timeout=10)
 
     routes = [
         Route("/", index),

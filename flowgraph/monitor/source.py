@@ -18,7 +18,9 @@ from flowgraph.errors import FlowError
 
 
 def to_metric_value(name: str, value: Any) -> float | None:
-    """A metric value as a float (ints, floats, NumPy scalars, 0-d tensors); None when not finite."""
+    """A metric value as a float (int, float, NumPy scalar, 0-d tensor); None when missing or not finite."""
+    if value is None:
+        return None
     if isinstance(value, bool):
         number = float(value)
     else:

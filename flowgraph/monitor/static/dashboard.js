@@ -1,7 +1,7 @@
 /* flowgraph monitor dashboard.
  *
  * Live mode: reads server-sent events from "events" (meta, epoch, complete).
- * Report mode: a <script id="flowgraph-report" type="application/json"> holds everything; no network.
+ * Report mode: a JSON script element with id "flowgraph-report" holds everything; no network.
  * Charts are drawn here on <canvas>; no third-party code.
  */
 (function () {
