@@ -211,7 +211,7 @@ def test_log_after_finish_is_an_error_and_finish_is_idempotent(make_monitor):
 
 def test_import_is_cheap_and_needs_no_server_packages():
     code = (
-        "import sys, flowgraph.monitor\n"
+        "import sys, flowgraph, flowgraph.monitor\n"
         "heavy = {'starlette', 'uvicorn', 'sse_starlette', 'tqdm', 'psutil', 'pynvml'} & set(sys.modules)\n"
         "print(sorted(heavy))\n"
     )

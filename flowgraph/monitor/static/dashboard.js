@@ -114,10 +114,24 @@
     return (n >= 5 ? 10 : n >= 2 ? 5 : n >= 1 ? 2 : 1) * mag;
   }
   function linearTicks(lo, hi, count) {
-    if (hi <= lo) return [lo];
+    if (hi <= lo) return { values: [lo], step: 1 };
     var step = niceStep(hi - lo, count), ticks = [];
     for (var v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
-    return ticks;
+    return { values: ticks, step: step };
+  }
+  /* Ticks at round numbers of one binary unit (256MiB, 512MiB, ...), for byte axes. */
+  function byteTicks(lo, hi, count) {
+    var unit = 1;
+    while (hi / unit >= 1024 && unit < Math.pow(1024, 4)) unit *= 1024;
+    var t = linearTicks(lo / unit, hi / unit, count);
+    return { values: t.values.map(function (v) { return v * unit; }), step: t.step * unit };
+  }
+  /* A tick label with as many decimals as the tick step needs: 0.0010, 0.0008, ... not 0.0010, 8.0e-4. */
+  function fmtTick(v, step) {
+    if (v === 0) return "0";
+    var a = Math.max(Math.abs(v), step);
+    if (a >= 1e5 || step < 1e-4) return v.toExponential(Math.max(0, Math.min(3, Math.ceil(Math.log10(a / step)) - 1)));
+    return v.toFixed(Math.max(0, Math.ceil(-Math.log10(step) - 1e-9)));
   }
 
   function LineChart(container, options) {
@@ -213,7 +227,7 @@
     var ctx = canvas.getContext("2d");
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, box.w, box.h);
-    var visible = this.visible(), dom = this.domain(visible), log = this.logScale, fmt = this.options.format || fmtAxis;
+    var visible = this.visible(), dom = this.domain(visible), log = this.logScale, fmt = this.options.format;
     var plotW = box.w - box.left - box.right, plotH = box.h - box.top - box.bottom;
     ctx.font = "11px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
     if (!dom) {
@@ -229,19 +243,21 @@
     // grid and y labels
     ctx.strokeStyle = cssVar("--grid"); ctx.fillStyle = cssVar("--axis"); ctx.lineWidth = 1;
     ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    var yticks;
+    var yticks, label;
     if (log) {
-      yticks = [];
-      for (var e = Math.ceil(dom.y[0]); e <= Math.floor(dom.y[1]); e++) yticks.push(Math.pow(10, e));
-      if (yticks.length < 2) yticks = linearTicks(Math.pow(10, dom.y[0]), Math.pow(10, dom.y[1]), 4);
+      yticks = { values: [], step: 0 };
+      for (var e = Math.ceil(dom.y[0]); e <= Math.floor(dom.y[1]); e++) yticks.values.push(Math.pow(10, e));
+      if (yticks.values.length < 2) yticks = linearTicks(Math.pow(10, dom.y[0]), Math.pow(10, dom.y[1]), 4);
+      label = fmt || (yticks.step ? function (v) { return fmtTick(v, yticks.step); } : fmtAxis);
     } else {
-      yticks = linearTicks(dom.y[0], dom.y[1], 5);
+      yticks = (this.options.bytes ? byteTicks : linearTicks)(dom.y[0], dom.y[1], 5);
+      label = fmt || function (v) { return fmtTick(v, yticks.step); };
     }
-    yticks.forEach(function (v) {
+    yticks.values.forEach(function (v) {
       var y = Math.round(sy(v)) + 0.5;
       if (y < box.top - 1 || y > box.top + plotH + 1) return;
       ctx.beginPath(); ctx.moveTo(box.left, y); ctx.lineTo(box.left + plotW, y); ctx.stroke();
-      ctx.fillText(fmt(v), box.left - 8, y);
+      ctx.fillText(label(v), box.left - 8, y);
     });
     // x labels (epochs are integers)
     ctx.textAlign = "center"; ctx.textBaseline = "top";
@@ -416,7 +432,7 @@
         el("div", { className: "name", text: name }), el("div", { className: "num", text: fmtMetric(v) })]);
       if (v !== null && p !== null && p !== undefined && v !== p) {
         var d = v - p;
-        tile.lastChild.appendChild(el("span", { className: "delta " + (d < 0 ? "down" : "up"),
+        tile.lastChild.appendChild(el("span", { className: "delta", title: "change since the previous epoch",
                                                 text: (d < 0 ? "▼ " : "▲ ") + fmtMetric(Math.abs(d)) }));
       }
       box.appendChild(tile);
@@ -465,7 +481,7 @@
       var last = state.epochs[state.epochs.length - 1].resources, totals = [];
       if (last.ram_total) totals.push("RAM " + fmtBytes(last.ram_total));
       if (last.vram_total) totals.push("VRAM " + fmtBytes(last.vram_total));
-      var chart = ensureChart("resource-charts", "res:mem", { title: "Memory", yMin: 0, format: fmtBytes, valueFormat: fmtBytes });
+      var chart = ensureChart("resource-charts", "res:mem", { title: "Memory", yMin: 0, bytes: true, format: fmtBytes, valueFormat: fmtBytes });
       chart.title.textContent = "Memory" + (totals.length ? " (of " + totals.join(", ") + ")" : "");
       chart.setSeries(mem.map(function (k) {
         return { name: "res:" + k, label: RESOURCE_LABELS[k], points: pointsOf(function (e) { return e.resources[k]; }) };
@@ -525,7 +541,8 @@
         src = "graph.svg?v=" + Date.now();
       }
       box.textContent = "";
-      box.appendChild(el("img", { src: src, alt: "graph structure" }));
+      box.appendChild(el("a", { href: src, target: "_blank", rel: "noopener", title: "open at full size" },
+                         [el("img", { src: src, alt: "graph structure" })]));
     } else if (g.kind === "dot") {
       box.textContent = "";
       box.appendChild(el("p", { className: "muted",
