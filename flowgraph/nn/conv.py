@@ -1,4 +1,621 @@
-"""conv layers (being written)."""
+"""Convolutions: ``Conv1d/2d/3d``, ``ConvTranspose1d/2d/3d`` and their functional forms.
 
-__all__: list[str] = []
-__functional__: list[str] = []
+One n-d path serves every dimensionality (and pooling, ``unfold`` and ``fold``):
+
+* ``_windows(x, kernel, stride, dilation, out)`` takes a padded ``(N, C, *S)`` input and returns the
+  ``(N, C, K, *out)`` stack of its ``K = prod(kernel)`` shifted, strided slices (im2col without a
+  strided-view primitive: one basic slice per kernel offset, then one concatenate).
+* ``_fold_windows`` is its adjoint (col2im): it adds each of the ``K`` slices back into a zero buffer of
+  the padded shape. Each one is the other's backward, so both are differentiable to any order.
+
+A convolution is then ``weight.reshape(G, C_out/G, C_in/G * K) @ cols.reshape(N, G, C_in/G * K, L)``; a
+transposed convolution is the same matmul with the transposed weight, followed by ``_fold_windows``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+from ..autograd.grad_mode import STATE
+from ..errors import FlowError, ShapeError
+from ..tensor import Tensor, empty, pad
+from ..tensor.tensor import _attach, _wrap
+from . import init
+from .module import Module, Parameter
+
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
+__functional__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
+
+
+# ---------------------------------------------------------------------- argument helpers
+def _ntuple(value, n: int, name: str, where: str) -> tuple[int, ...]:
+    """``value`` as an ``n``-tuple of ints (an int is repeated), with a clear error otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * n
+    if isinstance(value, (tuple, list)) and len(value) == n and all(isinstance(v, int) for v in value):
+        return tuple(value)
+    if isinstance(value, (tuple, list)) and len(value) == 1 and isinstance(value[0], int):
+        return (value[0],) * n
+    raise FlowError(f"{where}: {name} must be an int or a tuple of {n} ints, got {value!r}")
+
+
+def _window_out(size: int, k: int, s: int, d: int) -> int:
+    """Number of windows of extent ``d*(k-1)+1`` and step ``s`` that fit in ``size``."""
+    return (size - d * (k - 1) - 1) // s + 1
+
+
+def _check_input(x: Tensor, nd: int, where: str) -> tuple[Tensor, bool]:
+    """Accept ``(N, C, *spatial)`` or unbatched ``(C, *spatial)``; return the batched tensor and a flag."""
+    if not isinstance(x, Tensor):
+        raise FlowError(f"{where}: expected a Tensor input, got {type(x).__name__}")
+    if x.ndim == nd + 2:
+        return x, False
+    if x.ndim == nd + 1:
+        return x.unsqueeze(0), True
+    raise ShapeError(
+        f"{where}: expected a {nd + 2}-d input (N, C{', *spatial' if nd else ''}) or a {nd + 1}-d "
+        "unbatched one, "
+        f"got shape {x.shape}"
+    )
+
+
+def _offset_slices(offset: Sequence[int], stride, dilation, out) -> tuple[slice, ...]:
+    return (slice(None), slice(None)) + tuple(
+        slice(o * d, o * d + (n - 1) * s + 1, s) for o, s, d, n in zip(offset, stride, dilation, out)
+    )
+
+
+# ---------------------------------------------------------------------- the shared window primitive
+def _windows(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple) -> Tensor:
+    """``(N, C, *S) -> (N, C, K, *out)``: every kernel offset's strided slice of an (already padded) input.
+
+    ``out`` must satisfy ``out[i] == (S[i] - dilation[i]*(kernel[i]-1) - 1) // stride[i] + 1`` or be smaller.
+    """
+    bk = x._backend
+    d = x._data
+    n, c = d.shape[:2]
+    piece_shape = (n, c, 1) + tuple(out)
+    pieces = [
+        bk.reshape(bk.slice(d, _offset_slices(off, stride, dilation, out)), piece_shape)
+        for off in itertools.product(*(range(k) for k in kernel))
+    ]
+    result = _wrap(pieces[0] if len(pieces) == 1 else bk.concatenate(pieces, 2), bk)
+    if x.requires_grad and STATE.enabled:
+        shape = x.shape
+        _attach(result, lambda g: (_fold_windows(g, shape, kernel, stride, dilation),), (x,), "Windows")
+    return result
+
+
+def _fold_windows(cols: Tensor, shape: tuple, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
+    """The adjoint of ``_windows``: ``(N, C, K, *out) -> (N, C, *shape[2:])``, overlapping slices summed."""
+    bk = cols._backend
+    g = cols._data
+    out = tuple(cols.shape[3:])
+    base = bk.full(tuple(shape), 0, g.dtype)
+    for k, off in enumerate(itertools.product(*(range(kk) for kk in kernel))):
+        piece = bk.reshape(
+            bk.slice(g, (slice(None), slice(None), slice(k, k + 1)) + (slice(None),) * len(out)),
+            tuple(shape[:2]) + out,
+        )
+        view = bk.slice(base, _offset_slices(off, stride, dilation, out))
+        bk.assign(view, bk.add(view, piece))
+    result = _wrap(base, bk)
+    if cols.requires_grad and STATE.enabled:
+        _attach(result, lambda gg: (_windows(gg, kernel, stride, dilation, out),), (cols,), "FoldWindows")
+    return result
+
+
+def _padding_widths(
+    padding, kernel: tuple, dilation: tuple, stride: tuple, nd: int, where: str
+) -> list[tuple[int, int]]:
+    """Per-dim (left, right) zero padding from an int, a tuple, ``'valid'`` or ``'same'``."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return [(0, 0)] * nd
+        if padding == "same":
+            if any(s != 1 for s in stride):
+                raise FlowError(
+                    f"{where}: padding='same' is not supported for strided convolutions (stride={stride})"
+                )
+            widths = []
+            for k, d in zip(kernel, dilation):
+                total = d * (k - 1)
+                widths.append((total // 2, total - total // 2))
+            return widths
+        raise FlowError(f"{where}: padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
+    return [(p, p) for p in _ntuple(padding, nd, "padding", where)]
+
+
+def _pad_spatial(
+    x: Tensor, widths: list[tuple[int, int]], mode: str = "constant", value: float = 0.0
+) -> Tensor:
+    """Pad the trailing spatial dims of ``(N, C, *S)`` by per-dim (left, right) widths."""
+    if not any(lo or hi for lo, hi in widths):
+        return x
+    flat = []
+    for lo, hi in reversed(widths):
+        flat += [lo, hi]
+    return pad(x, flat, mode, value)
+
+
+def _im2col(
+    x: Tensor,
+    kernel: tuple,
+    stride: tuple,
+    dilation: tuple,
+    widths,
+    mode: str = "constant",
+    value: float = 0.0,
+    where: str = "conv",
+) -> tuple[Tensor, tuple[int, ...]]:
+    """Pad ``x`` and return its windows ``(N, C, K, *out)`` and ``out``."""
+    xp = _pad_spatial(x, widths, mode, value)
+    out = tuple(_window_out(n, k, s, d) for n, k, s, d in zip(xp.shape[2:], kernel, stride, dilation))
+    if any(o <= 0 for o in out):
+        raise ShapeError(
+            f"{where}: input of spatial size {tuple(x.shape[2:])} (padded {tuple(xp.shape[2:])}) "
+            "is smaller than "
+            f"the kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
+        )
+    return _windows(xp, kernel, stride, dilation, out), out
+
+
+# ---------------------------------------------------------------------- functional convolution
+def _convnd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride,
+    padding,
+    dilation,
+    groups: int,
+    nd: int,
+    padding_mode: str = "zeros",
+) -> Tensor:
+    where = f"conv{nd}d"
+    x, unbatched = _check_input(x, nd, where)
+    if weight.ndim != nd + 2:
+        raise ShapeError(
+            f"{where}: weight must be {nd + 2}-d (out, in/groups, *kernel), got shape {weight.shape}"
+        )
+    c_out, c_in_g = weight.shape[:2]
+    kernel = tuple(weight.shape[2:])
+    n, c_in = x.shape[:2]
+    if groups < 1 or c_in % groups or c_out % groups:
+        raise FlowError(
+            f"{where}: groups={groups} must divide both in_channels ({c_in}) and out_channels ({c_out})"
+        )
+    if c_in_g * groups != c_in:
+        raise ShapeError(
+            f"{where}: input has {c_in} channels but the weight {tuple(weight.shape)} with groups={groups} "
+            "expects "
+            f"{c_in_g * groups}"
+        )
+    stride = _ntuple(stride, nd, "stride", where)
+    dilation = _ntuple(dilation, nd, "dilation", where)
+    widths = _padding_widths(padding, kernel, dilation, stride, nd, where)
+    mode = {"zeros": "constant", "reflect": "reflect", "replicate": "replicate", "circular": "circular"}.get(
+        padding_mode
+    )
+    if mode is None:
+        raise FlowError(
+            f"{where}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
+            f"got {padding_mode!r}"
+        )
+    k = math.prod(kernel)
+    if k == 1 and all(s == 1 for s in stride) and not any(lo or hi for lo, hi in widths):
+        out_size = tuple(x.shape[2:])
+        cols = x  # a 1x1 convolution is a plain matmul over channels
+    else:
+        cols, out_size = _im2col(x, kernel, stride, dilation, widths, mode, where=where)
+    length = math.prod(out_size)
+    cols = cols.reshape(n, groups, c_in_g * k, length) if groups > 1 else cols.reshape(n, c_in_g * k, length)
+    w = (
+        weight.reshape(groups, c_out // groups, c_in_g * k)
+        if groups > 1
+        else weight.reshape(c_out, c_in_g * k)
+    )
+    out = w.matmul(cols).reshape((n, c_out) + out_size)
+    if bias is not None:
+        out = out + bias.reshape((1, c_out) + (1,) * nd)
+    return out.squeeze(0) if unbatched else out
+
+
+def _conv_transposend(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride,
+    padding,
+    output_padding,
+    groups: int,
+    dilation,
+    nd: int,
+) -> Tensor:
+    where = f"conv_transpose{nd}d"
+    x, unbatched = _check_input(x, nd, where)
+    if weight.ndim != nd + 2:
+        raise ShapeError(
+            f"{where}: weight must be {nd + 2}-d (in, out/groups, *kernel), got shape {weight.shape}"
+        )
+    c_in, c_out_g = weight.shape[:2]
+    kernel = tuple(weight.shape[2:])
+    n = x.shape[0]
+    if x.shape[1] != c_in:
+        raise ShapeError(
+            f"{where}: input has {x.shape[1]} channels, the weight {tuple(weight.shape)} expects {c_in}"
+        )
+    if groups < 1 or c_in % groups:
+        raise FlowError(f"{where}: groups={groups} must divide in_channels ({c_in})")
+    stride = _ntuple(stride, nd, "stride", where)
+    dilation = _ntuple(dilation, nd, "dilation", where)
+    padding = _ntuple(padding, nd, "padding", where)
+    output_padding = _ntuple(output_padding, nd, "output_padding", where)
+    for op, s, d in zip(output_padding, stride, dilation):
+        if op >= max(s, d):
+            raise FlowError(
+                f"{where}: output_padding {output_padding} must be smaller than stride {stride} "
+                f"or dilation {dilation}"
+            )
+    k = math.prod(kernel)
+    c_in_g = c_in // groups
+    in_size = tuple(x.shape[2:])
+    length = math.prod(in_size)
+    c_out = c_out_g * groups
+    xr = x.reshape(n, groups, c_in_g, length) if groups > 1 else x.reshape(n, c_in, length)
+    w = weight.reshape(groups, c_in_g, c_out_g * k) if groups > 1 else weight.reshape(c_in, c_out_g * k)
+    cols = w.transpose(-1, -2).matmul(xr).reshape((n, c_out, k) + in_size)
+    full = tuple((i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(in_size, stride, dilation, kernel))
+    out = _fold_windows(cols, (n, c_out) + full, kernel, stride, dilation)
+    out = _pad_spatial(out, [(-p, op - p) for p, op in zip(padding, output_padding)])
+    if bias is not None:
+        out = out + bias.reshape((1, c_out) + (1,) * nd)
+    return out.squeeze(0) if unbatched else out
+
+
+def conv1d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+) -> Tensor:
+    """1-d convolution (cross-correlation) of ``(N, C_in, L)`` with ``(C_out, C_in/groups, k)``."""
+    return _convnd(input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+) -> Tensor:
+    """2-d convolution of ``(N, C_in, H, W)`` with ``(C_out, C_in/groups, kH, kW)``.
+
+    ``padding`` is an int, a tuple, ``'valid'`` or ``'same'``::
+
+        y = F.conv2d(x, w, b, stride=2, padding=1)
+    """
+    return _convnd(input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def conv3d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+) -> Tensor:
+    """3-d convolution of ``(N, C_in, D, H, W)`` with ``(C_out, C_in/groups, kD, kH, kW)``."""
+    return _convnd(input, weight, bias, stride, padding, dilation, groups, 3)
+
+
+def conv_transpose1d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups: int = 1,
+    dilation=1,
+) -> Tensor:
+    """1-d transposed convolution; ``weight`` is ``(C_in, C_out/groups, k)`` (PyTorch's layout)."""
+    return _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, 1)
+
+
+def conv_transpose2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups: int = 1,
+    dilation=1,
+) -> Tensor:
+    """2-d transposed convolution (the gradient of ``conv2d`` with respect to its input)."""
+    return _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, 2)
+
+
+def conv_transpose3d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups: int = 1,
+    dilation=1,
+) -> Tensor:
+    """3-d transposed convolution."""
+    return _conv_transposend(input, weight, bias, stride, padding, output_padding, groups, dilation, 3)
+
+
+# ---------------------------------------------------------------------- modules
+class _ConvNd(Module):
+    """Shared constructor, initialisation and repr of the convolution modules."""
+
+    _nd = 0
+    _transposed = False
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        output_padding=0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        nd = self._nd
+        name = type(self).__name__
+        if groups < 1 or in_channels % groups:
+            raise FlowError(f"{name}: in_channels ({in_channels}) must be divisible by groups ({groups})")
+        if out_channels % groups:
+            raise FlowError(f"{name}: out_channels ({out_channels}) must be divisible by groups ({groups})")
+        if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
+            raise FlowError(
+                f"{name}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
+                f"got {padding_mode!r}"
+            )
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _ntuple(kernel_size, nd, "kernel_size", name)
+        self.stride = _ntuple(stride, nd, "stride", name)
+        self.dilation = _ntuple(dilation, nd, "dilation", name)
+        if isinstance(padding, str):
+            if self._transposed:
+                raise FlowError(f"{name}: padding must be an int or a tuple, got {padding!r}")
+            _padding_widths(padding, self.kernel_size, self.dilation, self.stride, nd, name)  # validates
+            self.padding = padding
+        else:
+            self.padding = _ntuple(padding, nd, "padding", name)
+        self.output_padding = _ntuple(output_padding, nd, "output_padding", name)
+        self.groups = groups
+        self.padding_mode = padding_mode
+        self.transposed = self._transposed
+        if self._transposed:
+            shape = (in_channels, out_channels // groups) + self.kernel_size
+        else:
+            shape = (out_channels, in_channels // groups) + self.kernel_size
+        self.weight = Parameter(empty(*shape, device=device, dtype=dtype))
+        if bias:
+            self.bias = Parameter(empty(out_channels, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default: Kaiming-uniform(a=sqrt(5)) weight, bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            if fan_in:
+                bound = 1 / math.sqrt(fan_in)
+                init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        nd = self._nd
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,) * nd:
+            s += (
+                f", padding={self.padding!r}"
+                if isinstance(self.padding, str)
+                else f", padding={self.padding}"
+            )
+        if self.dilation != (1,) * nd:
+            s += f", dilation={self.dilation}"
+        if self.output_padding != (0,) * nd:
+            s += f", output_padding={self.output_padding}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
+        return s
+
+
+class _Conv(_ConvNd):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            0,
+            device,
+            dtype,
+        )
+
+    def forward(self, input: Tensor) -> Tensor:
+        return _convnd(
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            self._nd,
+            self.padding_mode,
+        )
+
+
+class Conv1d(_Conv):
+    """1-d convolution over ``(N, C_in, L)``: PyTorch's arguments and defaults::
+
+    conv = nn.Conv1d(4, 8, kernel_size=3, padding=1)
+    """
+
+    _nd = 1
+
+
+class Conv2d(_Conv):
+    """2-d convolution over ``(N, C_in, H, W)`` (``stride``, ``padding`` int/tuple/'same'/'valid',
+    ``dilation``, ``groups``, ``bias``, ``padding_mode`` zeros/reflect/replicate/circular)::
+
+        conv = nn.Conv2d(3, 16, kernel_size=3, stride=2, padding=1)
+    """
+
+    _nd = 2
+
+
+class Conv3d(_Conv):
+    """3-d convolution over ``(N, C_in, D, H, W)``."""
+
+    _nd = 3
+
+
+class _ConvTranspose(_ConvNd):
+    _transposed = True
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        output_padding=0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation=1,
+        padding_mode: str = "zeros",
+        device=None,
+        dtype=None,
+    ):
+        if padding_mode != "zeros":
+            raise FlowError(
+                f"{type(self).__name__}: only padding_mode='zeros' is supported, got {padding_mode!r}"
+            )
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            output_padding,
+            device,
+            dtype,
+        )
+
+    def _output_padding(self, input: Tensor, output_size) -> tuple[int, ...]:
+        if output_size is None:
+            return self.output_padding
+        nd = self._nd
+        output_size = tuple(output_size)[-nd:]
+        if len(output_size) != nd:
+            raise FlowError(f"{type(self).__name__}: output_size needs {nd} spatial sizes, got {output_size}")
+        extra = []
+        for i in range(nd):
+            smallest = (
+                (input.shape[-nd + i] - 1) * self.stride[i]
+                - 2 * self.padding[i]
+                + self.dilation[i] * (self.kernel_size[i] - 1)
+                + 1
+            )
+            e = output_size[i] - smallest
+            if not 0 <= e < max(self.stride[i], self.dilation[i]):
+                raise FlowError(
+                    f"{type(self).__name__}: requested output_size {output_size} is not reachable; "
+                    f"dim {i} must be in [{smallest}, {smallest + self.stride[i] - 1}]"
+                )
+            extra.append(e)
+        return tuple(extra)
+
+    def forward(self, input: Tensor, output_size=None) -> Tensor:
+        return _conv_transposend(
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            self.padding,
+            self._output_padding(input, output_size),
+            self.groups,
+            self.dilation,
+            self._nd,
+        )
+
+
+class ConvTranspose1d(_ConvTranspose):
+    """1-d transposed convolution (weight ``(C_in, C_out/groups, k)``)::
+
+    up = nn.ConvTranspose1d(8, 4, kernel_size=4, stride=2, padding=1)
+    """
+
+    _nd = 1
+
+
+class ConvTranspose2d(_ConvTranspose):
+    """2-d transposed convolution (``output_padding`` resolves the output-size ambiguity of strides)::
+
+    up = nn.ConvTranspose2d(16, 8, kernel_size=3, stride=2, padding=1, output_padding=1)
+    """
+
+    _nd = 2
+
+
+class ConvTranspose3d(_ConvTranspose):
+    """3-d transposed convolution."""
+
+    _nd = 3
