@@ -1,4 +1,497 @@
-"""pooling layers (being written)."""
+"""Pooling: ``MaxPool1d/2d/3d``, ``AvgPool1d/2d/3d``, ``AdaptiveAvgPool1d/2d/3d``,
+``AdaptiveMaxPool1d/2d/3d``.
 
-__all__: list[str] = []
-__functional__: list[str] = []
+Fixed-window pooling reuses convolution's window primitive (``conv._windows``): pad (with ``-inf`` for max,
+zeros for average), take the ``(N, C, K, *out)`` windows, reduce over ``K``. Max pooling picks the first
+maximum of each window (``argmax`` + ``gather``), so its gradient goes to one element as in PyTorch.
+Adaptive pooling works one spatial dim at a time: average pooling is a product with a constant ``(out, in)``
+averaging matrix, max pooling gathers each output's (padded-to-equal-length) index range and reduces it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..autograd.grad_mode import no_grad
+from ..errors import FlowError
+from ..tensor import Tensor, arange, ones, tensor
+from .conv import _check_input, _ntuple, _pad_spatial, _windows
+from .module import Module
+
+__all__ = [
+    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+]  # fmt: skip
+__functional__ = [
+    "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------------- geometry
+def _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode: bool, where: str):
+    """Output sizes and per-dim (left, right) padding (right widened for ``ceil_mode``'s last window)."""
+    out, widths = [], []
+    for n, k, s, p, d in zip(in_size, kernel, stride, padding, dilation):
+        if p < 0 or 2 * p > k:
+            raise FlowError(
+                f"{where}: padding ({p}) must be at least 0 and at most half of the kernel size ({k})"
+            )
+        if s < 1 or d < 1:
+            raise FlowError(f"{where}: stride ({s}) and dilation ({d}) must be positive")
+        span = n + 2 * p - d * (k - 1) - 1
+        if span < 0:
+            raise FlowError(
+                f"{where}: input of spatial size {tuple(in_size)} is smaller than the window "
+                f"(kernel {tuple(kernel)}, dilation {tuple(dilation)}, padding {tuple(padding)})"
+            )
+        if ceil_mode:
+            o = -(-span // s) + 1
+            if (o - 1) * s >= n + p:  # the last window must start inside the input or the left padding
+                o -= 1
+        else:
+            o = span // s + 1
+        need = (o - 1) * s + d * (k - 1) + 1
+        out.append(o)
+        widths.append((p, p + max(0, need - (n + 2 * p))))
+    return tuple(out), widths
+
+
+def _pool_args(kernel_size, stride, padding, dilation, nd: int, where: str):
+    kernel = _ntuple(kernel_size, nd, "kernel_size", where)
+    stride = (
+        kernel if stride is None or stride == [] or stride == () else _ntuple(stride, nd, "stride", where)
+    )
+    return kernel, stride, _ntuple(padding, nd, "padding", where), _ntuple(dilation, nd, "dilation", where)
+
+
+# ---------------------------------------------------------------------- max pooling
+def _max_poolnd(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices, nd: int):
+    where = f"max_pool{nd}d"
+    x, unbatched = _check_input(x, nd, where)
+    kernel, stride, padding, dilation = _pool_args(kernel_size, stride, padding, dilation, nd, where)
+    in_size = tuple(x.shape[2:])
+    out, widths = _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode, where)
+    cols = _windows(_pad_spatial(x, widths, "constant", -math.inf), kernel, stride, dilation, out)
+    idx = cols.argmax(2, keepdim=True)
+    values = cols.gather(2, idx).squeeze(2)
+    if not return_indices:
+        return values.squeeze(0) if unbatched else values
+    indices = _flat_indices(idx.squeeze(2), in_size, kernel, stride, padding, dilation, out)
+    if unbatched:
+        return values.squeeze(0), indices.squeeze(0)
+    return values, indices
+
+
+def _flat_indices(kidx: Tensor, in_size, kernel, stride, padding, dilation, out) -> Tensor:
+    """PyTorch's ``return_indices``: the flat position in each input plane of every window's maximum."""
+    nd = len(kernel)
+    flat = None
+    for i in range(nd):
+        inner = math.prod(kernel[i + 1 :])
+        k_i = (kidx // inner) % kernel[i] if nd > 1 else kidx
+        shape = [1] * (nd + 2)
+        shape[2 + i] = out[i]
+        start = arange(out[i], device=kidx.device).reshape(shape) * stride[i] - padding[i]
+        pos = start + k_i * dilation[i]
+        term = pos * math.prod(in_size[i + 1 :])
+        flat = term if flat is None else flat + term
+    return flat
+
+
+def max_pool1d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+):
+    """1-d max pooling of ``(N, C, L)`` (``stride`` defaults to ``kernel_size``)."""
+    return _max_poolnd(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 1)
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+):
+    """2-d max pooling of ``(N, C, H, W)``; with ``return_indices`` also the flat argmax in each plane::
+
+    y = F.max_pool2d(x, 2)                  # halve H and W
+    y, i = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+    """
+    return _max_poolnd(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 2)
+
+
+def max_pool3d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    dilation=1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+):
+    """3-d max pooling of ``(N, C, D, H, W)``."""
+    return _max_poolnd(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 3)
+
+
+# ---------------------------------------------------------------------- average pooling
+def _avg_poolnd(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, nd: int):
+    where = f"avg_pool{nd}d"
+    x, unbatched = _check_input(x, nd, where)
+    kernel, stride, padding, dilation = _pool_args(kernel_size, stride, padding, 1, nd, where)
+    in_size = tuple(x.shape[2:])
+    out, widths = _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode, where)
+    total = _windows(_pad_spatial(x, widths), kernel, stride, dilation, out).sum(2)
+    if divisor_override is not None:
+        if divisor_override == 0:
+            raise FlowError(f"{where}: divisor_override must be non-zero")
+        result = total / divisor_override
+    elif all(lo == 0 and hi == 0 for lo, hi in widths):
+        result = total / math.prod(kernel)
+    else:
+        with no_grad():  # how many real (or, with count_include_pad, padded) cells each window covers
+            if count_include_pad:
+                size = tuple(n + 2 * p for n, p in zip(in_size, padding))
+                cover = [(0, hi - lo) for lo, hi in widths]
+            else:
+                size, cover = in_size, widths
+            one = ones((1, 1) + size, dtype=x.dtype, device=x.device)
+            count = _windows(_pad_spatial(one, cover), kernel, stride, dilation, out).sum(2)
+        result = total / count
+    return result.squeeze(0) if unbatched else result
+
+
+def avg_pool1d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """1-d average pooling of ``(N, C, L)``."""
+    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1)
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """2-d average pooling; ``count_include_pad=False`` divides by the number of real cells per window."""
+    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2)
+
+
+def avg_pool3d(
+    input: Tensor,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    """3-d average pooling."""
+    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3)
+
+
+# ---------------------------------------------------------------------- adaptive pooling
+def _adaptive_sizes(x: Tensor, output_size, nd: int, where: str) -> tuple[int, ...]:
+    if isinstance(output_size, int) or output_size is None:
+        output_size = (output_size,) * nd
+    output_size = tuple(output_size)
+    if len(output_size) != nd:
+        raise FlowError(
+            f"{where}: output_size must be an int or a tuple of {nd} (int or None), got {output_size}"
+        )
+    sizes = tuple(n if o is None else int(o) for o, n in zip(output_size, x.shape[-nd:]))
+    if any(o <= 0 for o in sizes):
+        raise FlowError(f"{where}: output sizes must be positive, got {sizes}")
+    return sizes
+
+
+def _ranges(n: int, o: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive windows: ``[floor(j*n/o), ceil((j+1)*n/o))``."""
+    return [((j * n) // o, -((-(j + 1) * n) // o)) for j in range(o)]
+
+
+def _adaptive_avg_poolnd(x: Tensor, output_size, nd: int) -> Tensor:
+    where = f"adaptive_avg_pool{nd}d"
+    x, unbatched = _check_input(x, nd, where)
+    sizes = _adaptive_sizes(x, output_size, nd, where)
+    out = x
+    for i, o in enumerate(sizes):
+        dim = 2 + i
+        n = x.shape[dim]
+        if o == n:
+            continue
+        if n % o == 0:  # equal windows: a reshape and a mean
+            shape = out.shape
+            out = out.reshape(shape[:dim] + (o, n // o) + shape[dim + 1 :]).mean(dim + 1)
+            continue
+        rows = [[0.0] * n for _ in range(o)]
+        for j, (a, b) in enumerate(_ranges(n, o)):
+            for t in range(a, b):
+                rows[j][t] = 1.0 / (b - a)
+        weights = tensor(rows, dtype=x.dtype, device=x.device)
+        out = out.movedim(dim, -1).matmul(weights.t()).movedim(-1, dim)
+    return out.squeeze(0) if unbatched else out
+
+
+def _adaptive_max_poolnd(x: Tensor, output_size, return_indices: bool, nd: int):
+    where = f"adaptive_max_pool{nd}d"
+    if return_indices:
+        raise FlowError(
+            f"{where}: return_indices=True is not supported; use max_pool{nd}d when the input size "
+            "is a multiple of the output size"
+        )
+    x, unbatched = _check_input(x, nd, where)
+    sizes = _adaptive_sizes(x, output_size, nd, where)
+    out = x
+    for i, o in enumerate(sizes):
+        dim = 2 + i
+        n = x.shape[dim]
+        ranges = _ranges(n, o)
+        width = max(b - a for a, b in ranges)
+        index = [min(a + t, b - 1) for a, b in ranges for t in range(width)]  # short windows repeat their end
+        shape = out.shape
+        picked = out.index_select(dim, tensor(index, device=x.device))
+        picked = picked.reshape(shape[:dim] + (o, width) + shape[dim + 1 :])
+        out = picked.gather(dim + 1, picked.argmax(dim + 1, keepdim=True)).squeeze(dim + 1)
+    return out.squeeze(0) if unbatched else out
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size) -> Tensor:
+    """Average pooling of ``(N, C, L)`` to ``output_size`` regardless of ``L``."""
+    return _adaptive_avg_poolnd(input, output_size, 1)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """Average pooling of ``(N, C, H, W)`` to ``output_size`` (an int, a pair; ``None`` keeps a size)::
+
+    features = F.adaptive_avg_pool2d(x, 1).flatten(1)   # global average pooling
+    """
+    return _adaptive_avg_poolnd(input, output_size, 2)
+
+
+def adaptive_avg_pool3d(input: Tensor, output_size) -> Tensor:
+    """Average pooling of ``(N, C, D, H, W)`` to ``output_size``."""
+    return _adaptive_avg_poolnd(input, output_size, 3)
+
+
+def adaptive_max_pool1d(input: Tensor, output_size, return_indices: bool = False) -> Tensor:
+    """Max pooling of ``(N, C, L)`` to ``output_size``."""
+    return _adaptive_max_poolnd(input, output_size, return_indices, 1)
+
+
+def adaptive_max_pool2d(input: Tensor, output_size, return_indices: bool = False) -> Tensor:
+    """Max pooling of ``(N, C, H, W)`` to ``output_size``."""
+    return _adaptive_max_poolnd(input, output_size, return_indices, 2)
+
+
+def adaptive_max_pool3d(input: Tensor, output_size, return_indices: bool = False) -> Tensor:
+    """Max pooling of ``(N, C, D, H, W)`` to ``output_size``."""
+    return _adaptive_max_poolnd(input, output_size, return_indices, 3)
+
+
+# ---------------------------------------------------------------------- modules
+class _MaxPoolNd(Module):
+    _nd = 0
+
+    def __init__(
+        self,
+        kernel_size,
+        stride=None,
+        padding=0,
+        dilation=1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.dilation = dilation
+        self.return_indices = return_indices
+        self.ceil_mode = ceil_mode
+
+    def forward(self, input: Tensor):
+        return _max_poolnd(
+            input,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.ceil_mode,
+            self.return_indices,
+            self._nd,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"
+        )
+
+
+class MaxPool1d(_MaxPoolNd):
+    """1-d max pooling (``stride`` defaults to ``kernel_size``)."""
+
+    _nd = 1
+
+
+class MaxPool2d(_MaxPoolNd):
+    """2-d max pooling with PyTorch's arguments::
+
+        nn.MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False)
+    """
+
+    _nd = 2
+
+
+class MaxPool3d(_MaxPoolNd):
+    """3-d max pooling."""
+
+    _nd = 3
+
+
+class _AvgPoolNd(Module):
+    _nd = 0
+
+    def __init__(
+        self,
+        kernel_size,
+        stride=None,
+        padding=0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+    ):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.ceil_mode = ceil_mode
+        self.count_include_pad = count_include_pad
+        self.divisor_override = divisor_override
+
+    def forward(self, input: Tensor) -> Tensor:
+        return _avg_poolnd(
+            input,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.ceil_mode,
+            self.count_include_pad,
+            self.divisor_override,
+            self._nd,
+        )
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool1d(_AvgPoolNd):
+    """1-d average pooling: ``nn.AvgPool1d(kernel_size, stride=None, padding=0, ceil_mode=False,
+    count_include_pad=True)``."""
+
+    _nd = 1
+
+    def __init__(
+        self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True
+    ):
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+
+class AvgPool2d(_AvgPoolNd):
+    """2-d average pooling (``count_include_pad``, ``ceil_mode``, ``divisor_override`` as in PyTorch)."""
+
+    _nd = 2
+
+
+class AvgPool3d(_AvgPoolNd):
+    """3-d average pooling."""
+
+    _nd = 3
+
+
+class _AdaptivePool(Module):
+    _nd = 0
+    _max = False
+
+    def __init__(self, output_size, return_indices: bool = False):
+        super().__init__()
+        self.output_size = output_size
+        if return_indices and not self._max:
+            raise FlowError(f"{type(self).__name__} has no return_indices")
+        self.return_indices = return_indices
+
+    def forward(self, input: Tensor):
+        if self._max:
+            return _adaptive_max_poolnd(input, self.output_size, self.return_indices, self._nd)
+        return _adaptive_avg_poolnd(input, self.output_size, self._nd)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveAvgPool1d(_AdaptivePool):
+    """Average pooling to a fixed output length."""
+
+    _nd = 1
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveAvgPool2d(_AdaptivePool):
+    """Average pooling to a fixed output size: ``nn.AdaptiveAvgPool2d((1, 1))`` is global average pooling."""
+
+    _nd = 2
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveAvgPool3d(_AdaptivePool):
+    """Average pooling to a fixed ``(D, H, W)``."""
+
+    _nd = 3
+
+    def __init__(self, output_size):
+        super().__init__(output_size)
+
+
+class AdaptiveMaxPool1d(_AdaptivePool):
+    """Max pooling to a fixed output length."""
+
+    _nd = 1
+    _max = True
+
+
+class AdaptiveMaxPool2d(_AdaptivePool):
+    """Max pooling to a fixed output size."""
+
+    _nd = 2
+    _max = True
+
+
+class AdaptiveMaxPool3d(_AdaptivePool):
+    """Max pooling to a fixed ``(D, H, W)``."""
+
+    _nd = 3
+    _max = True
