@@ -1,0 +1,294 @@
+"""Benchmark flowgraph against PyTorch on floDl's seven models, side by side in one run.
+
+    python -m benchmarks --device cpu --models all --rounds 3 --json out.json
+    python -m benchmarks --device cuda --scale 1.0 --capture      # on an NVIDIA GPU
+
+Protocol (the benchmark issue's): float32, 50 pre-generated random batches per epoch already on the
+device, MSE loss, Adam lr 1e-3; each step is forward, loss, zero_grad, backward, step, loss.item();
+warm-up epochs, then timed epochs with a device sync; the median epoch per round; several rounds
+alternating which framework goes first; the table reports the median over rounds and the spread
+(min-max of the round medians), in ms per epoch, and the ratio flowgraph / PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+from .models import MODELS, build_flowgraph, build_torch, copy_torch_weights, spec
+
+
+# ---------------------------------------------------------------------- one framework, one model
+class FlowgraphRunner:
+    """Trains a flowgraph model with the benchmark protocol."""
+
+    name = "flowgraph"
+
+    def __init__(self, model_name: str, scale: float, device: str, steps: int, capture: bool = False):
+        import numpy as np
+
+        import flowgraph as fg
+        from flowgraph import nn, optim
+
+        self.fg = fg
+        fg.manual_seed(0)
+        self.model = build_flowgraph(model_name, scale).to(device)
+        self.opt = optim.Adam(self.model.parameters(), lr=1e-3)
+        self.loss_fn = nn.MSELoss()
+        sp = spec(model_name, scale)
+        rng = np.random.default_rng(1)
+        self.batches = [
+            (fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device),
+             fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device))
+            for _ in range(steps)
+        ]
+        self.backend = fg.get_backend(device)
+        self.step_fn = self._step
+        if capture:
+            x, y = self.batches[0]
+            self.step_fn = fg.capture(self._captured_step, x, y)
+
+    def _captured_step(self, x, y):
+        loss = self.loss_fn(self.model(x), y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def _step(self, x, y) -> float:
+        loss = self.loss_fn(self.model(x), y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def epoch(self) -> float:
+        start = time.perf_counter()
+        for x, y in self.batches:
+            loss = self.step_fn(x, y)
+            loss.item()
+        self.backend.synchronize()
+        return time.perf_counter() - start
+
+    def peak_memory(self) -> int | None:
+        stats = self.backend.memory_stats()
+        return stats.get("peak")
+
+
+class TorchRunner:
+    """Trains the PyTorch model with the same protocol (fused Adam on CUDA; optional CUDA-graph capture)."""
+
+    name = "torch"
+
+    def __init__(self, model_name: str, scale: float, device: str, steps: int, capture: bool = False):
+        import numpy as np
+        import torch
+
+        self.torch = torch
+        torch.manual_seed(0)
+        self.device = "cuda" if device.startswith("cuda") else "cpu"
+        self.model = build_torch(model_name, scale).to(self.device)
+        fused = self.device == "cuda"
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, fused=fused or None,
+                                    capturable=capture or False)
+        self.loss_fn = torch.nn.MSELoss()
+        sp = spec(model_name, scale)
+        rng = np.random.default_rng(1)
+        self.batches = [
+            (torch.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=self.device),
+             torch.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=self.device))
+            for _ in range(steps)
+        ]
+        self.graph = None
+        if capture:
+            self._capture()
+
+    def _step(self, x, y):
+        loss = self.loss_fn(self.model(x), y)
+        self.opt.zero_grad(set_to_none=False)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+    def _capture(self) -> None:
+        torch = self.torch
+        self.static_x = self.batches[0][0].clone()
+        self.static_y = self.batches[0][1].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._step(self.static_x, self.static_y)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_loss = self._step(self.static_x, self.static_y)
+
+    def epoch(self) -> float:
+        torch = self.torch
+        start = time.perf_counter()
+        for x, y in self.batches:
+            if self.graph is not None:
+                self.static_x.copy_(x)
+                self.static_y.copy_(y)
+                self.graph.replay()
+                loss = self.static_loss
+            else:
+                loss = self._step(x, y)
+            loss.item()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def peak_memory(self) -> int | None:
+        if self.device == "cuda":
+            return int(self.torch.cuda.max_memory_allocated())
+        return None
+
+
+# ---------------------------------------------------------------------- protocol
+def time_model(model_name: str, args) -> dict:
+    """Median ms/epoch per framework over rounds, with spread, for one model."""
+    runners = {}
+    variants = [("flowgraph", FlowgraphRunner, False), ("torch", TorchRunner, False)]
+    if args.capture:
+        variants += [("flowgraph_captured", FlowgraphRunner, True), ("torch_graph", TorchRunner, True)]
+    for label, cls, cap in variants:
+        try:
+            runners[label] = cls(model_name, args.scale, args.device, args.steps, capture=cap)
+        except Exception as exc:  # noqa: BLE001 - report and continue with the other variants
+            print(f"  {model_name}/{label}: could not run ({type(exc).__name__}: {exc})", file=sys.stderr)
+    for r in runners.values():
+        for _ in range(args.warmup):
+            r.epoch()
+    rounds: dict[str, list[float]] = {k: [] for k in runners}
+    order = list(runners)
+    for rnd in range(args.rounds):
+        seq = order if rnd % 2 == 0 else list(reversed(order))
+        for label in seq:
+            times = [runners[label].epoch() for _ in range(args.epochs)]
+            rounds[label].append(statistics.median(times) * 1e3)
+    result = {"model": model_name, "scale": args.scale}
+    for label, vals in rounds.items():
+        result[label] = {"median_ms": statistics.median(vals), "min_ms": min(vals), "max_ms": max(vals),
+                         "peak_bytes": runners[label].peak_memory()}
+    return result
+
+
+def loss_agreement(model_name: str, scale: float, device: str, steps: int = 20) -> float:
+    """Max relative difference of the first ``steps`` losses from identical weights and batches."""
+    import numpy as np
+    import torch
+
+    import flowgraph as fg
+    from flowgraph import nn, optim
+
+    tm = build_torch(model_name, scale)
+    fm = build_flowgraph(model_name, scale)
+    copy_torch_weights(fm, tm)
+    fm = fm.to(device)
+    tdev = "cuda" if device.startswith("cuda") else "cpu"
+    tm = tm.to(tdev)
+    topt = torch.optim.Adam(tm.parameters(), lr=1e-3)
+    fopt = optim.Adam(fm.parameters(), lr=1e-3)
+    sp = spec(model_name, scale)
+    rng = np.random.default_rng(2)
+    worst = 0.0
+    for _ in range(steps):
+        x = rng.standard_normal(sp.input_shape, dtype=np.float32)
+        y = rng.standard_normal(sp.target_shape, dtype=np.float32)
+        tl = torch.nn.functional.mse_loss(tm(torch.tensor(x, device=tdev)), torch.tensor(y, device=tdev))
+        topt.zero_grad()
+        tl.backward()
+        topt.step()
+        fl = nn.functional.mse_loss(fm(fg.tensor(x, device=device)), fg.tensor(y, device=device))
+        fopt.zero_grad()
+        fl.backward()
+        fopt.step()
+        a, b = float(tl.item()), float(fl.item())
+        worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
+    return worst
+
+
+def environment(device: str) -> dict:
+    """Hardware and versions for the report."""
+    import numpy as np
+    import torch
+
+    env = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
+           "machine": platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "device": device}
+    if device.startswith("cuda"):
+        env["gpu"] = torch.cuda.get_device_name(0)
+        try:
+            import cupy
+
+            env["cupy"] = cupy.__version__
+        except ImportError:
+            pass
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, opencl, opencl:0 ...")
+    parser.add_argument("--models", default="all", help="comma-separated subset of: " + ", ".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs per round")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up epochs per framework")
+    parser.add_argument("--steps", type=int, default=50, help="batches per epoch")
+    parser.add_argument("--scale", type=float, default=None,
+                        help="width/batch scale (default 1.0 on GPUs, 0.25 on the CPU)")
+    parser.add_argument("--capture", action="store_true", help="also time captured steps (CUDA graphs)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--check-losses", action="store_true", help="run the same-initial-weights loss check")
+    parser.add_argument("--json", default=None, help="write all results to this file")
+    args = parser.parse_args(argv)
+    if args.scale is None:
+        args.scale = 0.25 if args.device == "cpu" else 1.0
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = MODELS if args.models == "all" else tuple(m.strip() for m in args.models.split(","))
+    env = environment(args.device)
+    print(f"# {env}")
+    print(f"# scale={args.scale} steps/epoch={args.steps} rounds={args.rounds} timed epochs/round={args.epochs}")
+    results = []
+    header = f"{'model':<18}{'flowgraph ms':>14}{'torch ms':>12}{'ratio':>8}{'spread fg':>18}"
+    if args.capture:
+        header += f"{'fg captured':>13}{'torch graph':>13}{'ratio':>8}"
+    if args.check_losses:
+        header += f"{'loss rel diff':>15}"
+    print(header)
+    for name in names:
+        r = time_model(name, args)
+        if args.check_losses:
+            r["loss_rel_diff"] = loss_agreement(name, args.scale, args.device)
+        results.append(r)
+        fgm = r.get("flowgraph", {}).get("median_ms", float("nan"))
+        tm = r.get("torch", {}).get("median_ms", float("nan"))
+        spread = r.get("flowgraph", {})
+        line = (f"{name:<18}{fgm:>14.1f}{tm:>12.1f}{fgm / tm:>8.2f}"
+                f"{spread.get('min_ms', float('nan')):>9.1f}-{spread.get('max_ms', float('nan')):<8.1f}")
+        if args.capture:
+            fc = r.get("flowgraph_captured", {}).get("median_ms", float("nan"))
+            tg = r.get("torch_graph", {}).get("median_ms", float("nan"))
+            line += f"{fc:>13.1f}{tg:>13.1f}{fc / tg:>8.2f}"
+        if args.check_losses:
+            line += f"{r['loss_rel_diff']:>15.2e}"
+        print(line, flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"environment": env, "args": vars(args), "results": results}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
