@@ -1,0 +1,154 @@
+"""DOT and SVG drawings of a ``Graph``: node shapes by verb, ref edges (dashed) and forward-ref edges
+(dotted, from the previous call), labelled subgraphs as clusters, and optional per-node time heat colours."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import FlowError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Graph
+
+_SHAPES = {
+    "input": "invhouse", "from": "box", "through": "box", "fork": "box", "split": "box", "also": "box",
+    "merge": "circle", "loop": "doubleoctagon", "gate": "trapezium", "switch": "diamond", "map": "parallelogram",
+    "output": "house",
+}
+_STYLES = {"fork": "dashed,rounded", "also": "rounded,bold", "split": "rounded"}
+
+
+def _q(text: str) -> str:
+    """A quoted DOT string (newlines become DOT line breaks)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _heat(fraction: float) -> str:
+    """White (0) to red (1)."""
+    level = max(0, min(255, int(round(255 * (1 - fraction)))))
+    return f"#ff{level:02x}{level:02x}"
+
+
+class _Writer:
+    def __init__(self, profile: dict[str, float] | None):
+        self.lines: list[str] = []
+        self.profile = profile
+        self.total = sum(profile.values()) if profile else 0.0
+
+    def emit(self, graph: Graph, prefix: str, indent: str, inputs: list[str] | None) -> str:
+        """Write ``graph``'s nodes; ``inputs`` are outer node ids feeding its inputs. Returns its output id."""
+        from .graph import Graph
+
+        ids: dict[int, str] = {}
+        names = ["x"] + graph.input_names
+        for i, name in enumerate(names):
+            if inputs is not None and i < len(inputs):
+                ids[i] = inputs[i]
+            else:
+                nid = f"{prefix}in_{name}"
+                self.lines.append(f"{indent}{_q(nid)} [label={_q(name)}, shape=invhouse];")
+                ids[i] = nid
+        forward: list[tuple[str, str, str]] = []
+        for node in graph.nodes():
+            nid = f"{prefix}{node.name}"
+            sources = [ids.get(s) for s in node.inputs]
+            modules = list(node.children.values())
+            sub = modules[0] if len(modules) == 1 and isinstance(modules[0], Graph) and modules[0].label else None
+            if sub is not None and node.kind in ("from", "through", "fork", "split"):
+                self.lines.append(f"{indent}subgraph {_q('cluster_' + nid)} {{")
+                self.lines.append(f"{indent}  label={_q(sub.label)}; style=rounded; color=gray40;")
+                out = self.emit(sub, nid + ".", indent + "  ", [s for s in sources if s])
+                self.lines.append(f"{indent}}}")
+                ids[node.output] = out
+                self._refs(node, ids, out, forward, indent)
+                continue
+            label = self._label(node)
+            attrs = [f"label={_q(label)}", f"shape={_SHAPES.get(node.kind, 'box')}"]
+            style = _STYLES.get(node.kind, "")
+            if self.profile is not None:
+                seconds = self.profile.get(node.name, 0.0)
+                frac = seconds / self.total if self.total > 0 else 0.0
+                attrs.append(f"fillcolor={_q(_heat(frac))}")
+                attrs.append(f"tooltip={_q(f'{seconds * 1e3:.3f} ms')}")
+                style = (style + ",filled").strip(",")
+            if style:
+                attrs.append(f"style={_q(style)}")
+            self.lines.append(f"{indent}{_q(nid)} [{', '.join(attrs)}];")
+            for s in sources:
+                if s is not None:
+                    self.lines.append(f"{indent}{_q(s)} -> {_q(nid)};")
+            if node.kind == "also" and sources and sources[0]:
+                self.lines.append(f"{indent}{_q(sources[0])} -> {_q(nid)} [style=dashed, label=\"skip\"];")
+            ids[node.output] = nid
+            self._refs(node, ids, nid, forward, indent)
+        out = f"{prefix}out"
+        self.lines.append(f"{indent}{_q(out)} [label=\"output\", shape=house];")
+        self.lines.append(f"{indent}{_q(ids[graph._output])} -> {_q(out)};")
+        for tag, target, _ in forward:
+            stream = graph._tag_streams.get(tag)
+            src = ids.get(stream)
+            if src is not None:
+                self.lines.append(
+                    f"{indent}{_q(src)} -> {_q(target)} [style=dotted, color=red, constraint=false, "
+                    f"label={_q(tag + ' (previous call)')}];"
+                )
+        return out
+
+    def _refs(self, node, ids, target, forward, indent) -> None:
+        for tag, ref in node.refs.items():
+            if ref.stream is not None and ids.get(ref.stream) is not None:
+                self.lines.append(
+                    f"{indent}{_q(ids[ref.stream])} -> {_q(target)} [style=dashed, color=blue, label={_q(tag)}];"
+                )
+            else:
+                forward.append((tag, target, node.name))
+
+    def _label(self, node) -> str:
+        lines = [node.name]
+        cfg = node.config()
+        if node.kind == "merge":
+            lines.append(str(cfg.get("op")))
+        elif len(node.children) > 1:
+            lines.extend(f"{c}: {type(m).__name__}" for c, m in node.children.items())
+        elif node.children:
+            lines.append(type(next(iter(node.children.values()))).__name__)
+        if node.kind == "loop":
+            lines.append(f"x{cfg['n']}" if cfg["mode"] == "for_n" else f"{cfg['mode']}, max {cfg['max_iter']}")
+        elif node.kind == "map":
+            lines.append(f"map {cfg['mode']}" + (" batched" if cfg["batched"] else ""))
+        elif node.kind == "also":
+            lines.append("x + m(x)")
+        if node.tags:
+            lines.append("#" + ", #".join(node.tags))
+        return "\n".join(lines)
+
+
+def to_dot(graph: Graph, profile: dict[str, float] | None = None) -> str:
+    """DOT source for ``graph``; with ``profile`` (seconds per node) nodes are heat-coloured."""
+    w = _Writer(profile)
+    title = graph.label or "flowgraph"
+    w.lines.append(f"digraph {_q(title)} {{")
+    w.lines.append('  rankdir=TB; node [fontname="Helvetica", fontsize=10]; edge [fontname="Helvetica", fontsize=9];')
+    w.emit(graph, "", "  ", None)
+    w.lines.append("}")
+    return "\n".join(w.lines) + "\n"
+
+
+def render_svg(dot: str, path: str | None = None) -> str:
+    """SVG text for DOT source via the ``graphviz`` package; writes ``path`` when given."""
+    try:
+        import graphviz
+    except ImportError as exc:  # pragma: no cover - graphviz is a dependency
+        raise FlowError("SVG output needs the 'graphviz' Python package: pip install graphviz") from exc
+    try:
+        svg = graphviz.Source(dot).pipe(format="svg").decode("utf-8")
+    except graphviz.ExecutableNotFound as exc:
+        raise FlowError(
+            "SVG output needs Graphviz's 'dot' program, which is not installed; install Graphviz "
+            "(apt-get install graphviz, brew install graphviz, or https://graphviz.org/download/), "
+            "or use graph.dot() for the DOT source"
+        ) from exc
+    if path is not None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(svg)
+    return svg
