@@ -1,4 +1,543 @@
-"""normalization layers (being written)."""
+"""Normalization: ``BatchNorm1d/2d/3d``, ``LayerNorm``, ``GroupNorm``, ``InstanceNorm1d/2d/3d``, ``RMSNorm``.
 
-__all__: list[str] = []
-__functional__: list[str] = []
+Batch, layer, group and instance norm all standardise over some axes; they share one graph node,
+``_standardize(x, axes, eps)``, whose forward runs on backend primitives (one mean, one variance, one
+scale) and whose backward is the closed form ``rstd * (g - mean(g) - xhat * mean(g * xhat))`` written in
+tensor ops. Under ``create_graph`` the backward rebuilds ``xhat`` from ``x`` with differentiable ops, so
+second derivatives are right too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autograd.grad_mode import STATE, no_grad
+from ..errors import FlowError, ShapeError
+from ..tensor import Tensor, empty, ones, tensor, zeros
+from ..tensor.tensor import _attach, _wrap
+from . import init
+from .module import Module, Parameter
+
+__all__ = [
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d",
+    "InstanceNorm3d", "RMSNorm",
+]  # fmt: skip
+__functional__ = ["batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm", "normalize"]
+
+
+# ---------------------------------------------------------------------- the shared node
+def _standardize(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``((x - mean) / sqrt(var + eps), mean, var)`` over ``axes`` (biased variance; mean/var detached)."""
+    bk = x._backend
+    d = x._data
+    count = math.prod(d.shape[a] for a in axes)
+    if count == 0:
+        raise ShapeError(f"normalization over axes {axes} of an input of shape {x.shape} with no elements")
+    mean = bk.mul(bk.sum(d, axes, True), 1.0 / count)
+    centred = bk.sub(d, mean)
+    var = bk.mul(bk.sum(bk.mul(centred, centred), axes, True), 1.0 / count)
+    rstd = bk.reciprocal(bk.sqrt(bk.add(var, eps)))
+    xhat = bk.mul(centred, rstd)
+    out = _wrap(xhat, bk)
+    if x.requires_grad and STATE.enabled:
+        xhat_t, rstd_t = _wrap(xhat, bk), _wrap(rstd, bk)
+
+        def bw(g: Tensor):
+            if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
+                xh, rs = _standardize_composed(x, axes, eps)
+            else:
+                xh, rs = xhat_t, rstd_t
+            return ((g - g.mean(axes, keepdim=True) - xh * (g * xh).mean(axes, keepdim=True)) * rs,)
+
+        _attach(out, bw, (x,), "Standardize")
+    return out, _wrap(mean, bk), _wrap(var, bk)
+
+
+def _standardize_composed(x: Tensor, axes, eps: float) -> tuple[Tensor, Tensor]:
+    mean = x.mean(axes, keepdim=True)
+    centred = x - mean
+    rstd = ((centred * centred).mean(axes, keepdim=True) + eps).rsqrt()
+    return centred * rstd, rstd
+
+
+def _channel_view(t: Tensor, ndim: int) -> Tensor:
+    """A per-channel ``(C,)`` tensor shaped ``(1, C, 1, ...)`` to broadcast over ``ndim`` dims."""
+    return t.reshape((1, t.shape[0]) + (1,) * (ndim - 2))
+
+
+def _affine(y: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def _update_running(running: Tensor | None, value: Tensor, momentum: float) -> None:
+    if running is None:
+        return
+    with no_grad():
+        running.mul_(1.0 - momentum).add_(value.reshape(running.shape).to(running.dtype) * momentum)
+
+
+# ---------------------------------------------------------------------- functional forms
+def batch_norm(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise each channel (dim 1) over the batch and spatial dims.
+
+    In training (or without running statistics) the batch statistics are used and, when given, the
+    running buffers are updated in place (``running = (1 - momentum) * running + momentum * batch``, the
+    variance unbiased). Otherwise the running statistics are used.
+    """
+    if input.ndim < 2:
+        raise ShapeError(
+            f"batch_norm: expected an input of at least 2 dims (N, C, ...), got shape {input.shape}"
+        )
+    nd = input.ndim
+    c = input.shape[1]
+    for name, t in (
+        ("running_mean", running_mean),
+        ("running_var", running_var),
+        ("weight", weight),
+        ("bias", bias),
+    ):
+        if t is not None and t.numel() != c:
+            raise ShapeError(f"batch_norm: {name} has {t.numel()} elements, the input has {c} channels")
+    w = None if weight is None else _channel_view(weight, nd)
+    b = None if bias is None else _channel_view(bias, nd)
+    if training or running_mean is None or running_var is None:
+        axes = (0,) + tuple(range(2, nd))
+        count = math.prod(input.shape[a] for a in axes)
+        if training and count <= 1:
+            raise FlowError(
+                "batch_norm: expected more than 1 value per channel when training, "
+                f"got input shape {input.shape}"
+            )
+        y, mean, var = _standardize(input, axes, eps)
+        if training:
+            _update_running(running_mean, mean, momentum)
+            _update_running(running_var, var * (count / max(count - 1, 1)), momentum)
+        return _affine(y, w, b)
+    scale = _channel_view((running_var.detach() + eps).rsqrt(), nd)
+    shift = _channel_view(running_mean.detach(), nd)
+    if w is not None:
+        scale = scale * w
+    out = (input - shift) * scale
+    return out + b if b is not None else out
+
+
+def layer_norm(
+    input: Tensor,
+    normalized_shape,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift elementwise."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or tuple(input.shape[input.ndim - k :]) != shape:
+        raise ShapeError(
+            f"layer_norm: normalized_shape {shape} does not match the trailing dims of the input "
+            f"{input.shape}"
+        )
+    y, _, _ = _standardize(input, tuple(range(input.ndim - k, input.ndim)), eps)
+    return _affine(y, weight, bias)
+
+
+def group_norm(
+    input: Tensor,
+    num_groups: int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise each of ``num_groups`` channel groups over its channels and spatial dims."""
+    if input.ndim < 2:
+        raise ShapeError(
+            f"group_norm: expected an input of at least 2 dims (N, C, ...), got shape {input.shape}"
+        )
+    n, c = input.shape[:2]
+    if num_groups < 1 or c % num_groups:
+        raise FlowError(f"group_norm: num_groups ({num_groups}) must divide the number of channels ({c})")
+    grouped = input.reshape(n, num_groups, -1)
+    y, _, _ = _standardize(grouped, (2,), eps)
+    y = y.reshape(input.shape)
+    nd = input.ndim
+    return _affine(
+        y,
+        None if weight is None else _channel_view(weight, nd),
+        None if bias is None else _channel_view(bias, nd),
+    )
+
+
+def instance_norm(
+    input: Tensor,
+    running_mean: Tensor | None = None,
+    running_var: Tensor | None = None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalise each (sample, channel) plane over its spatial dims."""
+    if input.ndim < 3:
+        raise ShapeError(
+            f"instance_norm: expected an input of at least 3 dims (N, C, *spatial), got shape {input.shape}"
+        )
+    nd = input.ndim
+    w = None if weight is None else _channel_view(weight, nd)
+    b = None if bias is None else _channel_view(bias, nd)
+    if not use_input_stats:
+        if running_mean is None or running_var is None:
+            raise FlowError("instance_norm: use_input_stats=False needs running_mean and running_var")
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    axes = tuple(range(2, nd))
+    count = math.prod(input.shape[a] for a in axes)
+    y, mean, var = _standardize(input, axes, eps)
+    if running_mean is not None:
+        _update_running(running_mean, mean.mean(0), momentum)
+    if running_var is not None:
+        _update_running(running_var, (var * (count / max(count - 1, 1))).mean(0), momentum)
+    return _affine(y, w, b)
+
+
+def _finfo_eps(t: Tensor) -> float:
+    return float(np.finfo(t.dtype.np).eps)
+
+
+def rms_norm(
+    input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None
+) -> Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing dims (``eps=None``: the dtype's epsilon)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or tuple(input.shape[input.ndim - k :]) != shape:
+        raise ShapeError(
+            f"rms_norm: normalized_shape {shape} does not match the trailing dims of the input {input.shape}"
+        )
+    if eps is None:
+        eps = _finfo_eps(input)
+    axes = tuple(range(input.ndim - k, input.ndim))
+    y = input * ((input * input).mean(axes, keepdim=True) + eps).rsqrt()
+    return y * weight if weight is not None else y
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """``x / max(||x||_p, eps)`` along ``dim``."""
+    return input / input.norm(p, dim, keepdim=True).clamp(min=eps).expand_as(input)
+
+
+# ---------------------------------------------------------------------- modules
+class _NormBase(Module):
+    """Running statistics and affine parameters shared by batch and instance norm."""
+
+    _expected: tuple[int, ...] = ()
+    _name = ""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ):
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = Parameter(empty(num_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        if affine and bias:
+            self.bias = Parameter(empty(num_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", zeros(num_features, device=device, dtype=dtype))
+            self.register_buffer("running_var", ones(num_features, device=device, dtype=dtype))
+            self.register_buffer("num_batches_tracked", tensor(0, dtype="int64", device=device))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        """Zero the running mean, set the running variance to 1 and the batch count to 0."""
+        if self.track_running_stats:
+            with no_grad():
+                self.running_mean.zero_()
+                self.running_var.fill_(1.0)
+                self.num_batches_tracked.zero_()
+
+    def reset_parameters(self) -> None:
+        """Reset running statistics; weight 1, bias 0."""
+        self.reset_running_stats()
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def _check_input(self, input: Tensor) -> None:
+        if input.ndim not in self._expected:
+            want = " or ".join(f"{d}-d" for d in self._expected)
+            raise ShapeError(f"{type(self).__name__}: expected a {want} input, got shape {input.shape}")
+
+    def _factor(self) -> float:
+        """The running-average factor for this step (``momentum``, or ``1/n`` for a cumulative average)."""
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            with no_grad():
+                self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                return 1.0 / float(self.num_batches_tracked.item())
+        return 0.0 if self.momentum is None else self.momentum
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class _BatchNorm(_NormBase):
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input(input)
+        factor = self._factor()
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return batch_norm(
+            input,
+            self.running_mean if keep else None,
+            self.running_var if keep else None,
+            self.weight,
+            self.bias,
+            use_batch,
+            factor,
+            self.eps,
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalization of ``(N, C)`` or ``(N, C, L)``: PyTorch's arguments, buffers and update rule::
+
+    bn = nn.BatchNorm1d(16)              # momentum=0.1; momentum=None for a cumulative average
+    """
+
+    _expected = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalization of ``(N, C, H, W)`` (running statistics in ``running_mean``/``running_var``)."""
+
+    _expected = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    """Batch normalization of ``(N, C, D, H, W)``."""
+
+    _expected = (5,)
+
+
+class _InstanceNorm(_NormBase):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input(input)
+        unbatched = input.ndim == self._expected[0]
+        if unbatched:
+            input = input.unsqueeze(0)
+        factor = 0.0 if self.momentum is None else self.momentum  # PyTorch does not count batches here
+        use_input_stats = self.training or not self.track_running_stats
+        out = instance_norm(
+            input,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            use_input_stats,
+            factor,
+            self.eps,
+        )
+        return out.squeeze(0) if unbatched else out
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Instance normalization of ``(N, C, L)`` (or unbatched ``(C, L)``); ``affine=False`` by default."""
+
+    _expected = (2, 3)
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Instance normalization of ``(N, C, H, W)`` (or unbatched ``(C, H, W)``)."""
+
+    _expected = (3, 4)
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Instance normalization of ``(N, C, D, H, W)`` (or unbatched)."""
+
+    _expected = (4, 5)
+
+
+class LayerNorm(Module):
+    """Normalise over the trailing ``normalized_shape`` dims::
+
+    ln = nn.LayerNorm(64)                       # elementwise_affine=True, bias=True, eps=1e-5
+    """
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape = shape
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = Parameter(ones(*shape, device=device, dtype=dtype))
+            if bias:
+                self.bias = Parameter(zeros(*shape, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def reset_parameters(self) -> None:
+        """Weight 1, bias 0."""
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class GroupNorm(Module):
+    """Group normalization: ``nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True)``."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if num_groups < 1 or num_channels % num_groups:
+            raise FlowError(
+                f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
+            )
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if affine:
+            self.weight = Parameter(ones(num_channels, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        if affine and bias:
+            self.bias = Parameter(zeros(num_channels, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    def reset_parameters(self) -> None:
+        """Weight 1, bias 0."""
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalization: ``nn.RMSNorm(normalized_shape, eps=None, elementwise_affine=True)``.
+
+    ``eps=None`` uses the machine epsilon of the input's dtype, as PyTorch does.
+    """
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape = shape
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = Parameter(ones(*shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    def reset_parameters(self) -> None:
+        """Weight 1."""
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
