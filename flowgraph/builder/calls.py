@@ -1,4 +1,4 @@
-"""Builder call records: every fluent call is kept so build-time errors can name it ("call #4 .using('h')")."""
+"""Builder call records: every fluent call is kept, so build errors can name it ("call #4 .using('h')")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Call:
-    """One fluent builder call: its 1-based position, verb, arguments and (for loop/map) its finishing verb."""
+    """One fluent call: its 1-based position, verb, arguments and (for loop/map) its finishing verb."""
 
     index: int
     verb: str

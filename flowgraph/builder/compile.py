@@ -86,7 +86,8 @@ class _Compiler:
         self.fork: Node | None = None
         self.producer: dict[int, Node] = {}
         self.split_count = 0
-        self.all_tags = {c.args[0] for c in calls if c.verb == "tag" and c.args and isinstance(c.args[0], str)}
+        self.all_tags = {c.args[0] for c in calls
+                         if c.verb == "tag" and c.args and isinstance(c.args[0], str)}
         self.all_tags |= {a for c in calls if c.verb == "input" for a in c.args if isinstance(a, str)}
 
     def stream(self) -> int:
@@ -123,8 +124,8 @@ class _Compiler:
             self.current = [0]
         for call in calls[1:]:
             if self.fork is not None and call.verb not in ("tag", "using"):
-                raise _fail(self.fork.call, "the fork's output is never tagged; follow .fork(m) with .tag(name) "
-                                            "(optionally after .using(...))")
+                raise _fail(self.fork.call, "the fork's output is never tagged; follow .fork(m) with "
+                                            ".tag(name) (optionally after .using(...))")
             handler = getattr(self, "do_" + call.verb, None)
             if handler is None or call.verb in ("FlowBuilder", "from_"):
                 raise _fail(call, "FlowBuilder() / FlowBuilder.from_(m) can only start a flow")
@@ -141,7 +142,8 @@ class _Compiler:
         for name, users in self.pending.items():
             if name not in self.tags:
                 node, call = users[0]
-                raise _fail(call, f"tag {name!r} is never defined (unresolved){did_you_mean(name, self.tags)}")
+                hint = did_you_mean(name, self.tags)
+                raise _fail(call, f"tag {name!r} is never defined (unresolved){hint}")
         tags = self.name_children()
         return Graph(self.nodes, self.input_names, self.current[0],
                      {n: t.stream for n, t in self.tags.items()}, self.tag_inits, self.forward_tags,
@@ -195,8 +197,8 @@ class _Compiler:
     def do_merge(self, call: Call) -> None:
         op = call.args[0]
         if not isinstance(op, MergeOp) and not callable(op):
-            raise _fail(call, f"merge op must be a MergeOp (ADD, MEAN, CAT, MUL, MAX) or a callable taking the "
-                              f"list of branch outputs, got {type(op).__name__}")
+            raise _fail(call, f"merge op must be a MergeOp (ADD, MEAN, CAT, MUL, MAX) or a callable taking "
+                              f"the list of branch outputs, got {type(op).__name__}")
         if len(self.current) < 2:
             raise _fail(call, "there is only one stream to merge; .merge(op) combines the branches of a "
                               "preceding .split(m1, m2, ...)")
@@ -231,7 +233,8 @@ class _Compiler:
             raise _fail(call, "give at least one tag name: .using('hidden')")
         if not self.targets:
             raise _fail(call, "there is no module before it to receive the refs; .using(...) follows "
-                              ".through/.also/.fork/.split/.merge/.gate/.switch/a loop, or FlowBuilder.from_(m)")
+                              ".through/.also/.fork/.split/.merge/.gate/.switch/a loop, or "
+                              "FlowBuilder.from_(m)")
         for name in call.args:
             if not isinstance(name, str):
                 raise _fail(call, f"tag names are strings, got {name!r}")
@@ -250,7 +253,10 @@ class _Compiler:
         if name in node.refs:
             raise _fail(call, f"{what} already receives {name!r}")
         if not accepts_keyword(receiver, name):
-            rname = type(receiver).__name__ if isinstance(receiver, Module) else getattr(receiver, "__name__", "it")
+            if isinstance(receiver, Module):
+                rname = type(receiver).__name__
+            else:
+                rname = getattr(receiver, "__name__", "it")
             if isinstance(receiver, Graph):
                 hint = f"declare it in that graph with .input({name!r})"
                 have = f"its inputs are {receiver.input_names}"
@@ -318,8 +324,8 @@ class _Compiler:
                 later = next((c for c in self.calls if c.verb == "tag" and c.args and c.args[0] == over
                               and c.index > call.index), None)
                 if later is not None:
-                    raise _fail(call, f"maps over tag {over!r}, which {later.describe()} defines later: a cycle "
-                                      "within one pass; tag the tensor before the map")
+                    raise _fail(call, f"maps over tag {over!r}, which {later.describe()} defines later: "
+                                      "a cycle within one pass; tag the tensor before the map")
                 raise _fail(call, f"unknown tag {over!r}{did_you_mean(over, self.tags)}")
             source = tag.stream
         elif mode == "slices":
@@ -344,8 +350,8 @@ class _Compiler:
             prev = owner.get(name)
             if prev is not None and prev[0] is not module:
                 if isinstance(module, Graph) and isinstance(prev[0], Graph) and module.label == name:
-                    raise _fail(call, f"duplicate label {name!r}: {prev[1].describe()} already holds a subgraph "
-                                      "labelled so; give each subgraph its own .label()")
+                    raise _fail(call, f"duplicate label {name!r}: {prev[1].describe()} already holds a "
+                                      "subgraph labelled so; give each subgraph its own .label()")
                 raise _fail(call, f"child name {name!r} is used twice (also by {prev[1].describe()}); rename "
                                   "the tag or label")
             owner[name] = (module, call)
@@ -367,7 +373,10 @@ class _Compiler:
             node.name = base
             for suffix, module in roles:
                 label = _label_of(module)
-                child = label if label is not None else (base if suffix in ("", node_role(node)) else base + suffix)
+                if label is not None:
+                    child = label
+                else:
+                    child = base if suffix in ("", node_role(node)) else base + suffix
                 claim(child, module, node.call)
                 node.children[child] = module
             if single and labelled:

@@ -50,17 +50,23 @@ class FlowBuilder:
         return self._add("also", module)
 
     def fork(self, module: Any) -> FlowBuilder:
-        """Side branch: run ``module`` on the stream; the next ``.tag(name)`` names its output, the stream goes on."""
+        """Side branch: run ``module`` on the stream; the next ``.tag(name)`` names its output.
+
+        The main stream continues unchanged.
+        """
         return self._add("fork", module)
 
     def split(self, *modules: Any) -> FlowBuilder:
-        """Parallel branches on the same input, one per module (``split(a, b)`` or ``split([a, b])``); then ``.merge``."""
+        """Parallel branches on the same input, one per module: ``split(a, b)`` or ``split([a, b])``."""
         if len(modules) == 1 and isinstance(modules[0], (list, tuple)):
             modules = tuple(modules[0])
         return self._add("split", *modules)
 
     def merge(self, op: MergeOp | Callable[[list[Tensor]], Tensor] = MergeOp.ADD) -> FlowBuilder:
-        """Combine the open branches: ``MergeOp.ADD`` (default), ``MEAN``, ``CAT``, ``MUL``, ``MAX`` or a callable."""
+        """Combine the open branches: ``MergeOp.ADD`` (default), ``MEAN``, ``CAT``, ``MUL``, ``MAX``...
+
+        ...or a callable taking the list of branch outputs.
+        """
         return self._add("merge", op)
 
     def tag(self, name: str, init: Tensor | Callable[[Tensor], Tensor] | None = None) -> FlowBuilder:
@@ -81,27 +87,28 @@ class FlowBuilder:
         return self._add("using", *names)
 
     def loop_body(self, body: Any) -> LoopBuilder:
-        """Start a loop; finish with ``.for_n(n)``, ``.while_cond(cond, max_iter)`` or ``.until_cond(cond, max_iter)``."""
+        """Start a loop; finish with ``.for_n(n)``, ``.while_cond(c, max_iter)`` or ``.until_cond(...)``."""
         return LoopBuilder(self, body)
 
     def gate(self, router: Any, experts: Sequence[Any]) -> FlowBuilder:
-        """Soft routing: every expert runs; outputs weighted by ``router(x)`` along its last dim and summed."""
+        """Soft routing: every expert runs; outputs weighted by ``router(x)`` along its last dim, summed."""
         return self._add("gate", router, list(experts) if isinstance(experts, (list, tuple)) else experts)
 
     def switch(self, selector: Any, branches: Sequence[Any]) -> FlowBuilder:
-        """Hard routing: ``selector(x)`` gives one branch index for the batch (shape ``()``) or one per row."""
-        return self._add("switch", selector, list(branches) if isinstance(branches, (list, tuple)) else branches)
+        """Hard routing: ``selector(x)`` gives one branch index for the batch (shape ``()``) or per row."""
+        return self._add("switch", selector,
+                         list(branches) if isinstance(branches, (list, tuple)) else branches)
 
     def map(self, body: Any) -> MapBuilder:
         """Start a map; finish with ``.each()``, ``.batched()``, ``.over(tag)`` or ``.slices(n)``."""
         return MapBuilder(self, body)
 
     def input(self, *names: str) -> FlowBuilder:
-        """Declare extra graph inputs, available as tags everywhere: ``graph(x, a, b)`` or ``graph(x, a=..., b=...)``."""
+        """Declare extra graph inputs, usable as tags anywhere: ``graph(x, a, b)`` or ``graph(x, a=a)``."""
         return self._add("input", *names)
 
     def label(self, name: str) -> FlowBuilder:
-        """Name the graph: a labelled graph inside another is an addressable subgraph (its child-module name)."""
+        """Name the graph: a labelled graph inside another is an addressable subgraph named so."""
         return self._add("label", name)
 
     def build(self, sample: Any = None) -> Graph:

@@ -32,7 +32,8 @@ class Graph(Module):
     """
 
     def __init__(self, nodes: list[Node], input_names: list[str], output: int, tag_streams: dict[str, int],
-                 tag_inits: dict[str, Any], forward_tags: set[str], label: str | None, tags: dict[str, str | None]):
+                 tag_inits: dict[str, Any], forward_tags: set[str], label: str | None,
+                 tags: dict[str, str | None]):
         super().__init__()
         self._nodes = nodes
         self.input_names = list(input_names)
@@ -87,7 +88,8 @@ class Graph(Module):
         where = f"graph {self.label!r}" if self.label else "this graph"
         signature = ", ".join(["x"] + names)
         if not inputs:
-            raise FlowError(f"{where} takes its main input x as the first positional argument: graph({signature})")
+            raise FlowError(f"{where} takes its main input x as the first positional argument: "
+                            f"graph({signature})")
         if len(inputs) > expected:
             raise FlowError(
                 f"{where} takes {expected} input(s) ({signature}) but got {len(inputs)} positional ones; "
@@ -141,14 +143,15 @@ class Graph(Module):
         try:
             return node.run(self, values)
         except (FlowError, ValueError, TypeError, IndexError) as exc:
-            shapes = [tuple(values[s].shape) if isinstance(values.get(s), Tensor) else None for s in node.inputs]
+            shapes = [tuple(values[s].shape) if isinstance(values.get(s), Tensor) else None
+                      for s in node.inputs]
             raise ShapeError(
                 f"build(sample=...): {node.call.describe()} (node {node.name!r}) failed on input shape(s) "
                 f"{', '.join(str(s) for s in shapes)}: {exc}"
             ) from exc
 
     def dry_run(self, *inputs: Any, **named: Any) -> Any:
-        """Run once without gradients in eval mode to check shapes; state, tag values and modes are restored."""
+        """Run once without gradients in eval mode to check shapes; state, tag values, modes restored."""
         from ..autograd.grad_mode import no_grad
 
         modes = [(m, m.training) for m in self.modules()]
@@ -167,7 +170,7 @@ class Graph(Module):
 
     # ------------------------------------------------------------------ state across calls
     def reset_state(self) -> None:
-        """Forget forward-reference values (the next call sees zeros or the tag's ``init``), here and below."""
+        """Forget forward-reference values (the next call sees zeros or the tag's ``init``), all levels."""
         for m in self.modules():
             if isinstance(m, Graph):
                 m._state.clear()
@@ -183,7 +186,8 @@ class Graph(Module):
         super().to(*args, **kwargs)
         for m in self.modules():
             if isinstance(m, Graph):
-                m._state = {k: (v.to(*args, **kwargs) if isinstance(v, Tensor) else v) for k, v in m._state.items()}
+                m._state = {k: (v.to(*args, **kwargs) if isinstance(v, Tensor) else v)
+                            for k, v in m._state.items()}
         return self
 
     # ------------------------------------------------------------------ loops
@@ -274,7 +278,8 @@ class Graph(Module):
         from .visual import render_svg, to_dot
 
         if not self._profile:
-            raise FlowError("svg_with_profile(): no profile yet; call graph.enable_profiling() and run a forward")
+            raise FlowError("svg_with_profile(): no profile yet; call graph.enable_profiling() and run "
+                            "a forward first")
         return render_svg(to_dot(self, profile=self._profile), path)
 
     def extra_repr(self) -> str:

@@ -9,9 +9,10 @@ from ..tensor import Tensor, cat, maximum
 
 
 class MergeOp(Enum):
-    """Combination of parallel branches: ``ADD``, ``MEAN``, ``CAT`` (last dim), ``MUL`` or ``MAX`` (elementwise).
+    """Combination of parallel branches: ``ADD``, ``MEAN``, ``CAT`` (last dim), ``MUL``, ``MAX`` (elementwise)
 
-    ``.merge()`` also accepts any callable taking the list of branch outputs: ``.merge(lambda xs: xs[0] - xs[1])``.
+    ``.merge()`` also accepts a callable taking the list of branch outputs:
+    ``.merge(lambda xs: xs[0] - xs[1])``.
     """
 
     ADD = "add"

@@ -32,7 +32,7 @@ class Ref:
 
 @dataclass
 class LoopInfo:
-    """What the last forward of a loop did: body passes, per-row passes, and whether ``max_iter`` stopped it."""
+    """What a loop's last forward did: body passes, per-row passes, whether ``max_iter`` stopped it."""
 
     iterations: int
     max_iter: int | None
@@ -55,7 +55,7 @@ class Node:
 
     # ------------------------------------------------------------------ description
     def roles(self) -> list[tuple[str, Module]]:
-        """``(role suffix, module)`` pairs; the suffix is appended to the node's base name (``""`` = the base)."""
+        """``(role suffix, module)`` pairs; the suffix is appended to the node's base name."""
         return []
 
     def ref_receiver(self) -> Any:
@@ -67,7 +67,7 @@ class Node:
         return {}
 
     def main_module_name(self) -> str | None:
-        """The child name that ``graph.tags`` maps a tag on this node's output to (None when not one module)."""
+        """The child name ``graph.tags`` maps a tag on this node's output to (None: not one module)."""
         return None
 
     # ------------------------------------------------------------------ running
@@ -136,7 +136,8 @@ class AlsoNode(ModuleNode):
         if isinstance(y, Tensor) and y.shape != x.shape:
             raise ShapeError(
                 f"{self.call.describe()}: the residual x + m(x) needs m to keep the shape, but "
-                f"{type(self.module).__name__} maps {tuple(x.shape)} to {tuple(y.shape)}; use .through(m) instead"
+                f"{type(self.module).__name__} maps {tuple(x.shape)} to {tuple(y.shape)}; "
+                "use .through(m) instead"
             )
         return x + y
 
@@ -159,7 +160,9 @@ class MergeNode(Node):
     def config(self) -> dict:
         from .merge import MergeOp
 
-        return {"op": self.op.name if isinstance(self.op, MergeOp) else getattr(self.op, "__name__", "callable")}
+        if isinstance(self.op, MergeOp):
+            return {"op": self.op.name}
+        return {"op": getattr(self.op, "__name__", type(self.op).__name__)}
 
     def run(self, graph: Graph, values: dict[int, Tensor]) -> Tensor:
         xs = [values[s] for s in self.inputs]
@@ -168,26 +171,31 @@ class MergeNode(Node):
             return call_with_refs(self.op, xs, refs)
         except ShapeError as exc:
             shapes = [tuple(x.shape) for x in xs]
-            raise ShapeError(f"{self.call.describe()}: cannot merge branch outputs of shapes {shapes}: {exc}") from exc
+            raise ShapeError(
+                f"{self.call.describe()}: cannot merge branch outputs of shapes {shapes}: {exc}"
+            ) from exc
 
 
 def _halt_mask(c: Any, batch: int, call: Call) -> Tensor:
-    """A condition's output as a bool row mask ``(B,)``: one value per row, or one for the batch, stops at > 0."""
+    """A condition's output as a bool row mask ``(B,)`` (one value per row or for the batch; > 0 halts)."""
     if not isinstance(c, Tensor):
-        raise FlowError(f"{call.describe()}: the loop condition returned {type(c).__name__}; it must return a Tensor")
+        raise FlowError(
+            f"{call.describe()}: the loop condition returned {type(c).__name__}; it must return a Tensor"
+        )
     if c.ndim == 0:
         flat = c.reshape(1)
     else:
         flat = c.reshape(c.shape[0], -1)
         if flat.shape[1] != 1:
             raise ShapeError(
-                f"{call.describe()}: the loop condition returned shape {tuple(c.shape)}; it must return one value "
-                f"per row, shape ({batch},) or ({batch}, 1), or one for the batch, shape ()"
+                f"{call.describe()}: the loop condition returned shape {tuple(c.shape)}; it must return one "
+                f"value per row, shape ({batch},) or ({batch}, 1), or one for the batch, shape ()"
             )
         flat = flat.reshape(-1)
         if flat.shape[0] not in (1, batch):
             raise ShapeError(
-                f"{call.describe()}: the loop condition returned {flat.shape[0]} values for a batch of {batch} rows"
+                f"{call.describe()}: the loop condition returned {flat.shape[0]} values for a batch of "
+                f"{batch} rows"
             )
     halt = flat.detach() > 0
     return halt.expand(batch) if halt.shape[0] != batch else halt
@@ -338,7 +346,9 @@ class SwitchNode(Node):
         n = len(self.branches)
         batch = x.shape[0] if x.ndim else 1
         if not isinstance(idx, Tensor):
-            raise FlowError(f"{self.call.describe()}: the selector returned {type(idx).__name__}; expected a Tensor")
+            raise FlowError(
+                f"{self.call.describe()}: the selector returned {type(idx).__name__}; expected a Tensor"
+            )
         if idx.dtype.is_floating_point:
             idx = idx.floor()
         flat = idx.reshape(-1)
@@ -346,8 +356,8 @@ class SwitchNode(Node):
             return self._whole(x, int(flat.item()))
         if idx.ndim > 2 or flat.shape[0] != batch:
             raise ShapeError(
-                f"{self.call.describe()}: the selector returned shape {tuple(idx.shape)}; it must return one index "
-                f"for the batch, shape (), or one per row, shape ({batch},)"
+                f"{self.call.describe()}: the selector returned shape {tuple(idx.shape)}; it must return one "
+                f"index for the batch, shape (), or one per row, shape ({batch},)"
             )
         flat = flat.to(int64)
         onehot = (flat.reshape(batch, 1) == arange(n, device=x.device).reshape(1, n)).to(int64)  # (B, n)
@@ -374,7 +384,8 @@ class SwitchNode(Node):
             merged = cat(outs, 0)
         except ShapeError as exc:
             raise ShapeError(
-                f"{self.call.describe()}: branches returned incompatible shapes {[tuple(o.shape) for o in outs]}"
+                f"{self.call.describe()}: branches returned incompatible shapes "
+                f"{[tuple(o.shape) for o in outs]}"
             ) from exc
         return merged.index_select(0, dest)
 
@@ -427,7 +438,8 @@ class MapNode(Node):
         n = self.slices
         if x.ndim == 0 or x.shape[-1] % n:
             raise ShapeError(
-                f"{self.call.describe()}: the last dim of shape {tuple(x.shape)} does not split into {n} equal slices"
+                f"{self.call.describe()}: the last dim of shape {tuple(x.shape)} does not split into {n} "
+                "equal slices"
             )
         width = x.shape[-1] // n
         lead = tuple(x.shape[:-1])

@@ -12,8 +12,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _SHAPES = {
     "input": "invhouse", "from": "box", "through": "box", "fork": "box", "split": "box", "also": "box",
-    "merge": "circle", "loop": "doubleoctagon", "gate": "trapezium", "switch": "diamond", "map": "parallelogram",
-    "output": "house",
+    "merge": "circle", "loop": "doubleoctagon", "gate": "trapezium", "switch": "diamond",
+    "map": "parallelogram", "output": "house",
 }
 _STYLES = {"fork": "dashed,rounded", "also": "rounded,bold", "split": "rounded"}
 
@@ -36,7 +36,7 @@ class _Writer:
         self.total = sum(profile.values()) if profile else 0.0
 
     def emit(self, graph: Graph, prefix: str, indent: str, inputs: list[str] | None) -> str:
-        """Write ``graph``'s nodes; ``inputs`` are outer node ids feeding its inputs. Returns its output id."""
+        """Write ``graph``'s nodes (``inputs``: outer node ids feeding its inputs); returns its output id."""
         from .graph import Graph
 
         ids: dict[int, str] = {}
@@ -53,7 +53,9 @@ class _Writer:
             nid = f"{prefix}{node.name}"
             sources = [ids.get(s) for s in node.inputs]
             modules = list(node.children.values())
-            sub = modules[0] if len(modules) == 1 and isinstance(modules[0], Graph) and modules[0].label else None
+            sub = None
+            if len(modules) == 1 and isinstance(modules[0], Graph) and modules[0].label:
+                sub = modules[0]
             if sub is not None and node.kind in ("from", "through", "fork", "split"):
                 self.lines.append(f"{indent}subgraph {_q('cluster_' + nid)} {{")
                 self.lines.append(f"{indent}  label={_q(sub.label)}; style=rounded; color=gray40;")
@@ -98,7 +100,8 @@ class _Writer:
         for tag, ref in node.refs.items():
             if ref.stream is not None and ids.get(ref.stream) is not None:
                 self.lines.append(
-                    f"{indent}{_q(ids[ref.stream])} -> {_q(target)} [style=dashed, color=blue, label={_q(tag)}];"
+                    f"{indent}{_q(ids[ref.stream])} -> {_q(target)} "
+                    f"[style=dashed, color=blue, label={_q(tag)}];"
                 )
             else:
                 forward.append((tag, target, node.name))
@@ -113,7 +116,10 @@ class _Writer:
         elif node.children:
             lines.append(type(next(iter(node.children.values()))).__name__)
         if node.kind == "loop":
-            lines.append(f"x{cfg['n']}" if cfg["mode"] == "for_n" else f"{cfg['mode']}, max {cfg['max_iter']}")
+            if cfg["mode"] == "for_n":
+                lines.append(f"x{cfg['n']}")
+            else:
+                lines.append(f"{cfg['mode']}, max {cfg['max_iter']}")
         elif node.kind == "map":
             lines.append(f"map {cfg['mode']}" + (" batched" if cfg["batched"] else ""))
         elif node.kind == "also":
@@ -128,7 +134,8 @@ def to_dot(graph: Graph, profile: dict[str, float] | None = None) -> str:
     w = _Writer(profile)
     title = graph.label or "flowgraph"
     w.lines.append(f"digraph {_q(title)} {{")
-    w.lines.append('  rankdir=TB; node [fontname="Helvetica", fontsize=10]; edge [fontname="Helvetica", fontsize=9];')
+    w.lines.append('  rankdir=TB; node [fontname="Helvetica", fontsize=10];')
+    w.lines.append('  edge [fontname="Helvetica", fontsize=9];')
     w.emit(graph, "", "  ", None)
     w.lines.append("}")
     return "\n".join(w.lines) + "\n"
