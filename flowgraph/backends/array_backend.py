@@ -167,7 +167,8 @@ class ArrayBackend(Backend):
         return self.xp.concatenate(arrays, axis=axis)
 
     def contiguous(self, a: Array) -> Array:
-        return self.xp.ascontiguousarray(a)
+        # asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray returns at least 1-d).
+        return self.xp.asarray(a, order="C")
 
     def assign(self, dst: Array, src: Array | float) -> Array:
         if isinstance(dst, self.xp.ndarray) and dst.flags.writeable:

@@ -52,7 +52,7 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     data = _collect_tensors(data)
     arr = np.asarray(data)
     dt = as_dtype(dtype) if dtype is not None else _infer_dtype(arr, data)
-    arr = np.ascontiguousarray(arr, dtype=dt.np)
+    arr = np.array(arr, dtype=dt.np, order="C")  # a copy; np.ascontiguousarray would make 0-d arrays 1-d
     if dt.name == "float64" and not bk.supports_float64:
         raise BackendError(f"tensor(): {bk.device} does not support float64; use dtype=fg.float32")
     out = _wrap(bk.from_host(arr), bk)

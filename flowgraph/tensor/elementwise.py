@@ -23,6 +23,12 @@ def _is_float(arr) -> bool:
     return arr.dtype.kind == "f" or arr.dtype.name == "bfloat16"
 
 
+def _float_data(a: Tensor):
+    """``a``'s array, cast to the default float dtype when it is an integer or bool array (as torch does)."""
+    d = a._data
+    return d if _is_float(d) else a._backend.cast(d, get_default_dtype().np)
+
+
 def broadcast_shapes(*shapes) -> tuple[int, ...]:
     """The NumPy/PyTorch broadcast of several shapes; ShapeError naming both when they do not fit."""
     ndim = max((len(s) for s in shapes), default=0)
@@ -39,6 +45,17 @@ def broadcast_shapes(*shapes) -> tuple[int, ...]:
                         f"dimension {i - ndim} is {o} in one and {d} in the other (sizes must match or be 1)"
                     )
     return tuple(out)
+
+
+def _shape_error(name: str, a, b) -> ShapeError:
+    """The ShapeError for operands whose shapes do not broadcast (raised where the backend refused)."""
+    sa = a.shape if isinstance(a, Tensor) else ()
+    sb = b.shape if isinstance(b, Tensor) else ()
+    try:
+        broadcast_shapes(sa, sb)
+    except ShapeError as exc:
+        return ShapeError(f"{name}: {exc}")
+    return ShapeError(f"{name}: operands of shapes {sa} and {sb} do not fit")
 
 
 def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -135,7 +152,10 @@ def add(a, b, alpha: float = 1) -> Tensor:
     if alpha != 1:
         b = mul(b, alpha)
     bk, ad, bd, at, bt = _operands(a, b, "add")
-    out = _wrap(bk.add(ad, bd), bk)
+    try:
+        out = _wrap(bk.add(ad, bd), bk)
+    except ValueError:
+        raise _shape_error("add", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         sa, sb = _shape(at), _shape(bt)
 
@@ -150,8 +170,16 @@ def sub(a, b, alpha: float = 1) -> Tensor:
     """``a - alpha * b`` with broadcasting."""
     if alpha != 1:
         b = mul(b, alpha)
+    if _is_bool_operand(a) or _is_bool_operand(b):
+        raise FlowError(
+            "sub: subtraction with a bool tensor or a bool scalar is not supported (as in PyTorch); "
+            "use ~mask or logical_not() to invert a mask, or convert with .int()/.float() first"
+        )
     bk, ad, bd, at, bt = _operands(a, b, "sub")
-    out = _wrap(bk.sub(ad, bd), bk)
+    try:
+        out = _wrap(bk.sub(ad, bd), bk)
+    except ValueError:
+        raise _shape_error("sub", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         sa, sb = _shape(at), _shape(bt)
 
@@ -165,7 +193,10 @@ def sub(a, b, alpha: float = 1) -> Tensor:
 def mul(a, b) -> Tensor:
     """Elementwise product with broadcasting."""
     bk, ad, bd, at, bt = _operands(a, b, "mul")
-    out = _wrap(bk.mul(ad, bd), bk)
+    try:
+        out = _wrap(bk.mul(ad, bd), bk)
+    except ValueError:
+        raise _shape_error("mul", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         ca = a.detach() if at is not None else a
         cb = b.detach() if bt is not None else b
@@ -192,7 +223,10 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
         dt = get_default_dtype().np
         ad = bk.cast(ad, dt) if not isinstance(ad, _SCALAR_TYPES) else ad
         bd = bk.cast(bd, dt) if not isinstance(bd, _SCALAR_TYPES) else bd
-    out = _wrap(bk.div(ad, bd), bk)
+    try:
+        out = _wrap(bk.div(ad, bd), bk)
+    except ValueError:
+        raise _shape_error("div", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         ca = a.detach() if at is not None else a
         cb = b.detach() if bt is not None else b
@@ -206,6 +240,10 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
     return out
 
 
+def _is_bool_operand(x) -> bool:
+    return isinstance(x, bool) or (isinstance(x, Tensor) and x._data.dtype.kind == "b")
+
+
 def _is_float_operand(x) -> bool:
     return isinstance(x, float) or (not isinstance(x, _SCALAR_TYPES) and _is_float(x))
 
@@ -213,7 +251,10 @@ def _is_float_operand(x) -> bool:
 def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
     """``a ** b`` elementwise."""
     bk, ad, bd, at, bt = _operands(a, b, "pow")
-    out = _wrap(bk.pow(ad, bd), bk)
+    try:
+        out = _wrap(bk.pow(ad, bd), bk)
+    except ValueError:
+        raise _shape_error("pow", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         ca = a.detach() if at is not None else a
         cb = b.detach() if bt is not None else b
@@ -248,13 +289,19 @@ def neg(a: Tensor) -> Tensor:
 
 def _binary_nograd(prim: str, a, b, name: str) -> Tensor:
     bk, ad, bd, _, _ = _operands(a, b, name)
-    return _wrap(getattr(bk, prim)(ad, bd), bk)
+    try:
+        return _wrap(getattr(bk, prim)(ad, bd), bk)
+    except ValueError:
+        raise _shape_error(name, a, b) from None
 
 
 def _minmax(prim: str, name: str):
     def op(a, b) -> Tensor:
         bk, ad, bd, at, bt = _operands(a, b, name)
-        out = _wrap(getattr(bk, prim)(ad, bd), bk)
+        try:
+            out = _wrap(getattr(bk, prim)(ad, bd), bk)
+        except ValueError:
+            raise _shape_error(name, a, b) from None
         if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
             ca = a.detach() if at is not None else a
             cb = b.detach() if bt is not None else b
@@ -436,7 +483,7 @@ def tan(a: Tensor) -> Tensor:
 def sigmoid(a: Tensor) -> Tensor:
     """Logistic function ``1 / (1 + exp(-a))``."""
     bk = a._backend
-    d = a._data
+    d = _float_data(a)
     out = _wrap(bk.reciprocal(bk.add(bk.exp(bk.neg(d)), 1.0)), bk)
     if a.requires_grad and STATE.enabled:
         y = _alias(out)
@@ -462,7 +509,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     """Gaussian error linear unit: exact (``"none"``, erf-based) or the ``"tanh"`` approximation."""
     bk = a._backend
-    x = a._data
+    x = _float_data(a)
     if approximate == "none":
         cdf = bk.mul(bk.add(bk.erf(bk.mul(x, 1.0 / _SQRT_2)), 1.0), 0.5)
         out = _wrap(bk.mul(x, cdf), bk)
@@ -496,7 +543,7 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
 def silu(a: Tensor) -> Tensor:
     """``a * sigmoid(a)``."""
     bk = a._backend
-    d = a._data
+    d = _float_data(a)
     s = bk.reciprocal(bk.add(bk.exp(bk.neg(d)), 1.0))
     out = _wrap(bk.mul(d, s), bk)
     if a.requires_grad and STATE.enabled:

@@ -22,6 +22,8 @@ def _as_index_tensor(value, like: Tensor) -> Tensor:
     from .creation import tensor
 
     if isinstance(value, Tensor):
+        if value._data.dtype.kind not in "biu":
+            raise FlowError(f"index: tensors used as indices must be integer or bool, got {value.dtype}")
         if value._backend is not like._backend:
             value = value.to(like.device)
         return value
@@ -81,8 +83,11 @@ def _normalise_key(a: Tensor, key):
 def getitem(a: Tensor, key) -> Tensor:
     """``a[key]`` with NumPy/PyTorch semantics."""
     if type(key) is slice and key.step is None and a.ndim:  # fast path: a[i:j]
-        start, stop, _ = key.indices(a.shape[0])
-        return _basic(a, (slice(start, max(start, stop), 1),) + (slice(None),) * (a.ndim - 1), (), (), a.shape)
+        shape = a.shape
+        start, stop, _ = key.indices(shape[0])
+        stop = max(start, stop)
+        rest = tuple(slice(0, n, 1) for n in shape[1:])
+        return _basic(a, (slice(start, stop, 1),) + rest, (), (), (stop - start,) + shape[1:])
     items = _normalise_key(a, key)
     shape = a.shape
     slices, flips, squeeze_dims, final_shape = [], [], [], []

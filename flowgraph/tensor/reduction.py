@@ -72,7 +72,7 @@ def var(a: Tensor, dim=None, keepdim: bool = False, unbiased: bool | None = None
         n *= a.shape[ax]
     centered = a - mean(a, axes, keepdim=True)
     s = sum(centered * centered, axes, keepdim)
-    return s / max(n - correction, 0) if n - correction > 0 else s * float("nan")
+    return s / (n - correction) if n - correction > 0 else s * float("nan")
 
 
 def std(a: Tensor, dim=None, keepdim: bool = False, unbiased: bool | None = None, correction=None) -> Tensor:
@@ -239,6 +239,9 @@ def cumprod(a: Tensor, dim: int) -> Tensor:
 
 def logsumexp(a: Tensor, dim, keepdim: bool = False) -> Tensor:
     """``log(sum(exp(a)))`` over ``dim``, computed stably."""
+    if a.numel() == 0:  # no maximum to shift by; the sum over nothing gives log(0) = -inf
+        out = a.exp().sum(dim, keepdim=True).log()
+        return out if keepdim else out.squeeze(dim if isinstance(dim, int) else tuple(dim))
     m = amax(a, dim, keepdim=True).detach()
     m = where(m.isfinite(), m, 0.0)
     out = (a - m).exp().sum(dim, keepdim=True).log() + m
@@ -252,7 +255,10 @@ def softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
     bk = a._backend
     ax = _norm_dim(dim, a.ndim, "softmax")
     d = a._data
-    e = bk.exp(bk.sub(d, bk.max(d, (ax,), True))) if a.ndim else bk.exp(bk.sub(d, d))
+    if a.ndim and a.numel():
+        e = bk.exp(bk.sub(d, bk.max(d, (ax,), True)))
+    else:  # 0-d: exp(0); empty: nothing to shift
+        e = bk.exp(bk.sub(d, d))
     out = _wrap(bk.div(e, bk.sum(e, (ax,) if a.ndim else (), True)), bk)
     if a.requires_grad and STATE.enabled:
         y = _alias(out)
@@ -268,7 +274,7 @@ def log_softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
     ax = _norm_dim(dim, a.ndim, "log_softmax")
     d = a._data
     axes = (ax,) if a.ndim else ()
-    shifted = bk.sub(d, bk.max(d, axes, True))
+    shifted = bk.sub(d, bk.max(d, axes, True)) if a.numel() else d
     out = _wrap(bk.sub(shifted, bk.log(bk.sum(bk.exp(shifted), axes, True))), bk)
     if a.requires_grad and STATE.enabled:
         y = _alias(out)
