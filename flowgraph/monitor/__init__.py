@@ -11,5 +11,6 @@ Importing this package is cheap: the server's packages (starlette, sse-starlette
 """
 
 from .monitor import Monitor
+from .source import MetricSource
 
-__all__ = ["Monitor"]
+__all__ = ["MetricSource", "Monitor"]

@@ -127,6 +127,11 @@ class EventHub:
             self._broadcast(_Stop("closed"))
             self._subscribers.clear()
 
+    def reopen(self) -> None:
+        """Accept live subscribers again after :meth:`close` (a server started anew)."""
+        with self._lock:
+            self._closed = False
+
     def _broadcast(self, item: Message | _Stop) -> None:
         for subscriber in list(self._subscribers):
             if subscriber.stopped:  # dropped on its loop since the last publish: stop scheduling for it

@@ -22,7 +22,15 @@ from .hub import EventHub
 from .page import report_html
 from .progress import StepProgress
 from .resources import ResourceSampler
-from .source import GraphMetadata, GraphPicture, MetadataReader, is_graph, read_metrics, read_picture
+from .source import (
+    GraphMetadata,
+    GraphPicture,
+    MetadataReader,
+    MetricSource,
+    is_graph,
+    read_metrics,
+    read_picture,
+)
 
 T = TypeVar("T")
 
@@ -101,7 +109,7 @@ class Monitor:
 
     # -- graph ---------------------------------------------------------------------------------------------
 
-    def watch(self, graph: Any) -> None:
+    def watch(self, graph: object) -> None:
         """Show ``graph`` on the dashboard: its picture (``g.svg()``, or ``g.dot()`` source) and metadata."""
         self._watched = True
         self._picture = read_picture(graph)
@@ -114,7 +122,7 @@ class Monitor:
         self,
         epoch: int,
         seconds: float,
-        metrics: Any,
+        metrics: Mapping[str, Any] | MetricSource,
         *,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
@@ -285,6 +293,7 @@ class Monitor:
         self._sampler.close()
 
     def __enter__(self) -> Monitor:
+        """``with Monitor(...) as mon:`` ends the run properly however the block is left."""
         return self
 
     def __exit__(
@@ -293,6 +302,7 @@ class Monitor:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        """Finish (``interrupted`` on Ctrl-C, ``failed`` on another exception) and stop the server."""
         if self._final is None:
             if exc_type is None:
                 self.finish()
@@ -327,6 +337,7 @@ class Monitor:
                 "install them with pip install 'flowgraph[monitor]'"
             ) from error
         sock = server_module.bind_socket(host, port)
+        self._hub.reopen()
         app = server_module.build_app(self._hub, lambda: self._picture.svg, host)
         server = server_module.DashboardServer(app, sock, host)
         server.start()

@@ -12,9 +12,17 @@ import math
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from flowgraph.errors import FlowError
+
+
+class MetricSource(Protocol):
+    """Anything ``Monitor.log`` can read metrics from besides a dict: a graph with ``latest_metrics()``."""
+
+    def latest_metrics(self) -> Mapping[str, Any]:
+        """The metrics of the last finished epoch, ``name -> value``."""
+        ...
 
 
 def to_metric_value(name: str, value: Any) -> float | None:

@@ -30,23 +30,34 @@ SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "dashboar
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture
-def browser_page():
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module's tests."""
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"headless browser test needs Chromium at {CHROMIUM}")
     sync_api = pytest.importorskip("playwright.sync_api", reason="headless browser test needs playwright")
     sync_api.expect.set_options(timeout=10_000)
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900}, color_scheme="light")
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.set_default_timeout(10_000)
-            yield page, errors
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+@pytest.fixture
+def browser_page(browser):
+    """A fresh page, and the list of script errors and failed loads it reports."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, color_scheme="light")
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.set_default_timeout(10_000)
+        yield page, errors
+    finally:
+        context.close()
 
 
 def training_metrics(epoch: int) -> dict[str, float]:

@@ -163,11 +163,14 @@ def read_like_a_browser(url: str, limit: int = 50) -> tuple[list[int], int]:
 
 def test_a_stalled_client_neither_blocks_training_nor_starves_others(served):
     mon = served(300, client_queue_size=8)
-    stalled = socket.create_connection(("127.0.0.1", mon.port), timeout=5)
+    stalled = socket.socket()
     try:
-        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, before connecting
+        stalled.settimeout(5)
+        stalled.connect(("127.0.0.1", mon.port))
         stalled.sendall(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{mon.port}\r\n\r\n".encode())
-        big = {f"layer{i:03d}.some_rather_long_metric_name": float(i) for i in range(300)}
+        # ~40 KB per event, ~12 MB in all: more than the kernel's socket buffers (4 MiB at most by default)
+        big = {f"layer{i:04d}.block.attention.some_rather_long_metric_name": i / 7 for i in range(600)}
         with ThreadPoolExecutor(max_workers=1) as pool:
             reader = pool.submit(read_like_a_browser, mon.url)
             slowest = 0.0
@@ -266,3 +269,17 @@ def test_graph_svg_falls_back_to_dot_source(served):
     assert meta["graph"]["kind"] == "dot"
     assert "digraph" in meta["graph"]["dot"]
     assert "Graphviz" in meta["graph"]["error"]
+
+
+def test_serving_again_after_close_streams_live_epochs(served):
+    mon = served(5)
+    mon.log(0, 0.01, {"loss": 1.0})
+    mon.close()
+    mon.serve(port=0)
+    with httpx.Client(timeout=TIMEOUT) as client, client.stream("GET", mon.url + "/events") as response:
+        events = sse_events(response)
+        assert [next(events).event, next(events).data["epoch"]] == ["meta", 1]
+        mon.log(1, 0.01, {"loss": 0.5})
+        assert next(events).data["epoch"] == 2
+        mon.finish()
+        assert [e.event for e in events] == ["meta", "complete"]
