@@ -30,7 +30,7 @@ def _apply(x: Tensor, fn, inplace: bool, name: str) -> Tensor:
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
-    """Zero each element with probability ``p``, scale the rest by ``1 / (1 - p)``; identity when not training::
+    """Zero each element with probability ``p``, scale the rest by ``1/(1-p)``; identity when not training::
 
     h = F.dropout(h, 0.1, training=model.training)
     """
