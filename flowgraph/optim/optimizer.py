@@ -1,0 +1,255 @@
+"""``Optimizer``: the base class every optimizer derives from (PyTorch's ``torch.optim.Optimizer`` surface).
+
+An optimizer holds ``param_groups`` (a list of dicts: ``"params"`` plus that group's hyper-parameters) and
+``state`` (a dict from parameter to that parameter's buffers). ``step()`` walks the groups and, for every
+parameter that requires grad and has a ``.grad``, calls the subclass's ``_update``. Updates are written as a
+short, fixed sequence of whole-tensor ops under ``fg.no_grad()`` ending in one in-place write per buffer
+(:func:`write_`), so a fusing backend can turn one parameter's step into one kernel.
+
+Per-parameter scalars (step count, bias corrections) are Python floats computed in one small helper per
+optimizer (``_scalars``), so that a later change can move them to device tensors for CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..autograd.grad_mode import enable_grad, no_grad
+from ..errors import FlowError
+from ..tensor import Tensor, tensor
+
+ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
+
+
+class _Required:
+    """Marker for a hyper-parameter that has no default and must be given per group."""
+
+    def __repr__(self) -> str:
+        return "<required parameter>"
+
+
+required = _Required()
+
+
+def write_(dst: Tensor, new: Tensor) -> Tensor:
+    """Write ``new`` into ``dst``'s storage (one in-place copy): the single write that ends a fused update."""
+    return dst.copy_(new)
+
+
+def lerp(start: Tensor, end: Tensor, weight: float) -> Tensor:
+    """``start + weight * (end - start)``, evaluated as PyTorch's ``lerp_`` is (same rounding)."""
+    if weight < 0.5:
+        return start + (end - start) * weight
+    return end - (end - start) * (1 - weight)
+
+
+def check_range(where: str, name: str, value: float, low: float, high: float | None = None,
+                low_open: bool = False, high_open: bool = True) -> None:
+    """Raise a FlowError naming ``name`` and the valid range when ``value`` is outside it."""
+    bad = value < low or (low_open and value == low)
+    if high is not None:
+        bad = bad or value > high or (high_open and value == high)
+    if bad or value != value:
+        lo = "(" if low_open else "["
+        if high is None:
+            valid = f"{'>' if low_open else '>='} {low}"
+        else:
+            valid = f"in {lo}{low}, {high}{')' if high_open else ']'}"
+        raise FlowError(f"{where}: invalid {name} {value!r}; it must be {valid}")
+
+
+def check_betas(where: str, betas: tuple[float, float]) -> None:
+    """Check a ``betas`` pair: each in [0, 1)."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise FlowError(f"{where}: betas must be a pair (beta1, beta2), got {betas!r}")
+    check_range(where, "betas[0] (beta1)", betas[0], 0.0, 1.0)
+    check_range(where, "betas[1] (beta2)", betas[1], 0.0, 1.0)
+
+
+class Optimizer:
+    """Base class of all optimizers: param groups, per-parameter state, ``zero_grad``, ``step``, state dicts.
+
+    ``params`` is an iterable of tensors, or of dicts each with a ``"params"`` entry and any per-group options
+    (those not given take the optimizer's ``defaults``)::
+
+        opt = optim.SGD([{"params": encoder.parameters()},
+                         {"params": head.parameters(), "lr": 1e-2}], lr=1e-3, momentum=0.9)
+
+    Subclasses define ``_init_state(p, group)`` (a new parameter's buffers) and
+    ``_update(p, grad, state, group)`` (one step for one parameter, run under ``fg.no_grad()``).
+    """
+
+    def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
+        self.defaults = defaults
+        self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        self.param_groups: list[dict[str, Any]] = []
+        if isinstance(params, Tensor):
+            raise FlowError(f"{type(self).__name__}: params must be an iterable of tensors or of dicts, "
+                            "got a single Tensor; wrap it in a list: [tensor]")
+        param_groups = list(params)
+        if not param_groups:
+            raise FlowError(f"{type(self).__name__}: got an empty parameter list; pass model.parameters() "
+                            "or a list of param-group dicts")
+        if not isinstance(param_groups[0], dict):
+            param_groups = [{"params": param_groups}]
+        for group in param_groups:
+            self.add_param_group(group)
+
+    # ------------------------------------------------------------------ groups
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group of parameters with its own options (e.g. a part of the model thawed later)."""
+        name = type(self).__name__
+        if not isinstance(param_group, dict):
+            raise FlowError(f"{name}.add_param_group: expected a dict with a 'params' entry, "
+                            f"got {type(param_group).__name__}")
+        if "params" not in param_group:
+            raise FlowError(f"{name}.add_param_group: the group dict has no 'params' entry (keys: "
+                            f"{sorted(param_group)})")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise FlowError(f"{name}: parameters must be an ordered collection (list, tuple, generator), "
+                            "not a set: the order would change between runs")
+        else:
+            params = list(params)
+        for i, p in enumerate(params):
+            if not isinstance(p, Tensor):
+                raise FlowError(f"{name}: param group entry {i} is a {type(p).__name__}, expected a Tensor")
+            if not p.is_leaf:
+                raise FlowError(f"{name}: param group entry {i} is not a leaf tensor (it was computed from "
+                                "others); optimize leaves such as nn.Parameter or "
+                                "tensor.detach().requires_grad_()")
+        group = dict(param_group)
+        group["params"] = params
+        for key, default in self.defaults.items():
+            if default is required and key not in group:
+                raise FlowError(f"{name}: parameter group didn't specify a value of required option {key!r}")
+            group.setdefault(key, default)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if len({id(p) for p in params}) != len(params):
+            raise FlowError(f"{name}: a parameter appears twice in one group")
+        if any(id(p) in seen for p in params):
+            raise FlowError(f"{name}: some parameters appear in more than one parameter group")
+        self._check_group(group)
+        self.param_groups.append(group)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        """Validate a group's hyper-parameters (subclasses override)."""
+
+    # ------------------------------------------------------------------ stepping
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's gradient: to ``None`` (default) or to zeros in place."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    with no_grad():
+                        p.grad = p.grad.detach()
+                        p.grad.zero_()
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Update every parameter that requires grad and has a gradient; returns ``closure()``'s loss.
+
+        Parameters whose ``.grad`` is None or that do not require grad (frozen) are skipped and get no state.
+        """
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        with no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None or not p.requires_grad:
+                        continue
+                    state = self.state[p]
+                    if not state:
+                        self._init_state(p, state, group)
+                    self._update(p, p.grad, state, group)
+        return loss
+
+    def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """Fill ``state`` with the new parameter ``p``'s buffers."""
+
+    def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not define _update")
+
+    # ------------------------------------------------------------------ state dicts
+    def state_dict(self) -> dict[str, Any]:
+        """PyTorch's format: ``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``.
+
+        Parameters are numbered in group order. Buffers are returned by reference, as PyTorch does.
+        """
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            ids = []
+            for p in group["params"]:
+                if id(p) not in index:
+                    index[id(p)] = len(index)
+                ids.append(index[id(p)])
+            packed["params"] = ids
+            groups.append(packed)
+        state = {index[id(p)]: s for p, s in self.state.items() if id(p) in index and s}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a dict made by :meth:`state_dict` (buffers are copied onto each parameter's device and dtype).
+
+        Buffers given as other array types (a ``torch.Tensor`` state dict, NumPy arrays) are converted.
+        """
+        name = type(self).__name__
+        if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
+            raise FlowError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups' "
+                            "entries (as state_dict() returns)")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise FlowError(f"{name}.load_state_dict: the state dict has {len(saved_groups)} parameter "
+                            "groups, "
+                            f"this optimizer has {len(self.param_groups)}")
+        id_map: dict[int, Tensor] = {}
+        for i, (mine, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(mine["params"]) != len(saved["params"]):
+                raise FlowError(f"{name}.load_state_dict: group {i} has {len(saved['params'])} parameters "
+                                "in the "
+                                f"state dict and {len(mine['params'])} here")
+            for idx, p in zip(saved["params"], mine["params"]):
+                id_map[idx] = p
+        new_state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        for idx, buffers in state_dict["state"].items():
+            key = int(idx)
+            if key not in id_map:
+                raise FlowError(f"{name}.load_state_dict: state for parameter index {key}, "
+                                "which no group lists")
+            p = id_map[key]
+            new_state[p] = {k: _load_value(k, v, p) for k, v in buffers.items()}
+        new_groups = []
+        for mine, saved in zip(self.param_groups, saved_groups):
+            group = copy.deepcopy({k: v for k, v in saved.items() if k != "params"})
+            group["params"] = mine["params"]
+            new_groups.append(group)
+        self.state = new_state
+        self.param_groups = new_groups
+
+
+def _load_value(key: str, value: Any, p: Tensor) -> Any:
+    """A state entry as this optimizer keeps it: step counts as floats, buffers as tensors like ``p``."""
+    if isinstance(value, Tensor):
+        if key in ("step", "mu_product") and value.numel() == 1:
+            return float(value.item())
+        return value.to(p.device, p.dtype).clone()
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor (torch is not a dependency)
+        host = value.detach().cpu().numpy()
+        if key in ("step", "mu_product") and host.size == 1:
+            return float(host.reshape(()))
+        return tensor(host, dtype=p.dtype, device=p.device)
+    if hasattr(value, "__array__") and not isinstance(value, (int, float)):
+        return tensor(value, dtype=p.dtype, device=p.device)
+    return copy.deepcopy(value)
