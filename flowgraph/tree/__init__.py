@@ -10,15 +10,41 @@ from __future__ import annotations
 
 from . import checkpoint, observe, paths, trend
 from .checkpoint import (
-    LoadReport, MigrateReport, key_map_by_order, load_checkpoint, load_safetensors_weights,
-    load_subgraph_checkpoint, migrate_checkpoint, read_checkpoint, save_checkpoint,
+    LoadReport,
+    MigrateReport,
+    key_map_by_order,
+    load_checkpoint,
+    load_safetensors_weights,
+    load_subgraph_checkpoint,
+    migrate_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
 )
 from .observe import (
-    collect, eta, flush, history, latest_metrics, plot_html, record, record_at, reset_metrics, trends,
+    collect,
+    eta,
+    flush,
+    history,
+    latest_metrics,
+    plot_html,
+    record,
+    record_at,
+    reset_metrics,
+    trends,
 )
 from .paths import (
-    PathKind, freeze, is_frozen, module_at, named_parameters_at, parameters_at, resolve, set_training_at,
-    subgraph_at, thaw, trainable_parameters, validate_path,
+    PathKind,
+    freeze,
+    is_frozen,
+    module_at,
+    named_parameters_at,
+    parameters_at,
+    resolve,
+    set_training_at,
+    subgraph_at,
+    thaw,
+    trainable_parameters,
+    validate_path,
 )
 from .trend import Trend, TrendGroup
 

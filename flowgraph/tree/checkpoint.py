@@ -61,7 +61,7 @@ class MigrateReport:
 
 # ---------------------------------------------------------------------- host conversion
 def _to_host(t: Tensor) -> tuple[np.ndarray, str]:
-    arr = np.ascontiguousarray(t.detach()._backend.to_host(t.detach()._data))
+    arr = np.array(t.detach()._backend.to_host(t.detach()._data), order="C", copy=True)
     name = t.dtype.name
     if name == "bfloat16":
         arr = arr.view(np.uint16)
@@ -375,7 +375,7 @@ def migrate_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, model: Mo
         stored[k] = arr.view(np.uint16) if name == "bfloat16" else arr
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "structural_hash": digest, "label": label,
             "dtypes": json.dumps(new_dtypes), "classes": json.dumps(classes)}
-    _atomic_write(dst, save({k: np.ascontiguousarray(v) for k, v in stored.items()}, metadata=meta))
+    _atomic_write(dst, save({k: np.array(v, order="C") for k, v in stored.items()}, metadata=meta))
     return report
 
 
