@@ -249,6 +249,7 @@ class Monitor:
             "mean_epoch_seconds": round(sum(times) / len(times), 6) if times else None,
             "final_metrics": dict(self._history[-1]["metrics"]) if self._history else {},
         }
+        self._sampler.close()
         self._publish_meta()
         self._hub.publish_complete(self._final)
         if not self.quiet:
@@ -290,7 +291,6 @@ class Monitor:
         if server is not None:
             self._hub.close()
             server.stop()
-        self._sampler.close()
 
     def __enter__(self) -> Monitor:
         """``with Monitor(...) as mon:`` ends the run properly however the block is left."""
