@@ -1,0 +1,843 @@
+"""``CupyBackend``: the array backend on CuPy, with fused elementwise kernels, own cuBLAS and device RNG.
+
+It subclasses :class:`~flowgraph.backends.array_backend.ArrayBackend` with ``xp = cupy`` and overrides
+only what CuPy does differently or better:
+
+* **Fusion.** With fusion on (the default, ``flowgraph.backends.fusion.set_enabled``), elementwise
+  primitives, ``where`` and ``cast`` return a :class:`LazyArray` holding an expression; the chain runs as
+  one generated ``cupy.ElementwiseKernel`` when something needs the values (any other primitive, a host
+  read, an in-place write to a buffer it reads, the size caps of ``fusion``). Kernels are cached by
+  structure, never by sizes or scalar values. With fusion off every primitive is CuPy's own ufunc.
+* **matmul** through flowgraph's own cuBLAS handle (``blas.Cublas``), which also works inside CUDA
+  graph capture, where CuPy refuses cuBLAS.
+* **Random** numbers from a Philox4x32-10 kernel whose key and counter live on the device.
+* ``to_host`` (``cupy.asnumpy``), ``from_host``, DLPack, ``erf`` (``cupyx.scipy.special``), the
+  scatter-add (``cupyx.scatter_add``), memory statistics from the memory pool, ``synchronize``.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import cupy
+import numpy as np
+
+from ...errors import BackendError, FlowError, ShapeError
+from .. import fusion
+from ..array_backend import ArrayBackend
+from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
+from ..fusion import Expr, FusedProgram, Scalar, linearize, result_dtype
+from . import kernels as K
+from .blas import GEMM_TYPES, Cublas
+
+_SCALARS = (bool, int, float, np.generic)
+_BOOL = np.dtype(bool)
+_I64 = np.dtype(np.int64)
+
+# Peak of the memory pool's used bytes per device index, tracked by the allocator below.
+_PEAK: dict[int, int] = {}
+_ALLOCATOR_INSTALLED = [False]
+
+
+def _install_peak_allocator() -> None:
+    """Route CuPy's allocations through the default pool plus a peak tracker (once per process)."""
+    if _ALLOCATOR_INSTALLED[0]:
+        return
+    pool = cupy.get_default_memory_pool()
+    malloc = pool.malloc
+    used = pool.used_bytes
+    get_device = cupy.cuda.runtime.getDevice
+
+    def tracked_malloc(size: int) -> Any:
+        mem = malloc(size)
+        now = used()
+        dev = get_device()
+        if now > _PEAK.get(dev, 0):
+            _PEAK[dev] = now
+        return mem
+
+    cupy.cuda.set_allocator(tracked_malloc)
+    _ALLOCATOR_INSTALLED[0] = True
+
+
+class LazyArray:
+    """A CUDA array that may still be a pending fused expression.
+
+    ``lazy`` is the :class:`~flowgraph.backends.fusion.Expr` computing it (``None`` once realized) and
+    ``value`` the ``cupy.ndarray`` holding it (``None`` while lazy). Layers above read only ``shape``,
+    ``ndim``, ``dtype``, ``size`` and ``len()``.
+    """
+
+    __slots__ = ("lazy", "shape", "dtype", "value", "__weakref__")
+
+    def __init__(self, lazy: Expr | None, shape: Shape, dtype: np.dtype, value: Any = None):
+        self.lazy = lazy
+        self.shape = shape
+        self.dtype = dtype
+        self.value = value
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        state = "lazy" if self.lazy is not None else "realized"
+        return f"LazyArray(shape={self.shape}, dtype={self.dtype}, {state})"
+
+
+def _memory_key(a: Any) -> int:
+    """Identity of the allocation ``a`` lives in (views share it)."""
+    return id(a.data.mem)
+
+
+class CupyBackend(ArrayBackend):
+    """The protocol on one NVIDIA GPU through CuPy (``"cuda:N"``).
+
+    >>> be = get_backend("cuda:0")                                  # doctest: +SKIP
+    >>> be.to_host(be.add(be.from_host(np.ones(3, np.float32)), 1))  # doctest: +SKIP
+    array([2., 2., 2.], dtype=float32)
+    """
+
+    def __init__(self, device: str = "cuda:0"):
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or not (index or "0").isdigit():
+            raise BackendError(f"CupyBackend needs a device string 'cuda:<index>', got {device!r}")
+        self.index = int(index or 0)
+        count = _device_count()
+        if self.index >= count:
+            raise BackendError(
+                f"device 'cuda:{self.index}' does not exist: {count} CUDA device(s) visible"
+                + (" (is the NVIDIA driver loaded and CUDA_VISIBLE_DEVICES set?)" if count == 0 else
+                   f"; use 'cuda:0' .. 'cuda:{count - 1}'")
+            )
+        self._device = cupy.cuda.Device(self.index)
+        self._device.use()
+        _install_peak_allocator()
+        self._kernels: dict[tuple, Any] = {}
+        self._readers: dict[int, list[weakref.ref]] = {}
+        self._reader_count = 0
+        self._rng_state: Any = None
+        self._rng: Any = None
+        self._blas: Cublas | None = None
+        #: Set by ``fg.capture`` while a CUDA graph is being recorded: host reads raise.
+        self.capturing = False
+        #: Counters for tests and benchmarks: fused kernel launches and elementwise ops folded into them.
+        self.stats = {"fused_launches": 0, "fused_ops": 0}
+        super().__init__(cupy, "cuda", f"cuda:{self.index}")
+        props = cupy.cuda.runtime.getDeviceProperties(self.index)
+        name = props["name"]
+        self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        self.total_memory = int(props["totalGlobalMem"])
+        self._eager = {n: self.__dict__[n] for n in (*UNARY_OPS, *BINARY_OPS) if n in self.__dict__}
+        # Replace the ufunc bindings ArrayBackend made with the fusing primitives.
+        for n in UNARY_OPS:
+            self.__dict__[n] = self._unary_method(n)
+        for n in BINARY_OPS:
+            self.__dict__[n] = self._binary_method(n)
+
+    # ----------------------------------------------------------------- discovery
+    @staticmethod
+    def list_devices() -> list[str]:
+        """Every visible CUDA device as ``"cuda:N"``; ``[]`` (never raises) without CuPy, driver or GPU."""
+        return [f"cuda:{i}" for i in range(_device_count())]
+
+    @staticmethod
+    def is_available() -> bool:
+        """Whether at least one CUDA device can be used."""
+        return _device_count() > 0
+
+    def _use(self) -> None:
+        if cupy.cuda.runtime.getDevice() != self.index:
+            self._device.use()
+
+    # ----------------------------------------------------------------- realization
+    def _arr(self, x: Any) -> Any:
+        """The ``cupy.ndarray`` behind ``x`` (running its pending expression first)."""
+        if type(x) is LazyArray:
+            if x.lazy is not None:
+                self.realize(x)
+            return x.value
+        return x
+
+    def realize(self, x: LazyArray) -> LazyArray:
+        """Run ``x``'s pending expression into a fresh contiguous array (no-op when realized)."""
+        if x.lazy is None:
+            return x
+        program = linearize(x)
+        out = cupy.empty(x.shape, dtype=x.dtype)
+        self._run(program, out)
+        x.value = out
+        x.lazy = None
+        return x
+
+    def _kernel(self, program: FusedProgram, out_dtype: np.dtype) -> Any:
+        key = (program.key, out_dtype.str)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            in_params, out_params, body, preamble = K.elementwise_spec(program, out_dtype)
+            kernel = cupy.ElementwiseKernel(in_params, out_params, body, name="fg_fused", preamble=preamble)
+            self._kernels[key] = kernel
+        return kernel
+
+    def kernel_source(self, program: FusedProgram, out_dtype: Any = None) -> str:
+        """The operation body generated for ``program`` (for debugging and tests)."""
+        return K.elementwise_spec(program, np.dtype(out_dtype or program.dtype))[2]
+
+    def _run(self, program: FusedProgram, out: Any) -> None:
+        """Evaluate ``program`` into the cupy array ``out`` (same shape; any layout; converts dtype)."""
+        if out.size == 0:
+            return
+        self._use()
+        kernel = self._kernel(program, out.dtype)
+        args: list[Any] = []
+        for leaf in program.leaves:
+            value = leaf.value
+            # The same layout as the output: pass the output itself so CuPy does not copy it first.
+            if value is not out and value.data.ptr == out.data.ptr and value.strides == out.strides:
+                value = out
+            args.append(value)
+        for s in program.scalars:
+            args.append(s.value if s.dtype not in K.HALF_TYPES else np.float32(s.value))
+        args.append(out)
+        kernel(*args)
+        self.stats["fused_launches"] += 1
+        self.stats["fused_ops"] += len(program.instrs)
+
+    def _register_reader(self, node: LazyArray, inputs: Sequence[Any]) -> None:
+        """Remember that ``node`` reads the allocations of its realized inputs (see ``assign``)."""
+        ref = weakref.ref(node)
+        readers = self._readers
+        for x in inputs:
+            if type(x) is LazyArray and x.lazy is None:
+                readers.setdefault(_memory_key(x.value), []).append(ref)
+        self._reader_count += 1
+        if self._reader_count > 8192:
+            self._prune_readers()
+
+    def _prune_readers(self) -> None:
+        self._reader_count = 0
+        for key in list(self._readers):
+            alive = [r for r in self._readers[key] if (n := r()) is not None and n.lazy is not None]
+            if alive:
+                self._readers[key] = alive
+            else:
+                del self._readers[key]
+
+    def _flush_readers(self, dst: Any, keep: Any) -> None:
+        """Realize pending expressions that read ``dst``'s allocation before it is overwritten."""
+        refs = self._readers.pop(_memory_key(dst), None)
+        if not refs:
+            return
+        for ref in refs:
+            node = ref()
+            if node is not None and node is not keep and node.lazy is not None:
+                self.realize(node)
+
+    # ----------------------------------------------------------------- elementwise graph building
+    def _leaf(self, x: Any, shape: Shape, where: str) -> LazyArray:
+        """``x`` (cupy array or LazyArray) as an expression input of ``shape`` (broadcast views)."""
+        if type(x) is LazyArray:
+            if x.shape == shape:
+                return x
+            value = self._arr(x)
+        elif isinstance(x, cupy.ndarray):
+            if x.shape == shape:
+                return LazyArray(None, shape, x.dtype, x)
+            value = x
+        else:
+            raise BackendError(f"{where}: expected a CUDA array or a Python scalar, got {type(x).__name__}")
+        try:
+            view = cupy.broadcast_to(value, shape)
+        except ValueError:
+            raise ShapeError(
+                f"{where}: cannot broadcast shape {value.shape} to {shape} (NumPy rules)"
+            ) from None
+        return LazyArray(None, shape, value.dtype, view)
+
+    def _node(self, op: str, inputs: Sequence[Any], dtype: np.dtype) -> LazyArray:
+        shape = None
+        for x in inputs:
+            if type(x) is Scalar:
+                continue
+            if shape is None:
+                shape = x.shape
+            elif x.shape != shape:
+                try:
+                    shape = tuple(np.broadcast_shapes(shape, x.shape))
+                except ValueError:
+                    shapes = [x.shape for x in inputs if type(x) is not Scalar]
+                    raise ShapeError(
+                        f"{op}: shapes {shapes} do not broadcast together (NumPy rules)"
+                    ) from None
+        prepared: list[Any] = []
+        seen: dict[int, LazyArray] = {}
+        for x in inputs:
+            if type(x) is Scalar:
+                prepared.append(x)
+                continue
+            leaf = seen.get(id(x))
+            if leaf is None:
+                leaf = seen[id(x)] = self._leaf(x, shape, op)
+            prepared.append(leaf)
+        expr = Expr(op, prepared, dtype)
+        if expr.too_big():
+            for x in prepared:
+                if type(x) is LazyArray and x.lazy is not None:
+                    self.realize(x)
+            expr = Expr(op, prepared, dtype)
+        out = LazyArray(expr, shape, dtype)
+        self._register_reader(out, prepared)
+        return out
+
+    def _check_dtype(self, dtype: np.dtype, where: str) -> np.dtype:
+        if dtype not in K.CudaEmitter.CTYPES:
+            raise BackendError(
+                f"{where}: dtype {dtype} is not supported on CUDA; supported: bool, (u)int8-64, float16, "
+                "bfloat16, float32, float64"
+            )
+        return dtype
+
+    def _scalar(self, value: Any, dtype: np.dtype, where: str) -> Scalar:
+        if not isinstance(value, _SCALARS):
+            raise BackendError(
+                f"{where}: expected a CUDA array or a Python scalar, got {type(value).__name__}"
+            )
+        return Scalar(value, dtype)
+
+    def _unary_method(self, name: str):
+        eager = self._eager.get(name)
+
+        def op(a: Array) -> Array:
+            if not fusion.is_enabled():
+                self._use()
+                return eager(self._arr(a)) if eager is not None else getattr(type(self), name)(self, a)
+            dtype = self._check_dtype(result_dtype(name, a.dtype), name)
+            return self._node(name, (a,), dtype)
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise ``{name}(a)`` (lazy; fused with its neighbours)."
+        return op
+
+    def _binary_method(self, name: str):
+        eager = self._eager[name]
+
+        def op(a: Array, b: Array) -> Array:
+            if not fusion.is_enabled():
+                return self._eager_binary(eager, name, a, b)
+            if type(a) is LazyArray or isinstance(a, cupy.ndarray):
+                dtype = a.dtype
+                if type(b) is LazyArray or isinstance(b, cupy.ndarray):
+                    if b.dtype != dtype:
+                        raise BackendError(
+                            f"{name}: operands have dtypes {a.dtype} and {b.dtype}; the backend takes one "
+                            "dtype (promote first, e.g. with cast)"
+                        )
+                else:
+                    b = self._scalar(b, dtype, name)
+            else:
+                dtype = b.dtype
+                a = self._scalar(a, dtype, name)
+            out_dtype = self._check_dtype(result_dtype(name, dtype), name)
+            return self._node(name, (a, b), out_dtype)
+
+        op.__name__ = name
+        op.__doc__ = f"Elementwise ``{name}(a, b)`` with broadcasting (lazy; fused with its neighbours)."
+        return op
+
+    def _eager_binary(self, ufunc: Any, name: str, a: Any, b: Any) -> Any:
+        self._use()
+        a, b = self._arr(a), self._arr(b)
+        # A Python scalar takes the array's dtype (the protocol's rule), as NumPy 2 does for most cases.
+        # (bfloat16, kind "V", keeps a Python scalar: CuPy treats it as weak and keeps the array's dtype).
+        if not isinstance(a, cupy.ndarray):
+            a = np.asarray(a).astype(b.dtype)[()] if b.dtype.kind != "V" else a
+        elif not isinstance(b, cupy.ndarray):
+            b = np.asarray(b).astype(a.dtype)[()] if a.dtype.kind != "V" else b
+        return ufunc(a, b)
+
+    def erf(self, a: Array) -> Array:
+        """Error function (fused as CUDA's ``erf``; ``cupyx.scipy.special.erf`` with fusion off)."""
+        if fusion.is_enabled():
+            return self._node("erf", (a,), self._check_dtype(np.dtype(a.dtype), "erf"))
+        from cupyx.scipy.special import erf
+
+        a = self._arr(a)
+        if a.dtype in K.HALF_TYPES:
+            return erf(a.astype(np.float32)).astype(a.dtype)
+        return erf(a)
+
+    def where(self, cond: Array, a: Array, b: Array) -> Array:
+        if not fusion.is_enabled():
+            self._use()
+            return super().where(self._arr(cond), self._arr(a), self._arr(b))
+        arrays = [x for x in (a, b) if not isinstance(x, _SCALARS)]
+        if arrays:
+            dtype = arrays[0].dtype
+            if len(arrays) == 2 and b.dtype != dtype:
+                raise BackendError(f"where: branches have dtypes {a.dtype} and {b.dtype}; cast one first")
+        else:
+            dtype = np.result_type(a, b)
+        dtype = self._check_dtype(np.dtype(dtype), "where")
+        inputs = [x if not isinstance(x, _SCALARS) else self._scalar(x, dtype, "where") for x in (a, b)]
+        if isinstance(cond, _SCALARS):
+            cond = self._scalar(cond, _BOOL, "where")
+        elif cond.dtype != _BOOL:
+            cond = self.cast(cond, _BOOL)
+        if all(type(x) is Scalar for x in (cond, *inputs)):
+            raise BackendError("where: at least one of cond, a, b must be an array")
+        return self._node("where", (cond, *inputs), dtype)
+
+    def cast(self, a: Array, dtype: np.dtype) -> Array:
+        dtype = np.dtype(dtype)
+        if a.dtype == dtype:
+            return a
+        self._check_dtype(dtype, "cast")
+        if not fusion.is_enabled():
+            self._use()
+            return self._arr(a).astype(dtype)
+        return self._node("cast", (a,), dtype)
+
+    # ----------------------------------------------------------------- host exchange and creation
+    def _no_capture(self, what: str) -> None:
+        if self.capturing:
+            raise FlowError(
+                f"{what} inside fg.capture: a CUDA graph cannot read device memory on the host or copy host "
+                "memory in while it is recorded (no .item(), .numpy(), print, float(), if on a tensor, "
+                "fg.tensor(...) of host data). Return the tensor from the step function and read it after "
+                "the replay, or create constants before capturing"
+            )
+
+    def from_host(self, array: np.ndarray) -> Array:
+        self._no_capture("copying host data to the device")
+        self._use()
+        array = np.asarray(array)
+        self._check_dtype(array.dtype, "from_host")
+        try:
+            return cupy.asarray(array)
+        except (TypeError, ValueError) as exc:
+            raise BackendError(f"from_host: CuPy cannot hold {array.dtype} arrays here ({exc})") from exc
+
+    def to_host(self, a: Array) -> np.ndarray:
+        self._no_capture("reading a tensor on the host")
+        self._use()
+        return cupy.asnumpy(self._arr(a))
+
+    def from_dlpack(self, obj: Any) -> Array:
+        """Zero-copy import of a DLPack-capable CUDA array (a torch CUDA tensor, a CuPy array ...)."""
+        self._use()
+        return cupy.from_dlpack(obj)
+
+    def to_dlpack(self, a: Array, *args: Any, **kwargs: Any) -> Any:
+        return self._arr(a).__dlpack__(*args, **kwargs)
+
+    def dlpack_device(self, a: Array) -> tuple[int, int]:
+        return self._arr(a).__dlpack_device__()
+
+    def full(self, shape: Shape, value: float | int | bool, dtype: np.dtype) -> Array:
+        self._use()
+        return cupy.full(tuple(shape), value, dtype=self._check_dtype(np.dtype(dtype), "full"))
+
+    def arange(self, start: float, stop: float, step: float, dtype: np.dtype) -> Array:
+        self._use()
+        if step == 0:
+            raise BackendError("arange: step must not be zero")
+        return cupy.arange(start, stop, step, dtype=dtype)
+
+    # ----------------------------------------------------------------- random (Philox on the device)
+    def seed(self, seed: int) -> None:
+        self._no_capture("seeding the generator")
+        self._use()
+        seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        host = np.array([seed, 0], dtype=np.uint64)
+        if self._rng_state is None:
+            self._rng_state = cupy.asarray(host)
+        else:
+            self._rng_state.set(host)
+
+    def _draw(self, kernel: str, out: Any, per: int, extra: Sequence[Any] = ()) -> Any:
+        n = out.size
+        if n == 0:
+            return out
+        self._use()
+        if self._rng is None:
+            self._rng = K.rng_module(cupy)
+        blocks = -(-n // per)
+        threads = 256
+        grid = (-(-blocks // threads),)
+        self._rng.get_function(kernel)(grid, (threads,), (out, np.int64(n), self._rng_state, *extra))
+        self._rng.get_function("fg_rng_advance")((1,), (1,), (self._rng_state, np.uint64(blocks)))
+        return out
+
+    def _float_dtype(self, dtype: Any, where: str) -> np.dtype:
+        dtype = self._check_dtype(np.dtype(dtype), where)
+        if dtype.kind != "f" and dtype != K.BF16:
+            raise BackendError(f"{where}: needs a floating dtype, got {dtype}")
+        return dtype
+
+    def uniform(self, shape: Shape, dtype: np.dtype) -> Array:
+        dtype = self._float_dtype(dtype, "uniform")
+        self._use()
+        if dtype == K.F64:
+            return self._draw("fg_uniform_f64", cupy.empty(tuple(shape), K.F64), 2)
+        # Few enough random bits that rounding to the dtype never reaches 1.0.
+        bits = {K.F32: 24, K.F16: 11, K.BF16: 8}[dtype]
+        out = self._draw("fg_uniform_f32", cupy.empty(tuple(shape), K.F32), 4, (np.int32(bits),))
+        return out if dtype == K.F32 else self.cast(out, dtype)
+
+    def normal(self, shape: Shape, dtype: np.dtype) -> Array:
+        dtype = self._float_dtype(dtype, "normal")
+        self._use()
+        if dtype == K.F64:
+            return self._draw("fg_normal_f64", cupy.empty(tuple(shape), K.F64), 2)
+        out = self._draw("fg_normal_f32", cupy.empty(tuple(shape), K.F32), 4)
+        return out if dtype == K.F32 else self.cast(out, dtype)
+
+    def randint(self, low: int, high: int, shape: Shape, dtype: np.dtype) -> Array:
+        dtype = self._check_dtype(np.dtype(dtype), "randint")
+        if dtype.kind not in "iu":
+            raise BackendError(f"randint: needs an integer dtype, got {dtype}")
+        if high <= low:
+            raise BackendError(f"randint: needs low < high, got low={low}, high={high}")
+        self._use()
+        out = self._draw("fg_randint", cupy.empty(tuple(shape), _I64), 2,
+                         (np.int64(low), np.uint64(int(high) - int(low))))
+        return out if dtype == _I64 else self.cast(out, dtype)
+
+    # ----------------------------------------------------------------- reductions (realize, then CuPy)
+    def sum(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        self._use()
+        a = self._arr(a)
+        if a.dtype in K.HALF_TYPES:
+            return cupy.sum(a.astype(np.float32), axis=axes, keepdims=keepdims).astype(a.dtype)
+        return super().sum(a, axes, keepdims)
+
+    def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        self._use()
+        return super().prod(self._arr(a), axes, keepdims)
+
+    def max(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        self._use()
+        return super().max(self._arr(a), axes, keepdims)
+
+    def min(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        self._use()
+        return super().min(self._arr(a), axes, keepdims)
+
+    def any(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        self._use()
+        return super().any(self._arr(a), axes, keepdims)
+
+    def all(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
+        self._use()
+        return super().all(self._arr(a), axes, keepdims)
+
+    def argmax(self, a: Array, axis: int, keepdims: bool) -> Array:
+        self._use()
+        return super().argmax(self._arr(a), axis, keepdims)
+
+    def argmin(self, a: Array, axis: int, keepdims: bool) -> Array:
+        self._use()
+        return super().argmin(self._arr(a), axis, keepdims)
+
+    def cumsum(self, a: Array, axis: int) -> Array:
+        self._use()
+        a = self._arr(a)
+        if a.dtype == _BOOL:
+            return cupy.cumsum(a, axis=axis).astype(_BOOL)
+        return super().cumsum(a, axis)
+
+    # ----------------------------------------------------------------- movement
+    def reshape(self, a: Array, shape: Shape) -> Array:
+        self._use()
+        return self._arr(a).reshape(shape)
+
+    def permute(self, a: Array, axes: Sequence[int]) -> Array:
+        return self._arr(a).transpose(axes)
+
+    def expand(self, a: Array, shape: Shape) -> Array:
+        return cupy.broadcast_to(self._arr(a), shape)
+
+    def slice(self, a: Array, index: tuple[slice, ...]) -> Array:
+        return self._arr(a)[index]
+
+    def flip(self, a: Array, axes: Sequence[int]) -> Array:
+        return cupy.flip(self._arr(a), axis=tuple(axes))
+
+    def pad(self, a: Array, widths: Sequence[tuple[int, int]], value: float) -> Array:
+        self._use()
+        a = self._arr(a)
+        shape = tuple(n + lo + hi for n, (lo, hi) in zip(a.shape, widths))
+        out = cupy.full(shape, value, dtype=a.dtype)
+        out[tuple(slice(lo, lo + n) for n, (lo, _) in zip(a.shape, widths))] = a
+        return out
+
+    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array:
+        self._use()
+        return cupy.concatenate([self._arr(x) for x in arrays], axis=axis)
+
+    def contiguous(self, a: Array) -> Array:
+        self._use()
+        if type(a) is LazyArray and a.lazy is not None:
+            return self.realize(a).value
+        a = self._arr(a)
+        if a.flags.c_contiguous:
+            return a
+        return cupy.ascontiguousarray(a) if a.ndim else a.copy()
+
+    def assign(self, dst: Array, src: Array | float) -> Array:
+        self._use()
+        dst = self._arr(dst)
+        if any(s == 0 and n > 1 for n, s in zip(dst.shape, dst.strides)):
+            # A broadcast view cannot hold distinct values: give the result its own storage.
+            out = cupy.empty(dst.shape, dtype=dst.dtype)
+            self._write(out, src)
+            return out
+        self._flush_readers(dst, keep=src)
+        self._write(dst, src)
+        return dst
+
+    def _write(self, dst: Any, src: Any) -> None:
+        """Evaluate ``src`` (broadcast, converted) into the cupy view ``dst``."""
+        if isinstance(src, _SCALARS):
+            if dst.size:
+                dst.fill(src)
+            return
+        pending = type(src) is LazyArray and src.lazy is not None
+        if pending and src.shape == dst.shape and src.dtype == dst.dtype:
+            program = linearize(src)
+            safe = all(
+                not cupy.may_share_memory(leaf.value, dst)
+                or (leaf.value.data.ptr == dst.data.ptr and leaf.value.strides == dst.strides)
+                for leaf in program.leaves
+            )
+            if safe:
+                # One kernel writes the fused update in place; ``src`` becomes an alias of ``dst``.
+                self._run(program, dst)
+                src.value, src.lazy = dst, None
+                return
+        value = self._arr(src)
+        if value.shape != dst.shape:
+            value = cupy.broadcast_to(value, dst.shape)
+        if value is not dst and cupy.may_share_memory(value, dst):
+            value = value.copy()
+        if dst.size:
+            cupy.copyto(dst, value, casting="unsafe")
+
+    # ----------------------------------------------------------------- linear algebra
+    def _blas_handle(self) -> Cublas:
+        if self._blas is None:
+            self._blas = Cublas(cupy)
+        return self._blas
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        self._use()
+        a, b = self._arr(a), self._arr(b)
+        if a.dtype != b.dtype:
+            raise BackendError(f"matmul: operands have dtypes {a.dtype} and {b.dtype}; cast one first")
+        if a.ndim == 0 or b.ndim == 0:
+            raise ShapeError("matmul: operands must have at least one axis (use mul for scalars)")
+        if a.dtype not in GEMM_TYPES:
+            if self.capturing:
+                raise FlowError(
+                    f"matmul of {a.dtype} inside fg.capture: only float matmul is captured (cuBLAS)"
+                )
+            return cupy.matmul(a, b)
+        squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+        if squeeze_a:
+            a = a[None, :]
+        if squeeze_b:
+            b = b[:, None]
+        (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+        if k != k2:
+            raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k} != {k2})")
+        try:
+            batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        except ValueError:
+            raise ShapeError(
+                f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast"
+            ) from None
+        out = cupy.empty(batch + (m, n), dtype=a.dtype)
+        if out.size:
+            if k == 0:
+                out.fill(0)
+            else:
+                nb = math.prod(batch)
+                op_a = self._gemm_operand(a, batch, m, k)
+                op_b = self._gemm_operand(b, batch, k, n)
+                self._blas_handle().gemm(a.dtype, m, n, k, op_a[0], op_b[0], out.data.ptr, nb)
+                del op_a, op_b  # the staged copies live until the call is enqueued
+        if squeeze_a or squeeze_b:
+            out = out.reshape(out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,)))
+        return out
+
+    @staticmethod
+    def _gemm_operand(x: Any, batch: Shape, rows: int, cols: int) -> tuple[tuple[int, int, bool, int], Any]:
+        """``((pointer, ld, column-major?, batch stride), keep-alive array)`` of one matmul operand."""
+        item = x.dtype.itemsize
+        nbx = x.ndim - 2
+        own_batch = math.prod(x.shape[:-2])
+        if own_batch == 1:
+            mat = x.reshape(x.shape[-2:]) if nbx else x
+            batch_stride = 0
+        else:
+            mat = None
+        if mat is None:
+            # Batched: one uniform batch stride over the (broadcast) batch axes, else a contiguous copy.
+            full = cupy.broadcast_to(x, batch + (rows, cols))
+            strides = [s // item for s in full.strides[:-2]]
+            dims = list(batch)
+            step = None
+            ok = all(s % item == 0 for s in full.strides)
+            for d in range(len(dims) - 1, -1, -1):
+                if dims[d] == 1:
+                    continue
+                if step is None:
+                    step = strides[d]
+                    expect = step * dims[d]
+                elif strides[d] != expect:
+                    ok = False
+                    break
+                else:
+                    expect *= dims[d]
+            if not ok or step is None or step <= 0:
+                full = cupy.ascontiguousarray(full)
+                step = rows * cols
+            x3 = full
+            batch_stride = step
+            sr, sc = x3.strides[-2] // item, x3.strides[-1] // item
+            base = x3
+        else:
+            sr, sc = mat.strides[0] // item, mat.strides[1] // item
+            base = mat
+        ok_div = all(s % item == 0 for s in base.strides[-2:])
+        if ok_div and (cols == 1 or sc == 1) and (rows == 1 or sr >= max(cols, 1)):
+            ld = sr if rows > 1 else max(cols, 1)
+            col_major = False
+        elif ok_div and (rows == 1 or sr == 1) and (cols == 1 or sc >= max(rows, 1)):
+            ld = sc if cols > 1 else max(rows, 1)
+            col_major = True
+        else:
+            base = cupy.ascontiguousarray(base)
+            if batch_stride:
+                batch_stride = rows * cols
+            ld, col_major = max(cols, 1), False
+        return (base.data.ptr, ld, col_major, batch_stride), base
+
+    # ----------------------------------------------------------------- indexing
+    def gather(self, a: Array, axis: int, index: Array) -> Array:
+        self._use()
+        return cupy.take_along_axis(self._arr(a), self._arr(index), axis=axis)
+
+    def _full_index(self, index: Any, axis: int) -> tuple:
+        grids = []
+        for d, n in enumerate(index.shape):
+            if d == axis:
+                grids.append(index)
+            else:
+                shape = [1] * index.ndim
+                shape[d] = n
+                grids.append(cupy.arange(n).reshape(shape))
+        return tuple(grids)
+
+    def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        import cupyx
+
+        self._use()
+        a, index = self._arr(a), self._arr(index)
+        out = a.copy()
+        if index.size:
+            src = cupy.broadcast_to(self._arr(src), index.shape).astype(a.dtype, copy=False)
+            cupyx.scatter_add(out, self._full_index(index, axis), src)
+        return out
+
+    def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        self._use()
+        a, index = self._arr(a), self._arr(index)
+        out = a.copy()
+        if index.size:
+            out[self._full_index(index, axis)] = cupy.broadcast_to(self._arr(src), index.shape)
+        return out
+
+    # ----------------------------------------------------------------- runtime
+    def synchronize(self) -> None:
+        self._no_capture("synchronize()")
+        self._device.synchronize()
+
+    def memory_stats(self) -> dict[str, int]:
+        pool = cupy.get_default_memory_pool()
+        with self._device:
+            used = int(pool.used_bytes())
+            return {
+                "allocated": used,
+                "reserved": int(pool.total_bytes()),
+                "peak": max(_PEAK.get(self.index, 0), used),
+                "total": self.total_memory,
+            }
+
+    def reset_peak_memory_stats(self) -> None:
+        """Start the peak (``memory_stats()['peak']``) again from the bytes allocated now."""
+        with self._device:
+            _PEAK[self.index] = int(cupy.get_default_memory_pool().used_bytes())
+
+    def graph_session(self) -> Any:
+        """A :class:`~flowgraph.backends.cuda.graph.GraphSession` for ``fg.capture`` on this device."""
+        from .graph import GraphSession
+
+        return GraphSession(self)
+
+    def __repr__(self) -> str:
+        return f"<CupyBackend {self.device} ({self.device_name})>"
+
+
+def _device_count() -> int:
+    """Visible CUDA devices; 0 (never raises) without a driver or GPU."""
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no driver, no device, broken install: no CUDA devices
+        return 0
+
+
+def _realize_inherited() -> None:
+    """Give every public ArrayBackend method that CupyBackend does not override a realizing wrapper.
+
+    A primitive added to ArrayBackend later then still receives ``cupy.ndarray`` s, never LazyArrays.
+    """
+    import functools
+
+    def unwrap(backend: CupyBackend, x: Any) -> Any:
+        if type(x) is LazyArray:
+            return backend._arr(x)
+        if isinstance(x, (list, tuple)) and any(type(v) is LazyArray for v in x):
+            return type(x)(backend._arr(v) for v in x)
+        return x
+
+    for name, fn in vars(ArrayBackend).items():
+        if name.startswith("_") or not callable(fn) or name in vars(CupyBackend):
+            continue
+
+        def make(fn: Any) -> Any:
+            @functools.wraps(fn)
+            def method(self: CupyBackend, *args: Any, **kwargs: Any) -> Any:
+                self._use()
+                return fn(self, *(unwrap(self, a) for a in args), **{k: unwrap(self, v) for k, v in kwargs.items()})
+
+            return method
+
+        setattr(CupyBackend, name, make(fn))
+
+
+_realize_inherited()

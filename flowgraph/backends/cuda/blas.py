@@ -1,0 +1,162 @@
+"""flowgraph's own cuBLAS handle, through ctypes on the libcublas that CuPy loaded.
+
+CuPy refuses cuBLAS while a stream is capturing a CUDA graph. A handle of our own, with its stream and
+workspace set before each call, records into the graph and replays correctly, so every float matmul of
+the CUDA backend (eager and captured alike) goes through :class:`Cublas`.
+
+Row-major ``C = A @ B`` is computed as the column-major ``C^T = B^T A^T``: a row-major operand is a
+column-major transpose for free, and a transposed view (a column-major operand) is passed with ``op T``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError
+from .kernels import BF16, F16, F32, F64
+
+_OP_N, _OP_T = 0, 1
+_CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16F, _CUDA_R_16BF = 0, 1, 2, 14
+_COMPUTE_32F = 68
+_GEMM_DEFAULT = -1
+#: Workspace given to cuBLAS (NVIDIA recommends 32 MiB on Hopper).
+WORKSPACE_BYTES = 32 << 20
+
+_LIB: list[Any] = []
+
+
+def _find_library() -> Any:
+    """libcublas as loaded by CuPy (so the versions agree), else the usual sonames."""
+    if _LIB:
+        return _LIB[0]
+    candidates: list[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.strip() else ""
+                name = os.path.basename(path)
+                if name.startswith("libcublas.so") and path not in candidates:
+                    candidates.append(path)
+    except OSError:
+        pass
+    try:
+        from cuda import pathfinder  # type: ignore[import-not-found]
+
+        loaded = pathfinder.load_nvidia_dynamic_lib("cublas")
+        candidates.append(loaded.abs_path)
+    except Exception:  # noqa: BLE001 - optional helper; the sonames below still apply
+        pass
+    found = ctypes.util.find_library("cublas")
+    candidates += [c for c in ("libcublas.so.13", "libcublas.so.12", found or "libcublas.so") if c]
+    errors = []
+    for path in candidates:
+        try:
+            lib = ctypes.CDLL(path)
+            lib.cublasCreate_v2  # noqa: B018 - probe the symbol
+        except (OSError, AttributeError) as exc:
+            errors.append(f"{path}: {exc}")
+            continue
+        _declare(lib)
+        _LIB.append(lib)
+        return lib
+    tried = "; ".join(errors)
+    raise BackendError(f"could not load libcublas for flowgraph's own cuBLAS handle; tried {tried}")
+
+
+def _declare(lib: Any) -> None:
+    c_int, c_ll, vp = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasDestroy_v2.argtypes = [vp]
+    lib.cublasSetStream_v2.argtypes = [vp, vp]
+    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+    common = [vp, c_int, c_int, c_int, c_int, c_int]
+    lib.cublasSgemmStridedBatched.argtypes = common + [
+        vp, vp, c_int, c_ll, vp, c_int, c_ll, vp, vp, c_int, c_ll, c_int,
+    ]
+    lib.cublasDgemmStridedBatched.argtypes = lib.cublasSgemmStridedBatched.argtypes
+    lib.cublasGemmStridedBatchedEx.argtypes = common + [
+        vp, vp, c_int, c_int, c_ll, vp, c_int, c_int, c_ll, vp, vp, c_int, c_int, c_ll, c_int, c_int, c_int,
+    ]
+    for name in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
+                 "cublasSgemmStridedBatched", "cublasDgemmStridedBatched", "cublasGemmStridedBatchedEx"):
+        getattr(lib, name).restype = c_int
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise BackendError(f"cuBLAS {what} failed with status {status}")
+
+
+#: matmul dtypes this handle computes: dtype -> cudaDataType.
+GEMM_TYPES = {F32: _CUDA_R_32F, F64: _CUDA_R_64F, F16: _CUDA_R_16F, BF16: _CUDA_R_16BF}
+
+
+class Cublas:
+    """One cuBLAS handle for one device, bound to CuPy's current stream at each call."""
+
+    def __init__(self, cupy: Any):
+        self.cupy = cupy
+        self.lib = _find_library()
+        handle = ctypes.c_void_p()
+        _check(self.lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.handle = handle
+        self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        self._stream = -1
+        self._one = {F32: ctypes.c_float(1.0), F64: ctypes.c_double(1.0)}
+        self._zero = {F32: ctypes.c_float(0.0), F64: ctypes.c_double(0.0)}
+
+    def _bind_stream(self) -> None:
+        ptr = self.cupy.cuda.get_current_stream().ptr
+        if ptr != self._stream:
+            # cublasSetStream resets the workspace to the default pool: set ours again after it.
+            _check(self.lib.cublasSetStream_v2(self.handle, ptr), "cublasSetStream")
+            _check(self.lib.cublasSetWorkspace_v2(self.handle, self.workspace.data.ptr, WORKSPACE_BYTES),
+                   "cublasSetWorkspace")
+            self._stream = ptr
+
+    def gemm(
+        self,
+        dtype: np.dtype,
+        m: int,
+        n: int,
+        k: int,
+        a: tuple[int, int, bool, int],
+        b: tuple[int, int, bool, int],
+        c_ptr: int,
+        batch: int,
+    ) -> None:
+        """Row-major ``C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]``.
+
+        ``a`` and ``b`` are ``(pointer, leading dimension, column-major?, batch stride)`` in elements;
+        ``C`` is contiguous.
+        """
+        self._bind_stream()
+        a_ptr, lda, a_col, a_stride = a
+        b_ptr, ldb, b_col, b_stride = b
+        op_b = _OP_T if b_col else _OP_N
+        op_a = _OP_T if a_col else _OP_N
+        if dtype == F32 or dtype == F64:
+            fn = self.lib.cublasSgemmStridedBatched if dtype == F32 else self.lib.cublasDgemmStridedBatched
+            status = fn(
+                self.handle, op_b, op_a, n, m, k, ctypes.byref(self._one[dtype]), b_ptr, ldb, b_stride,
+                a_ptr, lda, a_stride, ctypes.byref(self._zero[dtype]), c_ptr, n, m * n, batch,
+            )
+        else:
+            t = GEMM_TYPES[dtype]
+            status = self.lib.cublasGemmStridedBatchedEx(
+                self.handle, op_b, op_a, n, m, k, ctypes.byref(self._one[F32]), b_ptr, t, ldb, b_stride,
+                a_ptr, t, lda, a_stride, ctypes.byref(self._zero[F32]), c_ptr, t, n, m * n, batch,
+                _COMPUTE_32F, _GEMM_DEFAULT,
+            )
+        _check(status, f"gemm ({dtype}, m={m}, n={n}, k={k}, batch={batch})")
+
+    def __del__(self) -> None:
+        try:
+            self.lib.cublasDestroy_v2(self.handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

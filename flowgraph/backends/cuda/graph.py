@@ -1,0 +1,78 @@
+"""The device side of ``fg.capture``: a side stream, a private memory pool and one CUDA graph.
+
+``GraphSession`` knows nothing of tensors (``flowgraph.runtime`` drives it): it runs warm-up work on a
+non-blocking side stream with allocations from a pool of its own, records the capture there, and replays
+the graph on the caller's current stream. The pool lives as long as the session: every address the graph
+reads or writes came from it (or existed before), and nothing else ever allocates from it, so no replay
+can scribble over memory handed to someone else. CuPy has no per-graph pool, hence this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import cupy
+
+from ...errors import FlowError
+
+if TYPE_CHECKING:
+    from .backend import CupyBackend
+
+
+class GraphSession:
+    """Warm-up, capture and replay of one step on one CUDA device."""
+
+    def __init__(self, backend: CupyBackend):
+        self.backend = backend
+        with backend._device:
+            self.pool = cupy.cuda.MemoryPool()
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.graph: Any = None
+
+    @contextlib.contextmanager
+    def _on_side_stream(self) -> Iterator[None]:
+        with self.backend._device, cupy.cuda.using_allocator(self.pool.malloc):
+            caller = cupy.cuda.get_current_stream()
+            # The side stream starts after everything queued so far (parameters, inputs).
+            self.stream.wait_event(caller.record())
+            with self.stream:
+                yield
+
+    @contextlib.contextmanager
+    def warmup(self) -> Iterator[None]:
+        """Run eager work on the side stream (kernels compile, the pool fills, optimizer state appears)."""
+        with self._on_side_stream():
+            yield
+        self.stream.synchronize()
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        """Record everything queued inside the block into ``self.graph`` (nothing runs now)."""
+        backend = self.backend
+        with self._on_side_stream():
+            self.stream.begin_capture()
+            backend.capturing = True
+            try:
+                yield
+            except BaseException:
+                backend.capturing = False
+                with contextlib.suppress(Exception):
+                    self.stream.end_capture()
+                raise
+            backend.capturing = False
+            try:
+                self.graph = self.stream.end_capture()
+            except Exception as exc:
+                raise FlowError(
+                    f"CUDA graph capture failed ({exc}); every op inside fg.capture must run on the GPU "
+                    "without host synchronisation"
+                ) from exc
+
+    def replay(self) -> None:
+        """Launch the captured graph on the current stream (ordered after the input copies)."""
+        if self.graph is None:
+            raise FlowError("replay() before a successful capture")
+        with self.backend._device:
+            self.graph.launch(stream=cupy.cuda.get_current_stream())

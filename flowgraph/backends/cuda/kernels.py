@@ -1,0 +1,193 @@
+"""CUDA C sources for the CuPy backend: the fused elementwise kernel and the Philox random kernels.
+
+Fused kernels are ``cupy.ElementwiseKernel`` s built from a :class:`~flowgraph.backends.fusion.FusedProgram`
+by :class:`CudaEmitter` (the CUDA dialect of the shared C emitter). Every parameter is a type placeholder,
+so CuPy binds types from the arguments, handles strides and broadcasting (zero strides), and compiles once
+per structure; sizes and scalar values are arguments, never source.
+
+float16 and bfloat16 are stored as CuPy's ``float16`` / ``bfloat16`` classes and computed in float32 (each
+op rounds back, as NumPy's float16 ufuncs do).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..fusion import CEmitter, FusedProgram
+
+F16 = np.dtype(np.float16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+HALF_TYPES = frozenset({F16, BF16})
+
+
+class CudaEmitter(CEmitter):
+    """CUDA C type names (CuPy's) and float32 compute for the 16-bit float types."""
+
+    CTYPES = {
+        np.dtype(bool): "bool",
+        np.dtype(np.int8): "signed char",
+        np.dtype(np.uint8): "unsigned char",
+        np.dtype(np.int16): "short",
+        np.dtype(np.uint16): "unsigned short",
+        np.dtype(np.int32): "int",
+        np.dtype(np.uint32): "unsigned int",
+        np.dtype(np.int64): "long long",
+        np.dtype(np.uint64): "unsigned long long",
+        F16: "float16",
+        BF16: "bfloat16",
+        F32: "float",
+        F64: "double",
+    }
+    FUNCTION_QUALIFIER = "__device__"
+
+    def apply(self, op: str, operands: list[tuple[str, np.dtype]], dtype: np.dtype) -> str:
+        """As the base class, with 16-bit float operands widened to float and the result rounded back."""
+        widened = [(f"((float)({x}))", F32) if dt in HALF_TYPES else (x, dt) for x, dt in operands]
+        if dtype in HALF_TYPES:
+            return f"(({self.ctype(dtype)})({super().apply(op, widened, F32)}))"
+        return super().apply(op, widened, dtype)
+
+
+def scalar_transport(dtype: np.dtype) -> np.dtype:
+    """The dtype a scalar operand travels in as a kernel argument (16-bit floats go as float32)."""
+    return F32 if dtype in HALF_TYPES else dtype
+
+
+def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, str, str, str]:
+    """``(in_params, out_params, operation, preamble)`` of the ElementwiseKernel computing ``program``.
+
+    Leaves are ``in0..``, scalars ``s0..`` and the output ``out``; every type is a placeholder (one letter
+    per dtype) bound by the arguments it receives.
+    """
+    emitter = CudaEmitter()
+
+    def scalar_name(i: int) -> str:
+        dtype = program.scalars[i].dtype
+        if dtype in HALF_TYPES:
+            return f"(({emitter.ctype(dtype)})s{i})"
+        return f"s{i}"
+
+    lines, result = program.emit(emitter, lambda i: f"in{i}", scalar_name)
+    out_dtype = np.dtype(out_dtype)
+    lines.append(f"out = {emitter.convert(result, program.dtype, out_dtype)};")
+    # CuPy type placeholders are single letters; arguments of one dtype share one (at most 13 dtypes).
+    letters: dict[np.dtype, str] = {}
+
+    def letter(dtype: np.dtype) -> str:
+        found = letters.get(dtype)
+        if found is None:
+            found = letters[dtype] = _PLACEHOLDERS[len(letters)]
+        return found
+
+    params = [f"{letter(leaf.dtype)} in{i}" for i, leaf in enumerate(program.leaves)]
+    params += [f"{letter(scalar_transport(s.dtype))} s{i}" for i, s in enumerate(program.scalars)]
+    return ", ".join(params), f"{letter(out_dtype)} out", "\n".join(lines), emitter.helper_source()
+
+
+_PLACEHOLDERS = "TUVWXYZABCDEFGHJKLMNPQRS"
+
+
+# ---------------------------------------------------------------------------------------- random
+#: Values written per Philox block (one 4x32-bit draw) for each kernel.
+RNG_PER_BLOCK = {"uniform_f32": 4, "uniform_f64": 2, "normal_f32": 4, "normal_f64": 2, "randint": 2}
+
+RNG_SOURCE = r"""
+#define FG_M0 0xD2511F53u
+#define FG_M1 0xCD9E8D57u
+#define FG_W0 0x9E3779B9u
+#define FG_W1 0xBB67AE85u
+
+__device__ __forceinline__ void fg_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
+  for (int round = 0; round < 10; ++round) {
+    unsigned int hi0 = __umulhi(FG_M0, c[0]), lo0 = FG_M0 * c[0];
+    unsigned int hi1 = __umulhi(FG_M1, c[2]), lo1 = FG_M1 * c[2];
+    unsigned int n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+    c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+    k0 += FG_W0; k1 += FG_W1;
+  }
+}
+
+// One Philox block per thread; state = {key, counter} lives on the device, so a captured graph
+// draws new numbers on every replay (fg_rng_advance moves the counter after each draw).
+__device__ __forceinline__ long long fg_block(const unsigned long long* state, unsigned int w[4]) {
+  long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned long long key = state[0];
+  unsigned long long ctr = state[1] + (unsigned long long)gid;
+  w[0] = (unsigned int)ctr; w[1] = (unsigned int)(ctr >> 32); w[2] = 0u; w[3] = 0u;
+  fg_philox(w, (unsigned int)key, (unsigned int)(key >> 32));
+  return gid;
+}
+
+__device__ __forceinline__ double fg_u53(unsigned int a, unsigned int b) {
+  return ((double)(a >> 5) * 67108864.0 + (double)(b >> 6)) * (1.0 / 9007199254740992.0);
+}
+
+extern "C" __global__ void fg_uniform_f32(float* out, long long n, const unsigned long long* state,
+                                          int bits) {
+  unsigned int w[4];
+  long long base = fg_block(state, w) * 4;
+  float scale = 1.0f / (float)(1u << bits);
+  for (int k = 0; k < 4; ++k)
+    if (base + k < n) out[base + k] = (float)(w[k] >> (32 - bits)) * scale;
+}
+
+extern "C" __global__ void fg_uniform_f64(double* out, long long n, const unsigned long long* state) {
+  unsigned int w[4];
+  long long base = fg_block(state, w) * 2;
+  if (base < n) out[base] = fg_u53(w[0], w[1]);
+  if (base + 1 < n) out[base + 1] = fg_u53(w[2], w[3]);
+}
+
+extern "C" __global__ void fg_normal_f32(float* out, long long n, const unsigned long long* state) {
+  unsigned int w[4];
+  long long base = fg_block(state, w) * 4;
+  for (int k = 0; k < 2; ++k) {
+    float u1 = 1.0f - (float)(w[2 * k] >> 8) * (1.0f / 16777216.0f);
+    float u2 = (float)(w[2 * k + 1] >> 8) * (1.0f / 16777216.0f);
+    float r = sqrtf(-2.0f * logf(u1));
+    float s, c;
+    sincospif(2.0f * u2, &s, &c);
+    if (base + 2 * k < n) out[base + 2 * k] = r * c;
+    if (base + 2 * k + 1 < n) out[base + 2 * k + 1] = r * s;
+  }
+}
+
+extern "C" __global__ void fg_normal_f64(double* out, long long n, const unsigned long long* state) {
+  unsigned int w[4];
+  long long base = fg_block(state, w) * 2;
+  double u1 = 1.0 - fg_u53(w[0], w[1]);
+  double u2 = fg_u53(w[2], w[3]);
+  double r = sqrt(-2.0 * log(u1));
+  double s, c;
+  sincospi(2.0 * u2, &s, &c);
+  if (base < n) out[base] = r * c;
+  if (base + 1 < n) out[base + 1] = r * s;
+}
+
+extern "C" __global__ void fg_randint(long long* out, long long n, const unsigned long long* state,
+                                      long long low, unsigned long long range) {
+  unsigned int w[4];
+  long long base = fg_block(state, w) * 2;
+  for (int k = 0; k < 2; ++k) {
+    unsigned long long bits = ((unsigned long long)w[2 * k] << 32) | w[2 * k + 1];
+    if (base + k < n) out[base + k] = low + (long long)(bits % range);
+  }
+}
+
+extern "C" __global__ void fg_rng_advance(unsigned long long* state, unsigned long long blocks) {
+  state[1] += blocks;
+}
+"""
+
+RNG_KERNELS = ("fg_uniform_f32", "fg_uniform_f64", "fg_normal_f32", "fg_normal_f64", "fg_randint",
+               "fg_rng_advance")
+
+
+def rng_module(cupy: Any) -> Any:
+    """The compiled random module (CuPy caches it on disk by source)."""
+    return cupy.RawModule(code=RNG_SOURCE, name_expressions=None)

@@ -1,0 +1,325 @@
+"""The CUDA backend's own features: fusion, own cuBLAS, device RNG, memory stats, DLPack, fg.capture.
+
+The protocol itself is checked for every device by test_primitives.py (and the tensor/autograd suites);
+this file covers what only the CuPy backend has. GPU tests skip where no CUDA device is visible; the
+first tests run everywhere (no CuPy, or CuPy without a GPU).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import flowgraph as fg
+from flowgraph.backends import available_devices, fusion, get_backend
+from flowgraph.errors import BackendError, FlowError, ShapeError
+
+HAS_CUDA = any(d.startswith("cuda") for d in available_devices())
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device available here")
+F32 = np.float32
+
+
+# ------------------------------------------------------------------------------------ everywhere
+def test_list_devices_never_raises(monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    from flowgraph.backends.cuda import CupyBackend
+
+    def broken():
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", broken)
+    assert CupyBackend.list_devices() == []
+    assert CupyBackend.is_available() is False
+
+
+def test_fg_cuda_module_without_gpu():
+    if HAS_CUDA:
+        pytest.skip("checks the behaviour without a GPU")
+    assert fg.cuda.is_available() is False
+    assert fg.cuda.device_count() == 0
+    with pytest.raises(BackendError, match="no CUDA device"):
+        fg.cuda.memory_allocated()
+    with pytest.raises(BackendError):
+        fg.cuda.synchronize()
+
+
+def test_capture_falls_back_to_eager_on_cpu():
+    w = fg.tensor([1.0, 2.0], requires_grad=True)
+    calls = []
+
+    def step(x):
+        calls.append(1)
+        loss = (w * x).sum()
+        w.grad = None
+        loss.backward()
+        with fg.no_grad():
+            w.sub_(w.grad * 0.1)
+        return loss
+
+    graphed = fg.capture(step, fg.tensor([1.0, 1.0]), warmup=2)
+    assert not graphed.captured and len(calls) == 2
+    loss = graphed(fg.tensor([2.0, 0.0]))
+    # Two warm-up steps on [1, 1] took w to [0.8, 1.8]; the call on [2, 0] saw loss 1.6, grad [2, 0].
+    assert loss.item() == pytest.approx(1.6)
+    np.testing.assert_allclose(w.detach().numpy(), [0.6, 1.8], rtol=1e-6)
+    with pytest.raises(FlowError, match="shape"):
+        graphed(fg.tensor([1.0, 2.0, 3.0]))
+
+
+# ------------------------------------------------------------------------------------ fusion
+@pytest.fixture
+def be():
+    if not HAS_CUDA:
+        pytest.skip("no CUDA device available here")
+    return get_backend("cuda:0")
+
+
+@pytest.fixture
+def fusion_off():
+    fusion.set_enabled(False)
+    yield
+    fusion.set_enabled(True)
+
+
+def _chain(be, x, y):
+    """Ten elementwise ops: a GELU-like chain plus a comparison and a where."""
+    t = be.mul(x, 0.5)
+    t = be.add(t, be.tanh(be.mul(be.add(x, be.mul(be.mul(be.mul(x, x), x), 0.044715)), 0.79788456)))
+    t = be.mul(t, y)
+    return be.where(be.gt(t, 0.0), t, be.mul(t, 0.01))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=["float32", "float64", "float16"])
+def test_fused_matches_unfused(be, dtype):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(33, 17)).astype(dtype)
+    y = rng.normal(size=(17,)).astype(dtype)
+    fused = be.to_host(_chain(be, be.from_host(x), be.from_host(y)))
+    fusion.set_enabled(False)
+    try:
+        unfused = be.to_host(_chain(be, be.from_host(x), be.from_host(y)))
+    finally:
+        fusion.set_enabled(True)
+    assert fused.dtype == unfused.dtype == dtype
+    tol = {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-12}[dtype]
+    np.testing.assert_allclose(fused.astype(np.float64), unfused.astype(np.float64), rtol=tol, atol=tol)
+
+
+@gpu
+def test_chain_is_one_kernel_and_kernels_are_cached_by_structure(be):
+    x, y = be.from_host(np.ones((4, 5), F32)), be.from_host(np.ones(5, F32))
+    be.to_host(_chain(be, x, y))  # compile
+    launches, kernels = be.stats["fused_launches"], len(be._kernels)
+    out = _chain(be, be.from_host(np.full((64, 3), 2.0, F32)), be.from_host(np.ones(3, F32)))
+    be.to_host(out)
+    assert be.stats["fused_launches"] == launches + 1
+    assert len(be._kernels) == kernels  # another shape: the same kernel
+    be.to_host(be.mul(be.add(x, 3.0), 7.0))
+    be.to_host(be.mul(be.add(x, -1.5), 2.0))
+    assert len(be._kernels) == kernels + 1  # other scalar values: the same kernel
+
+
+@gpu
+def test_fused_update_in_place_and_pending_readers(be):
+    p = be.from_host(np.arange(6, dtype=F32))
+    g = be.from_host(np.ones(6, F32))
+    old = be.mul(p, 1.0)  # lazy, reads p
+    upd = be.sub(p, be.mul(g, 0.5))
+    out = be.assign(p, upd)
+    assert out is p
+    np.testing.assert_allclose(be.to_host(p), np.arange(6) - 0.5)
+    np.testing.assert_allclose(be.to_host(old), np.arange(6))  # realized before the write
+    np.testing.assert_allclose(be.to_host(upd), np.arange(6) - 0.5)
+
+
+@gpu
+def test_bfloat16(be):
+    host = np.array([[1.5, -2.25, 3.0]], dtype=ml_dtypes.bfloat16)
+    try:
+        x = be.from_host(host)
+    except BackendError as exc:
+        assert "bfloat16" in str(exc)
+        pytest.skip(f"CuPy here has no bfloat16: {exc}")
+    np.testing.assert_array_equal(be.to_host(x), host)
+    y = be.to_host(be.add(be.mul(x, 2.0), x))
+    assert y.dtype == host.dtype
+    np.testing.assert_array_equal(y.astype(F32), host.astype(F32) * 3)
+    assert be.to_host(be.cast(x, np.dtype(F32))).tolist() == [[1.5, -2.25, 3.0]]
+    w = be.from_host(np.ones((3, 2), ml_dtypes.bfloat16))
+    np.testing.assert_allclose(be.to_host(be.matmul(x, w)).astype(F32), [[2.25, 2.25]])
+    t = fg.randn(4, 4, device="cuda", dtype=fg.bfloat16)
+    assert t.dtype == fg.bfloat16 and np.isfinite(t.float().numpy()).all()
+
+
+# ------------------------------------------------------------------------------------ cuBLAS
+def _on_device(be, host, transposed):
+    """``host`` on the device, as a transposed view of a contiguous array when ``transposed``."""
+    if not transposed:
+        return be.from_host(host)
+    return be.permute(be.from_host(np.ascontiguousarray(host.swapaxes(-1, -2))), _swap(host.ndim))
+
+
+@gpu
+@pytest.mark.parametrize("shapes", [((7, 5), (5, 3)), ((4, 7, 5), (5, 3)), ((2, 1, 7, 5), (3, 5, 6)),
+                                    ((6, 1, 5), (6, 5, 1))], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=["float32", "float64", "float16"])
+def test_own_cublas_matmul(be, shapes, dtype):
+    import cupy
+
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=shapes[0]).astype(dtype)
+    b = rng.normal(size=shapes[1]).astype(dtype)
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    tol = {np.float16: 2e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+    for name, ta, tb in [("plain", False, False), ("a.T", True, False), ("b.T", False, True), ("both", True, True)]:
+        da, db = _on_device(be, a, ta), _on_device(be, b, tb)
+        got = be.to_host(be.matmul(da, db))
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=tol, atol=tol, err_msg=name)
+        np.testing.assert_allclose(got, cupy.asnumpy(cupy.matmul(da, db)), rtol=tol, atol=tol, err_msg=name)
+
+
+def _swap(ndim):
+    axes = list(range(ndim))
+    axes[-1], axes[-2] = axes[-2], axes[-1]
+    return tuple(axes)
+
+
+@gpu
+def test_matmul_strided_views_and_errors(be):
+    rng = np.random.default_rng(2)
+    big = rng.normal(size=(10, 12)).astype(F32)
+    x = be.slice(be.from_host(big), (slice(1, 8), slice(2, 9)))  # leading dimension 12, not 7
+    y = be.flip(be.from_host(big[:7, :4].copy()), (0,))  # negative strides: staged copy
+    np.testing.assert_allclose(be.to_host(be.matmul(x, y)), big[1:8, 2:9] @ big[:7, :4][::-1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ShapeError):
+        be.matmul(x, be.from_host(big))
+
+
+# ------------------------------------------------------------------------------------ RNG, memory, DLPack
+@gpu
+def test_rng_state_lives_on_device(be):
+    be.seed(7)
+    a = be.to_host(be.normal((1000,), np.dtype(F32)))
+    b = be.to_host(be.normal((1000,), np.dtype(F32)))
+    be.seed(7)
+    np.testing.assert_array_equal(be.to_host(be.normal((1000,), np.dtype(F32))), a)
+    assert not np.array_equal(a, b)
+    assert int(be.to_host(be._rng_state)[1]) == 250  # two draws of 1000 floats, 4 per Philox block
+    u = be.to_host(be.uniform((5000,), np.dtype(np.float16)))
+    assert u.dtype == np.float16 and u.min() >= 0 and u.max() < 1
+    r = be.to_host(be.randint(0, 3, (3000,), np.dtype(np.int32)))
+    assert r.dtype == np.int32 and set(np.unique(r)) == {0, 1, 2}
+
+
+@gpu
+def test_memory_stats_and_fg_cuda():
+    assert fg.cuda.is_available() and fg.cuda.device_count() >= 1
+    fg.cuda.synchronize()
+    before = fg.cuda.memory_allocated()
+    fg.cuda.reset_peak_memory_stats()
+    x = fg.zeros(1 << 22, device="cuda")  # 16 MiB
+    assert fg.cuda.memory_allocated() >= before + x.numel() * 4
+    assert fg.cuda.max_memory_allocated() >= fg.cuda.memory_allocated()
+    assert fg.cuda.memory_reserved() >= fg.cuda.memory_allocated()
+    del x
+    assert fg.cuda.memory_allocated() <= before + 4096
+    assert fg.cuda.max_memory_allocated() >= before + (1 << 24)
+    name = fg.cuda.get_device_name()
+    assert isinstance(name, str) and "NVIDIA" in name
+
+
+@gpu
+def test_dlpack_with_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    t = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
+    x = fg.from_dlpack(t)
+    assert x.device == "cuda:0"
+    t.add_(1)  # shared memory
+    np.testing.assert_array_equal(x.numpy(), np.arange(1, 7, dtype=F32).reshape(2, 3))
+    back = torch.from_dlpack(x * 2)
+    assert back.device.type == "cuda"
+    np.testing.assert_array_equal(back.cpu().numpy(), np.arange(1, 7, dtype=F32).reshape(2, 3) * 2)
+
+
+# ------------------------------------------------------------------------------------ capture
+def _mlp_run(captured: bool, steps: int = 50, warmup: int = 3):
+    from flowgraph import nn, optim
+
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 1)).to("cuda")
+    opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    rng = np.random.default_rng(3)
+    data = [(rng.normal(size=(64, 16)).astype(F32), rng.normal(size=(64, 1)).astype(F32)) for _ in range(steps)]
+    x0 = fg.tensor(data[0][0], device="cuda")
+    y0 = fg.tensor(data[0][1], device="cuda")
+    losses = []
+    if captured:
+        graphed = fg.capture(step, x0, y0, warmup=warmup)
+        assert graphed.captured
+        for x, y in data:
+            loss = graphed(fg.tensor(x, device="cuda"), fg.tensor(y, device="cuda"))
+            losses.append(loss.item())
+    else:
+        for _ in range(warmup):
+            step(x0, y0)
+        for x, y in data:
+            losses.append(step(fg.tensor(x, device="cuda"), fg.tensor(y, device="cuda")).item())
+    return np.array(losses), [p.detach().numpy() for p in model.parameters()]
+
+
+@gpu
+def test_capture_matches_eager_training():
+    eager, eager_params = _mlp_run(captured=False)
+    graphed, graphed_params = _mlp_run(captured=True)
+    assert eager[-1] < eager[0]  # it trains
+    np.testing.assert_allclose(graphed, eager, rtol=1e-4, atol=1e-6)
+    for p, q in zip(graphed_params, eager_params):
+        np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)
+
+
+@gpu
+def test_capture_rejects_host_reads_and_shape_changes():
+    w = fg.ones(4, device="cuda", requires_grad=True)
+
+    def peeks(x):
+        loss = (w * x).sum()
+        if loss.item() > 0:  # a host read: not allowed while recording
+            pass
+        return loss
+
+    with pytest.raises(FlowError, match="inside fg.capture"):
+        fg.capture(peeks, fg.ones(4, device="cuda"), warmup=1)
+
+    def fine(x):
+        return (w * x).sum()
+
+    graphed = fg.capture(fine, fg.ones(4, device="cuda"), warmup=1)
+    assert graphed(fg.full((4,), 2.0, device="cuda")).item() == 8.0
+    assert graphed(np.arange(4, dtype=F32)).item() == 6.0
+    with pytest.raises(FlowError, match="shape"):
+        graphed(fg.ones(5, device="cuda"))
+    # Eager work still runs normally after a capture.
+    assert (w * 3).sum().item() == 12.0
+
+
+@gpu
+def test_capture_random_numbers_change_per_replay():
+    def draw(x):
+        return x + fg.rand(8, device="cuda")
+
+    graphed = fg.capture(draw, fg.zeros(8, device="cuda"), warmup=1)
+    a = graphed(fg.zeros(8, device="cuda")).numpy().copy()
+    b = graphed(fg.zeros(8, device="cuda")).numpy().copy()
+    assert not np.array_equal(a, b) and 0 <= a.min() and a.max() < 1
