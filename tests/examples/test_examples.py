@@ -1,0 +1,38 @@
+"""Every example runs (small epoch counts) and does what it says."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load(rel: str):
+    path = ROOT / rel
+    spec = importlib.util.spec_from_file_location(path.parent.name + "_" + path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_transfer_learning_example(tmp_path):
+    result = load("examples/transfer_learning/train.py").train(epochs=30, workdir=str(tmp_path), verbose=False)
+    assert (tmp_path / "encoder_v1.safetensors").exists()
+    assert result["final_loss"] < result["first_loss"]
+
+
+def test_observation_example(tmp_path):
+    result = load("examples/observation/train.py").train(epochs=40, out_dir=str(tmp_path), verbose=False)
+    assert result["metrics"]["val_loss"] < result["first_val"]
+    assert "<svg" in pathlib.Path(result["page"]).read_text()
+
+
+@pytest.mark.parametrize("script", sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("examples/*/*.py")
+                                          if p.name != "__init__.py"))
+def test_every_example_has_a_help_and_device_flag(script):
+    out = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--device" in out.stdout
