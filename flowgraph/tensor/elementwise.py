@@ -96,14 +96,24 @@ def _promote_pair(a: Tensor, b: Tensor):
 
 
 def _scalar_promote(arr, scalar, bk):
+    """(array, scalar) for a tensor-scalar op with PyTorch's result dtype.
+
+    A scalar only changes the dtype when its category is higher (bool < int < float). A float scalar with
+    a bfloat16 array becomes a 0-d bfloat16 array: NumPy (ml_dtypes) would otherwise compute in float32.
+    """
     kind = arr.dtype.kind
     if kind == "b":
         if isinstance(scalar, bool):
-            return arr
-        return bk.cast(arr, (get_default_dtype() if isinstance(scalar, float) else from_numpy_dtype(np.int64)).np)
-    if kind in "iu" and isinstance(scalar, float):
-        return bk.cast(arr, get_default_dtype().np)
-    return arr
+            return arr, scalar
+        return bk.cast(arr, (get_default_dtype() if isinstance(scalar, float) else from_numpy_dtype(np.int64)).np), \
+            scalar
+    if kind in "iu":
+        if isinstance(scalar, float):
+            return bk.cast(arr, get_default_dtype().np), scalar
+        return arr, scalar
+    if kind == "V" and not isinstance(scalar, bool):
+        return arr, bk.full((), scalar, arr.dtype)
+    return arr, scalar
 
 
 def _operands(a, b, name: str):
@@ -121,12 +131,17 @@ def _operands(a, b, name: str):
                 ad, bd = _promote_pair(a, b)
             return bk, ad, bd, a, b
         if isinstance(b, _SCALAR_TYPES):
-            return bk, _scalar_promote(a._data, b, bk), b, a, None
+            ad = a._data
+            if ad.dtype.kind == "f":  # the common case: float tensor, any scalar
+                return bk, ad, b, a, None
+            ad, b = _scalar_promote(ad, b, bk)
+            return bk, ad, b, a, None
         return _operands(a, _to_tensor_like(b, a), name)
     if isinstance(b, Tensor):
         if isinstance(a, _SCALAR_TYPES):
             bk = b._backend
-            return bk, a, _scalar_promote(b._data, a, bk), None, b
+            bd, a = _scalar_promote(b._data, a, bk)
+            return bk, a, bd, None, b
         return _operands(_to_tensor_like(a, b), b, name)
     raise FlowError(f"{name}: expected at least one Tensor operand, got {type(a).__name__} and {type(b).__name__}")
 
@@ -250,6 +265,8 @@ def _is_float_operand(x) -> bool:
 
 def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
     """``a ** b`` elementwise."""
+    if _is_bool_operand(a) and _is_bool_operand(b):  # bool ** bool stays bool, as in torch: a or not b
+        return logical_or(a, logical_not(b) if isinstance(b, Tensor) else not b)
     bk, ad, bd, at, bt = _operands(a, b, "pow")
     try:
         out = _wrap(bk.pow(ad, bd), bk)

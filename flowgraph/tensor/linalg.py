@@ -18,10 +18,10 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         a2 = a.unsqueeze(0) if a.ndim == 1 else a
         b2 = b.unsqueeze(-1) if b.ndim == 1 else b
         out = matmul(a2, b2)
-        if b.ndim == 1:
-            out = out.squeeze(-1)
         if a.ndim == 1:
             out = out.squeeze(-2)
+        if b.ndim == 1:
+            out = out.squeeze(-1)
         return out
     sa, sb = a.shape, b.shape
     if sa[-1] != sb[-2]:
@@ -101,8 +101,9 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
             raise FlowError(f"einsum: repeated index in one operand ({spec!r}, a diagonal) is not supported")
     terms = list(zip(specs, operands))
     spec, cur = terms[0]
-    for nspec, nxt in terms[1:]:
-        later = set(out_spec).union(*(set(s) for s, _ in terms[terms.index((nspec, nxt)) + 1:]))
+    for pos in range(1, len(terms)):
+        nspec, nxt = terms[pos]
+        later = set(out_spec).union(*(set(s) for s, _ in terms[pos + 1:]))
         spec, cur = _contract(spec, cur, nspec, nxt, later)
     # reduce what is left and order as requested
     drop = [i for i, c in enumerate(spec) if c not in out_spec]

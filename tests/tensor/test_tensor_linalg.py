@@ -1,0 +1,100 @@
+"""matmul (1-d rules, batch broadcasting), mm, bmm, dot, outer and einsum against torch CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import flowgraph as fg
+
+from .strategies import SETTINGS, close, data, fgt, int_data, seeds, tt
+
+
+@st.composite
+def matmul_shapes(draw):
+    """Two shapes valid for matmul: 1-d or n-d, batch dims broadcasting, sizes 0..4."""
+    m, k, n = draw(st.integers(0, 4)), draw(st.integers(1, 4)), draw(st.integers(0, 4))
+    batch = draw(st.lists(st.integers(1, 3), max_size=2))
+    a_batch = [b if draw(st.booleans()) else 1 for b in batch]
+    b_batch = [b if draw(st.booleans()) else 1 for b in batch][draw(st.integers(0, len(batch))):]
+    a = (k,) if draw(st.integers(0, 4)) == 0 else tuple(a_batch) + (m, k)
+    b = (k,) if draw(st.integers(0, 4)) == 0 else tuple(b_batch) + (k, n)
+    return a, b
+
+
+@SETTINGS
+@given(shapes=matmul_shapes(), seed=seeds)
+def test_matmul(device, shapes, seed):
+    sa, sb = shapes
+    a, b = data(sa, seed), data(sb, seed + 1)
+    out = fgt(a, device) @ fgt(b, device)
+    close(out, tt(a) @ tt(b), rtol=1e-5, atol=1e-5)
+    close(fg.matmul(fgt(a, device), fgt(b, device)), np.matmul(a.astype(np.float64), b.astype(np.float64)),
+          rtol=1e-5, atol=1e-5, check_dtype=False)
+
+
+def test_mm_bmm_dot_outer(device):
+    a, b = data((3, 4), 0), data((4, 5), 1)
+    close(fg.mm(fgt(a, device), fgt(b, device)), torch.mm(tt(a), tt(b)), rtol=1e-5)
+    ba, bb = data((2, 3, 4), 2), data((2, 4, 5), 3)
+    close(fg.bmm(fgt(ba, device), fgt(bb, device)), torch.bmm(tt(ba), tt(bb)), rtol=1e-5)
+    u, v = data((4,), 4), data((4,), 5)
+    close(fg.dot(fgt(u, device), fgt(v, device)), torch.dot(tt(u), tt(v)), rtol=1e-5)
+    close(fg.outer(fgt(u, device), fgt(v, device)), torch.outer(tt(u), tt(v)), rtol=1e-5)
+    close(fgt(a, device).matmul(fgt(b, device)), tt(a).matmul(tt(b)), rtol=1e-5)
+    ai, bi = int_data((2, 3), 0), int_data((3, 2), 1)
+    close(fgt(ai, device) @ fgt(bi, device), tt(ai) @ tt(bi))
+    close(fgt(a, device) @ fgt(b.astype(np.float16), device), tt(a) @ tt(b.astype(np.float16)).float(), rtol=1e-3)
+
+
+def test_matmul_errors(device):
+    with pytest.raises(fg.ShapeError, match=r"\(3, 4\).*\(5, 2\)"):
+        fg.zeros(3, 4, device=device) @ fg.zeros(5, 2, device=device)
+    with pytest.raises(fg.ShapeError):
+        fg.zeros((), device=device) @ fg.zeros(3, device=device)
+    with pytest.raises(fg.ShapeError):
+        fg.zeros(2, 3, 4, device=device) @ fg.zeros(3, 4, 5, device=device)
+    with pytest.raises(fg.ShapeError):
+        fg.bmm(fg.zeros(2, 3, 4, device=device), fg.zeros(3, 4, 5, device=device))
+    with pytest.raises(fg.ShapeError):
+        fg.mm(fg.zeros(3, device=device), fg.zeros(3, 4, device=device))
+    with pytest.raises(fg.ShapeError):
+        fg.dot(fg.zeros(3, 1, device=device), fg.zeros(3, device=device))
+
+
+EINSUM = [
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("ij->ji", [(3, 4)]),
+    ("ij->", [(3, 4)]),
+    ("ij->j", [(3, 4)]),
+    ("i,i->", [(4,), (4,)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),
+    ("ij,kj", [(3, 4), (5, 4)]),
+    ("abc,cd->abd", [(2, 3, 4), (4, 5)]),
+    ("ij,ij->ij", [(3, 4), (3, 4)]),
+    ("i j , j k -> i k", [(3, 4), (4, 5)]),
+]
+
+
+@pytest.mark.parametrize("eq,shapes", EINSUM, ids=[e for e, _ in EINSUM])
+def test_einsum(device, eq, shapes):
+    xs = [data(s, i) for i, s in enumerate(shapes)]
+    close(fg.einsum(eq, *[fgt(x, device) for x in xs]), torch.einsum(eq, *[tt(x) for x in xs]), rtol=1e-5, atol=1e-5)
+    close(fg.einsum(eq, [fgt(x, device) for x in xs]), torch.einsum(eq, *[tt(x) for x in xs]), rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_errors(device):
+    with pytest.raises(fg.FlowError):
+        fg.einsum("ij,jk->ik", fg.zeros(2, 3, device=device))
+    with pytest.raises(fg.ShapeError):
+        fg.einsum("ijk->i", fg.zeros(2, 3, device=device))
+    with pytest.raises(fg.ShapeError):
+        fg.einsum("ij,jk->ik", fg.zeros(2, 3, device=device), fg.zeros(4, 5, device=device))
+    with pytest.raises(fg.FlowError):
+        fg.einsum("ii->i", fg.zeros(3, 3, device=device))
