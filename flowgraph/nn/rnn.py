@@ -1,4 +1,445 @@
-"""rnn layers (being written)."""
+"""Recurrent layers with PyTorch's names, arguments, parameter names and formulas: ``RNN`` (tanh/relu),
+``LSTM`` (optional projection), ``GRU``, and the single-step cells ``RNNCell``, ``LSTMCell``, ``GRUCell``.
 
-__all__: list[str] = []
+A torch state dict loads directly (``weight_ih_l0``, ``weight_hh_l1_reverse``, ``weight_hr_l0`` ...).
+
+How a layer runs: for each layer and direction the input projection of *all* time steps is one matmul
+(``x @ W_ih.T + b``) before the time loop; each step then does one matmul for the hidden projection and
+the gate arithmetic. The per-step views of the projection (and the gate chunks) are cut by one
+autograd node whose backward writes every step's gradient into one shared buffer, so backward costs
+O(L) rather than one full-size zero tensor per step.
+
+    lstm = nn.LSTM(input_size=8, hidden_size=16, num_layers=2, batch_first=True, bidirectional=True)
+    out, (h_n, c_n) = lstm(x)          # x (N, L, 8) -> out (N, L, 32), h_n/c_n (4, N, 16)
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+from ..autograd.grad_mode import STATE
+from ..errors import FlowError, ShapeError
+from ..tensor import Tensor, cat, empty, stack, zeros
+from ..tensor.indexing import _slice_backward
+from ..tensor.tensor import _attach, _wrap
+from . import init
+from .dropout import dropout as _dropout
+from .module import Module, Parameter
+
+__all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 __functional__: list[str] = []
+
+_GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+
+
+# ---------------------------------------------------------------------- splitting with an O(L) backward
+def _split_views(x: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False) -> list[Tensor]:
+    """``x.split(sizes, dim)`` (each part squeezed along ``dim`` when ``squeeze``), as views.
+
+    Autograd: one gathering node holds a gradient buffer of ``x``'s shape; each part's backward writes
+    its gradient into its slice of that buffer and hands the gathering node a 0-d token, so the parts
+    cost one buffer in total instead of one zero-filled tensor of ``x``'s shape each. Under
+    ``create_graph`` the parts return ordinary differentiable gradients instead.
+    """
+    nd = x.ndim
+    d = dim + nd if dim < 0 else dim
+    if not (x.requires_grad and STATE.enabled):
+        parts = x.split(list(sizes), d)
+        return [p.squeeze(d) for p in parts] if squeeze else list(parts)
+    bk = x._backend
+    shape = x.shape
+    holder: list = []
+    token = _wrap(bk.full((), 0, x._data.dtype), bk)
+
+    def gather_bw(g: Tensor):
+        if holder:
+            buf = _wrap(holder.pop(), bk)
+            return (buf if g.ndim == 0 else g + buf,)
+        return (g,)
+
+    anchor = _attach(_wrap(x._data, bk), gather_bw, (x,), "SplitGather")
+    outs = []
+    start = 0
+    for size in sizes:
+        index = tuple(slice(start, start + size, 1) if i == d else slice(0, n, 1) for i, n in enumerate(shape))
+        sliced_shape = tuple(size if i == d else n for i, n in enumerate(shape))
+        data = bk.slice(x._data, index)
+        if squeeze:
+            data = bk.reshape(data, sliced_shape[:d] + sliced_shape[d + 1:])
+
+        def bw(g: Tensor, index=index, sliced_shape=sliced_shape):
+            if g.requires_grad:  # create_graph: keep the gradient differentiable
+                return (_slice_backward(g.reshape(sliced_shape), shape, index),)
+            if not holder:
+                holder.append(bk.full(shape, 0, g._data.dtype))
+            bk.assign(bk.slice(holder[0], index), g._data)
+            return (token,)
+
+        outs.append(_attach(_wrap(data, bk), bw, (anchor,), "SplitPart"))
+        start += size
+    return outs
+
+
+# ---------------------------------------------------------------------- one time step of each cell type
+def _rnn_step(xp: Tensor, h: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, relu: bool) -> Tensor:
+    """``act(xp + h @ W_hh.T + b_hh)``; ``xp`` already holds ``x @ W_ih.T + b_ih``."""
+    pre = xp + h.matmul(w_hh_t)
+    if b_hh is not None:
+        pre = pre + b_hh
+    return pre.relu() if relu else pre.tanh()
+
+
+def _lstm_step(xp: Tensor, h: Tensor, c: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, w_hr_t: Tensor | None,
+               hidden: int) -> tuple[Tensor, Tensor]:
+    """PyTorch's LSTM cell, gates in the order i, f, g, o; ``h' = (o * tanh(c')) @ W_hr.T`` with a projection."""
+    gates = xp + h.matmul(w_hh_t)
+    if b_hh is not None:
+        gates = gates + b_hh
+    ifo_g = _split_views(gates, -1, (2 * hidden, hidden, hidden))
+    i, f = _split_views(ifo_g[0].sigmoid(), -1, (hidden, hidden))
+    g = ifo_g[1].tanh()
+    o = ifo_g[2].sigmoid()
+    c_new = f * c + i * g
+    h_new = o * c_new.tanh()
+    if w_hr_t is not None:
+        h_new = h_new.matmul(w_hr_t)
+    return h_new, c_new
+
+
+def _gru_step(xp: Tensor, h: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, hidden: int) -> Tensor:
+    """PyTorch's GRU cell, gates r, z, n: ``n = tanh(x_n + r * (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``."""
+    hp = h.matmul(w_hh_t)
+    if b_hh is not None:
+        hp = hp + b_hh
+    x_rz, x_n = _split_views(xp, -1, (2 * hidden, hidden))
+    h_rz, h_n = _split_views(hp, -1, (2 * hidden, hidden))
+    r, z = _split_views((x_rz + h_rz).sigmoid(), -1, (hidden, hidden))
+    n = (x_n + r * h_n).tanh()
+    return n + z * (h - n)
+
+
+# ---------------------------------------------------------------------- multi-layer recurrent layers
+class RNNBase(Module):
+    """Shared machinery of ``RNN``, ``LSTM`` and ``GRU`` (``mode`` is ``'RNN_TANH'``, ``'RNN_RELU'``,
+    ``'LSTM'`` or ``'GRU'``, as in PyTorch)."""
+
+    def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0, device=None, dtype=None) -> None:
+        super().__init__()
+        if mode not in _GATES:
+            raise FlowError(f"RNNBase: mode must be one of {sorted(_GATES)}, got {mode!r}")
+        name = type(self).__name__
+        if not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1 or isinstance(dropout, bool):
+            raise FlowError(f"{name}: dropout must be a number in [0, 1], got {dropout!r}")
+        if hidden_size <= 0 or num_layers <= 0:
+            raise FlowError(f"{name}: hidden_size and num_layers must be positive, got {hidden_size} and "
+                            f"{num_layers}")
+        if proj_size < 0:
+            raise FlowError(f"{name}: proj_size must be >= 0 (0 disables the projection), got {proj_size}")
+        if proj_size >= hidden_size:
+            raise FlowError(f"{name}: proj_size ({proj_size}) must be smaller than hidden_size ({hidden_size})")
+        if proj_size and mode != "LSTM":
+            raise FlowError(f"{name}: proj_size is supported by LSTM only")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(f"{name}: dropout={dropout} has no effect with num_layers=1 (dropout is applied "
+                          "between layers)", stacklevel=2)
+        self.mode = mode
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.bias = bias
+        self.batch_first = batch_first
+        self.dropout = float(dropout)
+        self.bidirectional = bidirectional
+        self.proj_size = proj_size
+        directions = 2 if bidirectional else 1
+        real_hidden = proj_size if proj_size > 0 else hidden_size
+        gate_size = _GATES[mode] * hidden_size
+        self._flat_weights_names: list[str] = []
+        for layer in range(num_layers):
+            layer_input = input_size if layer == 0 else real_hidden * directions
+            for direction in range(directions):
+                suffix = "_reverse" if direction == 1 else ""
+                shapes = [(f"weight_ih_l{layer}{suffix}", (gate_size, layer_input)),
+                          (f"weight_hh_l{layer}{suffix}", (gate_size, real_hidden))]
+                if bias:
+                    shapes += [(f"bias_ih_l{layer}{suffix}", (gate_size,)),
+                               (f"bias_hh_l{layer}{suffix}", (gate_size,))]
+                if proj_size > 0:
+                    shapes.append((f"weight_hr_l{layer}{suffix}", (proj_size, hidden_size)))
+                for pname, pshape in shapes:
+                    setattr(self, pname, Parameter(empty(*pshape, device=device, dtype=dtype)))
+                    self._flat_weights_names.append(pname)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's initialisation: every weight and bias ~ U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))."""
+        stdv = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            init.uniform_(p, -stdv, stdv)
+
+    @property
+    def all_weights(self) -> list[list[Parameter]]:
+        """Parameters grouped per layer and direction, in PyTorch's order."""
+        per = len(self._flat_weights_names) // (self.num_layers * (2 if self.bidirectional else 1))
+        names = self._flat_weights_names
+        return [[getattr(self, n) for n in names[i:i + per]] for i in range(0, len(names), per)]
+
+    def _weights(self, layer: int, direction: int):
+        suffix = "_reverse" if direction == 1 else ""
+        get = self._parameters.get
+        return (get(f"weight_ih_l{layer}{suffix}"), get(f"weight_hh_l{layer}{suffix}"),
+                get(f"bias_ih_l{layer}{suffix}"), get(f"bias_hh_l{layer}{suffix}"),
+                get(f"weight_hr_l{layer}{suffix}"))
+
+    def _check_input(self, input: Tensor) -> bool:
+        name = type(self).__name__
+        if input.ndim not in (2, 3):
+            raise ShapeError(f"{name}: expected a 2-d (unbatched) or 3-d input, got shape {tuple(input.shape)}")
+        if input.shape[-1] != self.input_size:
+            raise ShapeError(f"{name}: input has {input.shape[-1]} features (last dim of {tuple(input.shape)}), "
+                             f"expected input_size={self.input_size}")
+        return input.ndim == 3
+
+    def _state(self, given: Tensor | None, batch: int, size: int, like: Tensor, batched: bool, what: str
+               ) -> Tensor:
+        layers = self.num_layers * (2 if self.bidirectional else 1)
+        if given is None:
+            return zeros(layers, batch, size, dtype=like.dtype, device=like.device)
+        expected = (layers, batch, size) if batched else (layers, size)
+        if tuple(given.shape) != expected:
+            raise ShapeError(f"{type(self).__name__}: {what} has shape {tuple(given.shape)}, expected {expected} "
+                             f"(num_layers * num_directions, {'batch, ' if batched else ''}hidden)")
+        return given if batched else given.unsqueeze(1)
+
+    def _run_direction(self, x: Tensor, h: Tensor, c: Tensor | None, layer: int, direction: int):
+        """One layer in one direction over the whole sequence ``x`` (L, N, F)."""
+        w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, direction)
+        mode, hidden = self.mode, self.hidden_size
+        xp = x.matmul(w_ih.t())  # the input projection of every time step at once
+        if b_ih is not None:
+            # b_hh adds linearly except inside GRU's n gate, so RNN/LSTM fold it into the hoisted projection
+            xp = xp + (b_ih if mode == "GRU" else b_ih + b_hh)
+        step_bias = b_hh if mode == "GRU" else None
+        w_hh_t = w_hh.t()
+        w_hr_t = None if w_hr is None else w_hr.t()
+        steps = _split_views(xp, 0, [1] * x.shape[0], squeeze=True)
+        order = range(len(steps) - 1, -1, -1) if direction == 1 else range(len(steps))
+        outs: list = [None] * len(steps)
+        for t in order:
+            if mode == "LSTM":
+                h, c = _lstm_step(steps[t], h, c, w_hh_t, step_bias, w_hr_t, hidden)
+            elif mode == "GRU":
+                h = _gru_step(steps[t], h, w_hh_t, step_bias, hidden)
+            else:
+                h = _rnn_step(steps[t], h, w_hh_t, step_bias, mode == "RNN_RELU")
+            outs[t] = h
+        return stack(outs, 0), h, c
+
+    def forward(self, input: Tensor, hx=None):
+        """Run the layer: ``output, h_n`` (``output, (h_n, c_n)`` for LSTM)."""
+        batched = self._check_input(input)
+        x = input if batched else input.unsqueeze(1)
+        if batched and self.batch_first:
+            x = x.transpose(0, 1)
+        batch = x.shape[1]
+        real_hidden = self.proj_size if self.proj_size > 0 else self.hidden_size
+        is_lstm = self.mode == "LSTM"
+        if is_lstm:
+            if hx is not None and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
+                raise FlowError("LSTM: hx must be a tuple (h_0, c_0) or None")
+            h0 = self._state(None if hx is None else hx[0], batch, real_hidden, x, batched, "h_0")
+            c0 = self._state(None if hx is None else hx[1], batch, self.hidden_size, x, batched, "c_0")
+        else:
+            if hx is not None and not isinstance(hx, Tensor):
+                raise FlowError(f"{type(self).__name__}: hx must be a Tensor or None, got {type(hx).__name__}")
+            h0 = self._state(hx, batch, real_hidden, x, batched, "hx")
+            c0 = None
+        directions = 2 if self.bidirectional else 1
+        h_n, c_n = [], []
+        for layer in range(self.num_layers):
+            outs = []
+            for direction in range(directions):
+                k = layer * directions + direction
+                out, h, c = self._run_direction(x, h0[k], None if c0 is None else c0[k], layer, direction)
+                outs.append(out)
+                h_n.append(h)
+                c_n.append(c)
+            x = outs[0] if directions == 1 else cat(outs, -1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                x = _dropout(x, self.dropout, True)
+        output = x
+        h_out = stack(h_n, 0)
+        c_out = stack(c_n, 0) if is_lstm else None
+        if not batched:
+            output = output.squeeze(1)
+            h_out = h_out.squeeze(1)
+            c_out = c_out.squeeze(1) if is_lstm else None
+        elif self.batch_first:
+            output = output.transpose(0, 1)
+        return (output, (h_out, c_out)) if is_lstm else (output, h_out)
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if not self.bias:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s
+
+
+class RNN(RNNBase):
+    """Elman RNN: ``h_t = act(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)`` with ``act`` tanh or relu.
+
+    ``RNN(input_size, hidden_size, num_layers=1, nonlinearity='tanh', bias=True, batch_first=False,
+    dropout=0.0, bidirectional=False)``; returns ``(output, h_n)``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device=None, dtype=None) -> None:
+        if nonlinearity not in ("tanh", "relu"):
+            raise FlowError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size, hidden_size,
+                         num_layers, bias, batch_first, dropout, bidirectional, 0, device, dtype)
+        self.nonlinearity = nonlinearity
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        return s + (", nonlinearity='relu'" if self.nonlinearity == "relu" else "")
+
+
+class LSTM(RNNBase):
+    """Long short-term memory (PyTorch's gates i, f, g, o), optional output projection ``proj_size``.
+
+    Returns ``(output, (h_n, c_n))``; ``hx`` is ``(h_0, c_0)`` or None for zeros.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0, device=None, dtype=None) -> None:
+        super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, proj_size, device, dtype)
+
+
+class GRU(RNNBase):
+    """Gated recurrent unit (PyTorch's gates r, z, n with ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``).
+
+    Returns ``(output, h_n)``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device=None, dtype=None) -> None:
+        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout,
+                         bidirectional, 0, device, dtype)
+
+
+# ---------------------------------------------------------------------- cells
+class RNNCellBase(Module):
+    """Shared parameters of the cells: ``weight_ih`` (G*H, in), ``weight_hh`` (G*H, H), ``bias_ih``, ``bias_hh``."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool, num_chunks: int, device=None, dtype=None
+                 ) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.bias = bias
+        self.weight_ih = Parameter(empty(num_chunks * hidden_size, input_size, device=device, dtype=dtype))
+        self.weight_hh = Parameter(empty(num_chunks * hidden_size, hidden_size, device=device, dtype=dtype))
+        if bias:
+            self.bias_ih = Parameter(empty(num_chunks * hidden_size, device=device, dtype=dtype))
+            self.bias_hh = Parameter(empty(num_chunks * hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias_ih", None)
+            self.register_parameter("bias_hh", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Every weight and bias ~ U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)), as in PyTorch."""
+        stdv = 1.0 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0
+        for p in self.parameters():
+            init.uniform_(p, -stdv, stdv)
+
+    def _prepare(self, input: Tensor, hx: Tensor | None, what: str = "hx") -> tuple[Tensor, Tensor | None, bool]:
+        name = type(self).__name__
+        if input.ndim not in (1, 2):
+            raise ShapeError(f"{name}: expected a 1-d (unbatched) or 2-d (N, input_size) input, "
+                             f"got shape {tuple(input.shape)}")
+        if input.shape[-1] != self.input_size:
+            raise ShapeError(f"{name}: input has {input.shape[-1]} features, expected input_size={self.input_size}")
+        batched = input.ndim == 2
+        if hx is not None and hx.ndim != input.ndim:
+            raise ShapeError(f"{name}: {what} must be {input.ndim}-d like the input, got shape {tuple(hx.shape)}")
+        x = input if batched else input.unsqueeze(0)
+        h = None if hx is None else (hx if batched else hx.unsqueeze(0))
+        return x, h, batched
+
+    def _projection(self, x: Tensor) -> Tensor:
+        xp = x.matmul(self.weight_ih.t())
+        return xp if self.bias_ih is None else xp + self.bias_ih
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        return s if self.bias else s + ", bias=False"
+
+
+class RNNCell(RNNCellBase):
+    """One Elman RNN step: ``h' = act(x W_ih^T + b_ih + h W_hh^T + b_hh)``; ``hx`` defaults to zeros."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
+                 device=None, dtype=None) -> None:
+        if nonlinearity not in ("tanh", "relu"):
+            raise FlowError(f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, bias, 1, device, dtype)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        x, h, batched = self._prepare(input, hx)
+        if h is None:
+            h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
+        out = _rnn_step(self._projection(x), h, self.weight_hh.t(), self.bias_hh, self.nonlinearity == "relu")
+        return out if batched else out.squeeze(0)
+
+
+class LSTMCell(RNNCellBase):
+    """One LSTM step: returns ``(h', c')``; ``hx`` is ``(h, c)`` or None for zeros."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(input_size, hidden_size, bias, 4, device, dtype)
+
+    def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        x, h, batched = self._prepare(input, None if hx is None else hx[0])
+        if hx is None:
+            h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
+            c = h
+        else:
+            c = hx[1] if batched else hx[1].unsqueeze(0)
+        h_new, c_new = _lstm_step(self._projection(x), h, c, self.weight_hh.t(), self.bias_hh, None,
+                                  self.hidden_size)
+        return (h_new, c_new) if batched else (h_new.squeeze(0), c_new.squeeze(0))
+
+
+class GRUCell(RNNCellBase):
+    """One GRU step (PyTorch's r, z, n gates); ``hx`` defaults to zeros."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(input_size, hidden_size, bias, 3, device, dtype)
+
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        x, h, batched = self._prepare(input, hx)
+        if h is None:
+            h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
+        out = _gru_step(self._projection(x), h, self.weight_hh.t(), self.bias_hh, self.hidden_size)
+        return out if batched else out.squeeze(0)
