@@ -208,7 +208,11 @@ class _Compiler:
     def do_tag(self, call: Call) -> None:
         name = _check_name(call, call.args[0], "tag")
         if name in self.tags:
-            raise _fail(call, f"tag {name!r} is already defined by {self.tags[name].call.describe()}; "
+            where = self.tags[name].call
+            if where.verb == "input":
+                raise _fail(call, f"tag {name!r} is already defined by {where.describe()} (graph inputs are "
+                                  "tags from the start); choose another name")
+            raise _fail(call, f"tag {name!r} is already defined by {where.describe()}; "
                               "each tag names one stream, choose another name")
         if self.fork is not None:
             node, self.fork = self.fork, None

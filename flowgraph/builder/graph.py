@@ -145,9 +145,13 @@ class Graph(Module):
         except (FlowError, ValueError, TypeError, IndexError) as exc:
             shapes = [tuple(values[s].shape) if isinstance(values.get(s), Tensor) else None
                       for s in node.inputs]
+            detail = str(exc)
+            prefix = f"{node.call.describe()}: "
+            if detail.startswith(prefix):
+                detail = detail[len(prefix):]
             raise ShapeError(
                 f"build(sample=...): {node.call.describe()} (node {node.name!r}) failed on input shape(s) "
-                f"{', '.join(str(s) for s in shapes)}: {exc}"
+                f"{', '.join(str(s) for s in shapes)}: {detail}"
             ) from exc
 
     def dry_run(self, *inputs: Any, **named: Any) -> Any:
