@@ -89,6 +89,9 @@ class Optimizer:
         if isinstance(params, Tensor):
             raise FlowError(f"{type(self).__name__}: params must be an iterable of tensors or of dicts, "
                             "got a single Tensor; wrap it in a list: [tensor]")
+        if isinstance(params, set):
+            raise FlowError(f"{type(self).__name__}: parameters must be an ordered collection (list, tuple, "
+                            "generator), not a set: the order would change between runs")
         param_groups = list(params)
         if not param_groups:
             raise FlowError(f"{type(self).__name__}: got an empty parameter list; pass model.parameters() "
