@@ -93,5 +93,5 @@ def test_parameters_to_vector_round_trip(device):
     torch.nn.utils.vector_to_parameters(torch.tensor(new), tps)
     for f, t in zip(fps, tps):
         np.testing.assert_array_equal(f.detach().numpy(), t.detach().numpy())
-    with pytest.raises(fg.ShapeError, match="1-d tensor of 21 elements"):
+    with pytest.raises(fg.ShapeError, match="1-d tensor of 25 elements"):
         nn.utils.vector_to_parameters(fg.zeros(20, device=device), fps)
