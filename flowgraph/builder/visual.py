@@ -32,6 +32,7 @@ def _heat(fraction: float) -> str:
 class _Writer:
     def __init__(self, profile: dict[str, float] | None):
         self.lines: list[str] = []
+        self.edges: list[str] = []  # edges are written at the top level so no node is pulled into a cluster
         self.profile = profile
         self.total = sum(profile.values()) if profile else 0.0
 
@@ -42,7 +43,7 @@ class _Writer:
         ids: dict[int, str] = {}
         names = ["x"] + graph.input_names
         for i, name in enumerate(names):
-            if inputs is not None and i < len(inputs):
+            if inputs is not None and i < len(inputs) and inputs[i] is not None:
                 ids[i] = inputs[i]
             else:
                 nid = f"{prefix}in_{name}"
@@ -59,10 +60,16 @@ class _Writer:
             if sub is not None and node.kind in ("from", "through", "fork", "split"):
                 self.lines.append(f"{indent}subgraph {_q('cluster_' + nid)} {{")
                 self.lines.append(f"{indent}  label={_q(sub.label)}; style=rounded; color=gray40;")
-                out = self.emit(sub, nid + ".", indent + "  ", [s for s in sources if s])
+                inner: list[str | None] = [sources[0]]
+                for name in sub.input_names:  # refs feed the subgraph's own inputs
+                    ref = node.refs.get(name)
+                    inner.append(ids.get(ref.stream) if ref is not None and ref.stream is not None else None)
+                out = self.emit(sub, nid + ".", indent + "  ", inner)
                 self.lines.append(f"{indent}}}")
                 ids[node.output] = out
-                self._refs(node, ids, out, forward, indent)
+                for name, ref in node.refs.items():
+                    if ref.stream is None:
+                        forward.append((name, f"{nid}.in_{name}", node.name))
                 continue
             label = self._label(node)
             attrs = [f"label={_q(label)}", f"shape={_SHAPES.get(node.kind, 'box')}"]
@@ -78,29 +85,29 @@ class _Writer:
             self.lines.append(f"{indent}{_q(nid)} [{', '.join(attrs)}];")
             for s in sources:
                 if s is not None:
-                    self.lines.append(f"{indent}{_q(s)} -> {_q(nid)};")
+                    self.edges.append(f"  {_q(s)} -> {_q(nid)};")
             if node.kind == "also" and sources and sources[0]:
-                self.lines.append(f"{indent}{_q(sources[0])} -> {_q(nid)} [style=dashed, label=\"skip\"];")
+                self.edges.append(f"  {_q(sources[0])} -> {_q(nid)} [style=dashed, label=\"skip\"];")
             ids[node.output] = nid
-            self._refs(node, ids, nid, forward, indent)
+            self._refs(node, ids, nid, forward)
         out = f"{prefix}out"
         self.lines.append(f"{indent}{_q(out)} [label=\"output\", shape=house];")
-        self.lines.append(f"{indent}{_q(ids[graph._output])} -> {_q(out)};")
+        self.edges.append(f"  {_q(ids[graph._output])} -> {_q(out)};")
         for tag, target, _ in forward:
             stream = graph._tag_streams.get(tag)
             src = ids.get(stream)
             if src is not None:
-                self.lines.append(
-                    f"{indent}{_q(src)} -> {_q(target)} [style=dotted, color=red, constraint=false, "
+                self.edges.append(
+                    f"  {_q(src)} -> {_q(target)} [style=dotted, color=red, constraint=false, "
                     f"label={_q(tag + ' (previous call)')}];"
                 )
         return out
 
-    def _refs(self, node, ids, target, forward, indent) -> None:
+    def _refs(self, node, ids, target, forward) -> None:
         for tag, ref in node.refs.items():
             if ref.stream is not None and ids.get(ref.stream) is not None:
-                self.lines.append(
-                    f"{indent}{_q(ids[ref.stream])} -> {_q(target)} "
+                self.edges.append(
+                    f"  {_q(ids[ref.stream])} -> {_q(target)} "
                     f"[style=dashed, color=blue, label={_q(tag)}];"
                 )
             else:
@@ -137,6 +144,7 @@ def to_dot(graph: Graph, profile: dict[str, float] | None = None) -> str:
     w.lines.append('  rankdir=TB; node [fontname="Helvetica", fontsize=10];')
     w.lines.append('  edge [fontname="Helvetica", fontsize=9];')
     w.emit(graph, "", "  ", None)
+    w.lines.extend(w.edges)
     w.lines.append("}")
     return "\n".join(w.lines) + "\n"
 
