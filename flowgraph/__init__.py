@@ -58,7 +58,6 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "MigrateReport": ("flowgraph.tree", "MigrateReport"),
     "Monitor": ("flowgraph.monitor", "Monitor"),
     "capture": ("flowgraph.runtime", "capture"),
-    "autocast": ("flowgraph.nn.amp", "autocast"),
     "cuda": ("flowgraph.cuda", None),
 }
 

@@ -16,6 +16,7 @@ class _GradState(threading.local):
     def __init__(self) -> None:
         self.enabled = True
         self.anomaly = False
+        self.autocast = None  # the low-precision DType inside fg.autocast(...), else None
 
 
 STATE = _GradState()

@@ -181,7 +181,9 @@ class ArrayBackend(Backend):
 
     # ----------------------------------------------------------------- linear algebra
     def matmul(self, a: Array, b: Array) -> Array:
-        return self.xp.matmul(a, b)
+        out = self.xp.matmul(a, b)
+        # ml_dtypes' bfloat16 matmul accumulates and returns float32: keep the protocol's same-dtype rule.
+        return out if out.dtype == a.dtype else out.astype(a.dtype)
 
     # ----------------------------------------------------------------- indexing
     def gather(self, a: Array, axis: int, index: Array) -> Array:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 
 from ..tensor import Tensor, empty
+from ..tensor.amp import is_autocast_enabled, low_precision_inputs
 from . import init
 from .module import Module, Parameter
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias``."""
+    """``x @ weight.T + bias`` (under ``fg.autocast`` all three in the low-precision dtype)."""
+    if bias is not None and is_autocast_enabled():
+        x, weight, bias = low_precision_inputs(x, weight, bias)
     out = x.matmul(weight.t())
     return out + bias if bias is not None else out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import creation, elementwise, indexing, linalg, reduction, shape
+from .amp import autocast, is_autocast_enabled
 from .creation import (
     arange,
     as_tensor,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..autograd.grad_mode import STATE
 from ..errors import FlowError, ShapeError
+from .amp import low_precision_inputs
 from .elementwise import _promote_pair, broadcast_shapes, sum_to
 from .tensor import Tensor, _attach, _wrap
 
@@ -23,6 +24,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         if b.ndim == 1:
             out = out.squeeze(-1)
         return out
+    if STATE.autocast is not None and a.dtype is not STATE.autocast:
+        a, b = low_precision_inputs(a, b)
     sa, sb = a.shape, b.shape
     if sa[-1] != sb[-2]:
         raise ShapeError(

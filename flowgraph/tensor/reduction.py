@@ -9,6 +9,7 @@ from collections import namedtuple
 from ..autograd.grad_mode import STATE
 from ..errors import FlowError
 from .dtype import as_dtype
+from .amp import full_precision_input
 from .elementwise import _is_float, where
 from .tensor import Tensor, _alias, _attach, _norm_dim, _norm_dims, _wrap
 
@@ -28,6 +29,8 @@ def _expand_back(g: Tensor, shape, axes, keepdim: bool) -> Tensor:
 
 def sum(a: Tensor, dim=None, keepdim: bool = False, dtype=None) -> Tensor:  # noqa: A001
     """Sum over ``dim`` (an int, a tuple, or None for all); integer and bool inputs sum as int64."""
+    if STATE.autocast is not None:
+        a = full_precision_input(a)
     bk = a._backend
     d = a._data
     if dtype is not None:
@@ -250,6 +253,8 @@ def logsumexp(a: Tensor, dim, keepdim: bool = False) -> Tensor:
 
 def softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
     """``exp(a) / sum(exp(a))`` along ``dim`` (one fused node: backward ``y * (g - sum(g*y))``)."""
+    if STATE.autocast is not None:
+        a = full_precision_input(a)
     if dtype is not None:
         a = a.to(dtype)
     bk = a._backend
@@ -268,6 +273,8 @@ def softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
 
 def log_softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
     """``a - logsumexp(a)`` along ``dim`` (one node: backward ``g - exp(y) * sum(g)``)."""
+    if STATE.autocast is not None:
+        a = full_precision_input(a)
     if dtype is not None:
         a = a.to(dtype)
     bk = a._backend
