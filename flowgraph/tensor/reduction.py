@@ -8,8 +8,8 @@ from collections import namedtuple
 
 from ..autograd.grad_mode import STATE
 from ..errors import FlowError
-from .dtype import as_dtype
 from .amp import full_precision_input
+from .dtype import as_dtype
 from .elementwise import _is_float, where
 from .tensor import Tensor, _alias, _attach, _norm_dim, _norm_dims, _wrap
 
