@@ -98,7 +98,26 @@ class Expr:
         self.leaves = leaves
 
     def too_big(self) -> bool:
-        """Whether this tree passed the fusion caps and should be realized."""
+        """Whether this tree passed the fusion caps and should be realized.
+
+        The cheap upper bounds decide most calls; only when they pass a cap are the distinct nodes and
+        leaves counted (shared subtrees once), and the exact figures replace the bounds.
+        """
+        if self.nodes <= MAX_NODES and self.leaves <= MAX_LEAVES:
+            return False
+        nodes: set[int] = set()
+        leaves: set[int] = set()
+        stack = list(self.inputs)
+        while stack:
+            x = stack.pop()
+            if isinstance(x, Scalar):
+                continue
+            if x.lazy is None:
+                leaves.add(id(x))
+            elif id(x) not in nodes:
+                nodes.add(id(x))
+                stack.extend(x.lazy.inputs)
+        self.nodes, self.leaves = len(nodes) + 1, len(leaves)
         return self.nodes > MAX_NODES or self.leaves > MAX_LEAVES
 
     def __repr__(self) -> str:

@@ -162,8 +162,9 @@ def _on_device(be, host, transposed):
 
 
 @gpu
-@pytest.mark.parametrize("shapes", [((7, 5), (5, 3)), ((4, 7, 5), (5, 3)), ((2, 1, 7, 5), (3, 5, 6)),
-                                    ((6, 1, 5), (6, 5, 1))], ids=str)
+@pytest.mark.parametrize(
+    "shapes", [((7, 5), (5, 3)), ((4, 7, 5), (5, 3)), ((2, 1, 7, 5), (3, 5, 6)), ((6, 1, 5), (6, 5, 1))], ids=str
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=["float32", "float64", "float16"])
 def test_own_cublas_matmul(be, shapes, dtype):
     import cupy

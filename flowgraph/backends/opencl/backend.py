@@ -31,6 +31,11 @@ _F64 = np.dtype(np.float64)
 _F16 = np.dtype(np.float16)
 
 
+def _scalar_args(program: FusedProgram) -> list[Any]:
+    """Kernel arguments for a program's scalars (bool travels as a 0/1 uchar)."""
+    return [int(s.value) if s.dtype.kind == "b" else s.value for s in program.scalars]
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -136,7 +141,7 @@ class OpenCLBackend(Backend):
         if found is None:
             source = make()
             program = build_program(self.context, source.source)
-            kernel = getattr(program, source.name)
+            kernel = cl.Kernel(program, source.name)
             kernel.set_scalar_arg_dtypes(source.arg_dtypes)
             found = self._kernels[key] = (kernel, source)
         return found[0]
@@ -196,7 +201,7 @@ class OpenCLBackend(Backend):
         args: list[Any] = [n, *dims, buffer, offset, *cstrides[0]]
         for leaf, leaf_strides in zip(program.leaves, cstrides[1:]):
             args += [leaf.buffer, leaf.offset, *leaf_strides]
-        args += [s.value for s in program.scalars]
+        args += _scalar_args(program)
         self._launch(kernel, n, args)
 
     def _write(self, dst: CLArray, src: CLArray | Scalar) -> None:
@@ -317,7 +322,7 @@ class OpenCLBackend(Backend):
 
     # ----------------------------------------------------------------- host exchange and creation
     def from_host(self, array: np.ndarray) -> Array:
-        host = np.ascontiguousarray(array)
+        host = np.asarray(array, order="C")
         dtype = self.check_dtype(host.dtype, "from_host")
         out = self.empty(host.shape, dtype)
         if host.size:
@@ -439,7 +444,7 @@ class OpenCLBackend(Backend):
         args: list[Any] = [n_in, *kdims, *rdims, out.buffer]
         for leaf, ks, rs in zip(leaves, kstrides, rstrides):
             args += [leaf.buffer, leaf.offset, *ks, *rs]
-        args += [s.value for s in program.scalars]
+        args += _scalar_args(program)
         args.append(cl.LocalMemory(group * acc_dtype.itemsize))
         if op in ("argmax", "argmin"):
             args.append(cl.LocalMemory(group * 8))

@@ -1,0 +1,170 @@
+"""OpenCL-only behaviour: fusion, the program cache, dtype rules, device discovery, lazy import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from flowgraph.backends import fusion, get_backend
+from flowgraph.errors import BackendError
+
+cl_devices = [d for d in get_backend.__globals__["available_devices"]() if d.startswith("opencl")]
+needs_opencl = pytest.mark.skipif(not cl_devices, reason="no OpenCL device available here")
+F32 = np.dtype(np.float32)
+
+
+@pytest.fixture
+def be():
+    return get_backend(cl_devices[0])
+
+
+@pytest.fixture
+def unfused():
+    fusion.set_enabled(False)
+    yield
+    fusion.set_enabled(True)
+
+
+def gelu_chain(be, x):
+    """A GELU-like chain of ~12 elementwise ops ending in a reduction."""
+    inner = be.mul(be.add(x, be.mul(be.mul(be.mul(x, x), x), 0.044715)), 0.7978845608)
+    y = be.mul(be.mul(x, 0.5), be.add(be.tanh(inner), 1.0))
+    z = be.where(be.gt(y, 0.1), be.exp(be.neg(y)), be.sqrt(be.abs(y)))
+    return z, be.sum(z, (1,), False)
+
+
+@needs_opencl
+def test_elementwise_is_lazy_and_fuses_into_one_kernel(be):
+    x = be.from_host(np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6))
+    z, total = gelu_chain(be, x)
+    assert z.lazy is not None and z.buffer is None
+    assert z.lazy.nodes > 10
+    reduce_key = next(k for k in be._kernels if k[0] == "reduce" and k[2] == fusion.linearize(z).key)
+    assert "tanh" in be.kernel_source(reduce_key)  # the whole chain was fused into the reduction
+    host = be.to_host(z)
+    assert z.lazy is None and z.buffer is not None
+    assert host.shape == (4, 6)
+    del total
+
+
+@needs_opencl
+def test_fused_and_unfused_agree(be):
+    rng = np.random.default_rng(0)
+    host = rng.normal(size=(5, 7)).astype(np.float32)
+    fused_z, fused_sum = gelu_chain(be, be.from_host(host))
+    fused = be.to_host(fused_z), be.to_host(fused_sum)
+    fusion.set_enabled(False)
+    try:
+        plain_z, plain_sum = gelu_chain(be, be.from_host(host))
+        assert plain_z.lazy is None
+        plain = be.to_host(plain_z), be.to_host(plain_sum)
+    finally:
+        fusion.set_enabled(True)
+    np.testing.assert_allclose(fused[0], plain[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(fused[1], plain[1], rtol=1e-5, atol=1e-6)
+
+
+@needs_opencl
+def test_long_chain_realizes_at_the_cap(be):
+    x = be.from_host(np.ones(8, np.float32))
+    y = x
+    for _ in range(3 * fusion.MAX_NODES):
+        y = be.add(y, 1.0)
+        assert y.lazy is None or y.lazy.nodes <= fusion.MAX_NODES
+    np.testing.assert_array_equal(be.to_host(y), np.full(8, 1 + 3 * fusion.MAX_NODES, np.float32))
+
+
+@needs_opencl
+def test_program_cache_serves_every_shape(be):
+    def run(shape, scalar):
+        x = be.from_host(np.ones(shape, np.float32))
+        y = be.permute(be.from_host(np.ones(shape[::-1], np.float32)), (1, 0))
+        out = be.sum(be.mul(be.add(x, y), scalar), (0,), False)
+        return be.to_host(be.matmul(x, be.permute(y, (1, 0)))), be.to_host(out)
+
+    run((3, 4), 2.0)
+    before = be.compile_stats()["compiled"]
+    cached = len(be._kernels)
+    _, out = run((37, 5), 3.0)
+    np.testing.assert_allclose(out, np.full(5, 37 * 6.0))
+    assert be.compile_stats()["compiled"] == before, "another shape or scalar value must not compile"
+    assert len(be._kernels) == cached
+
+
+@needs_opencl
+def test_programs_shared_across_backend_instances(be):
+    from flowgraph.backends.opencl import OpenCLBackend
+
+    be.to_host(be.exp(be.from_host(np.ones(3, np.float32))))
+    before = be.compile_stats()["compiled"]
+    other = OpenCLBackend(be.device)
+    other.to_host(other.exp(other.from_host(np.ones(5, np.float32))))
+    assert other.compile_stats()["compiled"] == before
+
+
+@needs_opencl
+def test_structural_key_ignores_values_and_sizes(be):
+    a = be.add(be.mul(be.from_host(np.ones(3, np.float32)), 2.0), 1.0)
+    b = be.add(be.mul(be.from_host(np.ones(50, np.float32)), -7.5), 4.0)
+    c = be.add(be.mul(be.from_host(np.ones(3, np.float32)), 2.0), be.from_host(np.ones(3, np.float32)))
+    assert fusion.linearize(a).key == fusion.linearize(b).key
+    assert fusion.linearize(a).key != fusion.linearize(c).key
+
+
+@needs_opencl
+def test_dtype_rules(be):
+    with pytest.raises(BackendError, match="bfloat16 is not supported on OpenCL"):
+        import ml_dtypes
+
+        be.from_host(np.zeros(2, dtype=ml_dtypes.bfloat16))
+    with pytest.raises(BackendError, match="bfloat16"):
+        be.cast(be.from_host(np.zeros(2, np.float32)), np.dtype("bfloat16"))
+    if not be.supports_float16:
+        with pytest.raises(BackendError, match="cl_khr_fp16"):
+            be.from_host(np.zeros(2, np.float16))
+    else:
+        x = be.from_host(np.array([1.5, -2.0], np.float16))
+        np.testing.assert_array_equal(be.to_host(be.mul(x, 2.0)), np.array([3.0, -4.0], np.float16))
+    if not be.supports_float64:
+        with pytest.raises(BackendError, match="cl_khr_fp64"):
+            be.full((2,), 1.0, np.dtype(np.float64))
+    with pytest.raises(BackendError, match="one dtype"):
+        be.add(be.from_host(np.zeros(2, np.float32)), be.from_host(np.zeros(2, np.int32)))
+    with pytest.raises(BackendError, match="not defined"):
+        be.sub(be.from_host(np.zeros(2, bool)), be.from_host(np.zeros(2, bool)))
+
+
+@needs_opencl
+def test_device_selection_errors():
+    from flowgraph.backends.opencl import OpenCLBackend
+
+    with pytest.raises(BackendError, match="no OpenCL device opencl:99"):
+        OpenCLBackend("opencl:99")
+    assert OpenCLBackend.is_available()
+    assert OpenCLBackend.list_devices()[0] == "opencl:0"
+
+
+def test_list_devices_without_pyopencl(monkeypatch):
+    from flowgraph.backends.opencl import runtime
+
+    monkeypatch.setattr(runtime, "cl", None)
+    assert runtime.list_devices() == []
+    with pytest.raises(BackendError, match="pip install"):
+        runtime.device_context(12345)
+
+
+def test_import_flowgraph_does_not_import_pyopencl():
+    code = "import sys, flowgraph, flowgraph.backends; assert 'pyopencl' not in sys.modules, 'pyopencl imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_collapse_merges_contiguous_axes():
+    from flowgraph.backends.opencl.kernels import collapse
+
+    assert collapse((2, 3, 4), [(12, 4, 1), (12, 4, 1)]) == ((24,), [(1,), (1,)])
+    assert collapse((2, 1, 4), [(4, 4, 1), (0, 0, 1)]) == ((2, 4), [(4, 1), (0, 1)])
+    assert collapse((), [()]) == ((), [()])
+    assert collapse((3, 4), [(1, 3)]) == ((3, 4), [(1, 3)])

@@ -1,0 +1,580 @@
+"""Every backend primitive against NumPy, on every available device (cpu, opencl:0, cuda:0).
+
+The same table runs on each device from the ``device`` fixture; device-specific checks (fusion, program
+cache, fp16/fp64/bfloat16 rules) skip where they do not apply. Shapes cover broadcasting, 0-d, empty and
+non-contiguous views. Kernels are cached by structure, so the suite compiles each structure once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowgraph.backends import get_backend
+from flowgraph.backends.base import BINARY_OPS, REDUCE_OPS, UNARY_OPS
+from flowgraph.errors import BackendError, ShapeError
+
+F32, F64, I32, I64, BOOL = np.float32, np.float64, np.int32, np.int64, np.bool_
+HYPOTHESIS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+NUMPY_UNARY = {
+    "neg": np.negative,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tanh": np.tanh,
+    "erf": np.vectorize(math.erf, otypes=[float]),
+    "abs": np.abs,
+    "sign": np.sign,
+    "reciprocal": np.reciprocal,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.round,
+    "logical_not": np.logical_not,
+    "isnan": np.isnan,
+    "isinf": np.isinf,
+}
+NUMPY_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "floor_divide": np.floor_divide,
+    "remainder": np.remainder,
+    "atan2": np.arctan2,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+POSITIVE_DOMAIN = {"log", "sqrt", "log1p"}
+
+
+def backend_for(device: str, dtype=None):
+    be = get_backend(device)
+    if dtype is not None:
+        dtype = np.dtype(dtype)
+        if dtype == np.float64 and not be.supports_float64:
+            pytest.skip(f"{device} has no float64 (cl_khr_fp64)")
+        if dtype == np.float16 and not be.supports_float16:
+            pytest.skip(f"{device} has no float16 (cl_khr_fp16)")
+    return be
+
+
+def assert_matches(be, result, expected, rtol=None, atol=None):
+    host = be.to_host(result)
+    expected = np.asarray(expected)
+    assert host.shape == expected.shape, (host.shape, expected.shape)
+    assert host.dtype == expected.dtype, (host.dtype, expected.dtype)
+    if expected.dtype.kind == "f":
+        tight = expected.dtype == np.float64
+        np.testing.assert_allclose(
+            host,
+            expected,
+            rtol=rtol or (1e-12 if tight else 2e-6),
+            atol=atol or (1e-12 if tight else 2e-6),
+            equal_nan=True,
+        )
+    else:
+        np.testing.assert_array_equal(host, expected)
+
+
+def transposed(be, host: np.ndarray):
+    """``host`` on the device as a non-contiguous (permuted) view."""
+    return be.permute(be.from_host(np.ascontiguousarray(host.T)), tuple(reversed(range(host.ndim))))
+
+
+def sample(rng, shape, dtype, op=None):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(-5, 6, size=shape).astype(dtype)
+    x = rng.uniform(-3, 3, size=shape)
+    if op in POSITIVE_DOMAIN:
+        x = np.abs(x) + 0.1
+    return x.astype(dtype)
+
+
+# ------------------------------------------------------------------------------------------ elementwise
+# float64 runs the ops whose code differs by dtype (helpers, literals, NaN handling); the rest share templates.
+F64_UNARY = ("exp", "erf", "sign", "round", "reciprocal", "isnan", "abs")
+F64_BINARY = ("div", "pow", "maximum", "floor_divide", "remainder", "atan2", "lt", "logical_xor")
+UNARY_CASES = (
+    [(op, F32) for op in UNARY_OPS]
+    + [(op, F64) for op in F64_UNARY]
+    + [(op, I32) for op in ("neg", "abs", "sign", "logical_not", "isnan", "isinf")]
+    + [("logical_not", BOOL)]
+)
+
+
+@pytest.mark.parametrize("op,dtype", UNARY_CASES, ids=[f"{o}-{np.dtype(d)}" for o, d in UNARY_CASES])
+def test_unary(device, op, dtype):
+    be = backend_for(device, dtype)
+    rng = np.random.default_rng(0)
+    host = sample(rng, (4, 5), dtype, op)
+    if op in ("isnan", "isinf", "sign", "abs", "neg") and np.dtype(dtype).kind == "f":
+        host[0, :3] = [np.nan, np.inf, -np.inf]
+    if op == "round" and np.dtype(dtype).kind == "f":
+        host[1, :4] = [0.5, 1.5, -2.5, 2.5]  # ties to even
+    expected = NUMPY_UNARY[op](host)
+    rtol = None
+    if op == "erf":
+        expected = expected.astype(dtype)
+        rtol = 1e-10 if np.dtype(dtype) == np.float64 else None  # the NumPy backend's erf is a fit
+    assert_matches(be, getattr(be, op)(transposed(be, host)), expected, rtol=rtol, atol=rtol)
+
+
+def _binary_operands(op, dtype, rng):
+    a = sample(rng, (3, 1, 4), dtype)
+    b = sample(rng, (5, 1), dtype)
+    kind = np.dtype(dtype).kind
+    if op in ("floor_divide", "remainder", "div") and kind in "iu":
+        b[b == 0] = 3
+    if op == "pow":
+        if kind in "iu":
+            b = np.abs(b) % 4
+        else:
+            a = np.abs(a) + 0.1
+    return a, b
+
+
+BINARY_CASES = (
+    [(op, F32) for op in BINARY_OPS]
+    + [(op, F64) for op in F64_BINARY]
+    + [(op, I32) for op in BINARY_OPS if op != "atan2"]
+    + [
+        (op, BOOL)
+        for op in ("add", "mul", "maximum", "minimum", "eq", "ne", "logical_and", "logical_or", "logical_xor")
+    ]
+)
+
+
+@pytest.mark.parametrize("op,dtype", BINARY_CASES, ids=[f"{o}-{np.dtype(d)}" for o, d in BINARY_CASES])
+def test_binary_broadcast(device, op, dtype):
+    be = backend_for(device, dtype)
+    if op == "div" and np.dtype(dtype).kind in "iub":
+        backend_for(device, F64)  # NumPy's true division of integers gives float64
+    a, b = _binary_operands(op, dtype, np.random.default_rng(1))
+    expected = NUMPY_BINARY[op](a, b)
+    assert_matches(be, getattr(be, op)(be.from_host(a), be.from_host(b)), expected)
+
+
+SCALAR_CASES = [(op, F32) for op in BINARY_OPS] + [
+    (op, I32) for op in ("add", "mul", "floor_divide", "remainder", "pow", "lt")
+]
+
+
+@pytest.mark.parametrize("op,dtype", SCALAR_CASES, ids=[f"{o}-{np.dtype(d)}" for o, d in SCALAR_CASES])
+def test_binary_with_scalar(device, op, dtype):
+    be = backend_for(device, dtype)
+    rng = np.random.default_rng(2)
+    a = sample(rng, (2, 3), dtype)
+    scalar = 3 if np.dtype(dtype).kind == "i" else 1.5
+    if op == "pow":
+        a = np.abs(a) + (0.1 if np.dtype(dtype).kind == "f" else 0)
+    typed = np.dtype(dtype).type(scalar)
+    x = transposed(be, a)
+    assert_matches(be, getattr(be, op)(x, scalar), NUMPY_BINARY[op](a, typed))
+    assert_matches(be, getattr(be, op)(scalar, x), NUMPY_BINARY[op](typed, a))
+
+
+def test_float_division_edge_cases(device):
+    be = backend_for(device)
+    a = np.array([7.0, -7.0, 7.0, -7.0, 0.0, 5.5, 1.0, -0.0], dtype=F32)
+    b = np.array([2.0, 2.0, -2.0, -2.0, 3.0, 0.0, np.inf, 4.0], dtype=F32)
+    for op in ("floor_divide", "remainder"):
+        with np.errstate(all="ignore"):
+            expected = NUMPY_BINARY[op](a, b)
+        assert_matches(be, getattr(be, op)(be.from_host(a), be.from_host(b)), expected)
+    ia = np.array([7, -7, 7, -7, 0], dtype=I32)
+    ib = np.array([2, 2, -2, -2, 5], dtype=I32)
+    for op in ("floor_divide", "remainder"):
+        assert_matches(be, getattr(be, op)(be.from_host(ia), be.from_host(ib)), NUMPY_BINARY[op](ia, ib))
+
+
+def test_maximum_minimum_propagate_nan(device):
+    be = backend_for(device)
+    a = np.array([1.0, np.nan, 3.0], dtype=F32)
+    b = np.array([np.nan, 2.0, 1.0], dtype=F32)
+    for op in ("maximum", "minimum"):
+        assert_matches(be, getattr(be, op)(be.from_host(a), be.from_host(b)), NUMPY_BINARY[op](a, b))
+
+
+@HYPOTHESIS
+@given(data=st.data())
+def test_binary_broadcast_property(device, data):
+    be = backend_for(device)
+    base = data.draw(st.lists(st.integers(0, 4), min_size=0, max_size=4), label="shape")
+    shape_a = tuple(n if data.draw(st.booleans()) else 1 for n in base)
+    shape_b = tuple(n if data.draw(st.booleans()) else 1 for n in base)[data.draw(st.integers(0, len(base))) :]
+    rng = np.random.default_rng(len(base))
+    a = sample(rng, shape_a, F32)
+    b = sample(rng, shape_b, F32)
+    flip_a = data.draw(st.booleans())
+    xa = be.flip(be.from_host(a[..., ::-1].copy()), (a.ndim - 1,)) if flip_a and a.ndim else be.from_host(a)
+    assert_matches(be, be.sub(be.mul(xa, be.from_host(b)), 0.5), a * b - np.float32(0.5))
+
+
+def test_where_and_cast(device):
+    be = backend_for(device)
+    rng = np.random.default_rng(3)
+    cond = rng.random((3, 4)) < 0.5
+    a = sample(rng, (3, 4), F32)
+    b = sample(rng, (1, 4), F32)
+    c = be.from_host(cond)
+    assert_matches(be, be.where(c, be.from_host(a), be.from_host(b)), np.where(cond, a, b))
+    assert_matches(be, be.where(c, be.from_host(a), 0.0), np.where(cond, a, np.float32(0)))
+    assert_matches(be, be.where(c, 2.0, be.from_host(b)), np.where(cond, np.float32(2), b))
+    x = be.from_host(a * 3)
+    assert be.cast(x, np.dtype(F32)) is x
+    assert_matches(be, be.cast(x, np.dtype(I32)), (a * 3).astype(I32))
+    assert_matches(be, be.cast(x, np.dtype(BOOL)), (a * 3).astype(BOOL))
+    assert_matches(be, be.cast(be.from_host(cond), np.dtype(F32)), cond.astype(F32))
+    assert_matches(be, be.cast(be.from_host(np.array([1, -2, 3], I64)), np.dtype(I32)), np.array([1, -2, 3], I32))
+
+
+# ------------------------------------------------------------------------------------------ reductions
+REDUCE_CASES = [
+    ((3, 4, 5), (1,), False),
+    ((3, 4, 5), (0, 2), True),
+    ((3, 4, 5), (0, 1, 2), False),
+    ((6,), (0,), False),
+    ((2, 0, 3), (1,), False),
+    ((4, 3), (), False),
+    ((), (), False),
+]
+
+
+def check_reduce(be, op, host, axes, keepdims):
+    kwargs = {"dtype": host.dtype} if op == "sum" and host.dtype.kind == "f" else {}
+    expected = getattr(np, op)(host, axis=axes, keepdims=keepdims, **kwargs)
+    x = be.from_host(host) if host.ndim < 2 else transposed(be, host)
+    assert_matches(be, getattr(be, op)(x, axes, keepdims), np.asarray(expected), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("dtype", [F32, I32, BOOL], ids=["float32", "int32", "bool"])
+def test_reduce(device, op, dtype):
+    be = backend_for(device)
+    check_reduce(be, op, sample(np.random.default_rng(4), (3, 4, 5), dtype), (0, 2), True)
+
+
+@pytest.mark.parametrize("case", REDUCE_CASES, ids=str)
+def test_reduce_layouts(device, case):
+    be = backend_for(device)
+    shape, axes, keepdims = case
+    rng = np.random.default_rng(4)
+    check_reduce(be, "sum", sample(rng, shape, F32), axes, keepdims)
+    if 0 not in shape:
+        check_reduce(be, "max", sample(rng, shape, I32), axes, keepdims)
+
+
+def test_reduce_float64_and_nan(device):
+    be = backend_for(device, F64)
+    host = np.random.default_rng(5).normal(size=(7, 300))
+    assert_matches(be, be.sum(be.from_host(host), (1,), False), host.sum(axis=1), rtol=1e-12)
+    nan = np.array([[1.0, np.nan, 2.0], [3.0, 4.0, 0.5]], dtype=F32)
+    assert_matches(be, be.max(be.from_host(nan), (1,), False), nan.max(axis=1))
+    assert_matches(be, be.min(be.from_host(nan), (0,), True), nan.min(axis=0, keepdims=True))
+
+
+def test_reduce_large_sum(device):
+    be = backend_for(device)
+    host = np.random.default_rng(6).random(100_003).astype(F32)
+    assert_matches(be, be.sum(be.from_host(host), (0,), False), host.sum(dtype=F64).astype(F32), rtol=1e-5)
+
+
+def test_max_of_empty_axis_raises(device):
+    be = backend_for(device)
+    with pytest.raises((BackendError, ValueError)):
+        be.to_host(be.max(be.from_host(np.zeros((2, 0), F32)), (1,), False))
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argmax_argmin(device, op):
+    be = backend_for(device)
+    host = np.array([[1.0, 5.0, 5.0, 0.0], [2.0, 2.0, -1.0, -1.0], [np.nan, 1.0, np.nan, 9.0]], dtype=F32)
+    for axis in (0, 1):
+        for keepdims in (False, True):
+            expected = getattr(np, op)(host, axis=axis, keepdims=keepdims).astype(I64)
+            assert_matches(be, getattr(be, op)(transposed(be, host), axis, keepdims), expected)
+    ints = np.random.default_rng(7).integers(-3, 3, size=(5, 300)).astype(I32)
+    assert_matches(be, getattr(be, op)(be.from_host(ints), 1, False), getattr(np, op)(ints, axis=1).astype(I64))
+
+
+@pytest.mark.parametrize("dtype", [F32, I32, BOOL], ids=["float32", "int32", "bool"])
+def test_cumsum(device, dtype):
+    be = backend_for(device)
+    host = sample(np.random.default_rng(8), (3, 4, 5), dtype)
+    for axis in range(3):
+        expected = np.cumsum(host, axis=axis, dtype=host.dtype)
+        assert_matches(be, be.cumsum(transposed(be, host), axis), expected, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ movement
+def test_views(device):
+    be = backend_for(device)
+    host = np.arange(24, dtype=F32).reshape(2, 3, 4)
+    x = be.from_host(host)
+    assert_matches(be, be.reshape(x, (4, 6)), host.reshape(4, 6))
+    assert_matches(be, be.reshape(x, ()) if host.size == 1 else be.reshape(x, (24,)), host.reshape(24))
+    p = be.permute(x, (2, 0, 1))
+    assert_matches(be, p, host.transpose(2, 0, 1))
+    assert_matches(be, be.reshape(p, (8, 3)), host.transpose(2, 0, 1).reshape(8, 3))
+    assert_matches(
+        be, be.expand(be.from_host(host[:, :1, :]), (5, 2, 3, 4)), np.broadcast_to(host[:, :1], (5, 2, 3, 4))
+    )
+    index = (slice(0, 2, 1), slice(1, 3, 1), slice(0, 4, 3))
+    assert_matches(be, be.slice(x, index), host[index])
+    assert_matches(be, be.slice(x, (slice(1, 1, 1),)), host[1:1])
+    assert_matches(be, be.flip(x, (0, 2)), host[::-1, :, ::-1])
+    assert_matches(
+        be, be.slice(be.flip(x, (2,)), (slice(0, 2), slice(0, 3), slice(1, 4, 2))), host[:2, :, ::-1][:, :, 1::2]
+    )
+    assert len(x) == 2 and x.ndim == 3 and x.shape == (2, 3, 4) and x.dtype == np.float32
+
+
+def test_views_share_storage_on_opencl(device):
+    be = backend_for(device)
+    if not device.startswith("opencl"):
+        pytest.skip("checks CLArray buffer sharing")
+    x = be.from_host(np.arange(12, dtype=F32).reshape(3, 4))
+    for view in (
+        be.reshape(x, (4, 3)),
+        be.permute(x, (1, 0)),
+        be.expand(x, (2, 3, 4)),
+        be.slice(x, (slice(1, 3), slice(0, 4, 2))),
+        be.flip(x, (1,)),
+    ):
+        assert view.buffer is x.buffer
+    assert be.contiguous(x) is x
+    assert be.contiguous(be.permute(x, (1, 0))).buffer is not x.buffer
+
+
+def test_pad_concatenate_contiguous(device):
+    be = backend_for(device)
+    rng = np.random.default_rng(9)
+    host = sample(rng, (2, 3), F32)
+    assert_matches(
+        be, be.pad(transposed(be, host), [(1, 0), (2, 1)], 0.5), np.pad(host, [(1, 0), (2, 1)], constant_values=0.5)
+    )
+    parts = [sample(rng, (2, n), F32) for n in (1, 3, 0, 2)]
+    assert_matches(be, be.concatenate([be.from_host(p) for p in parts], 1), np.concatenate(parts, 1))
+    ints = [sample(rng, (n, 2), I32) for n in (2, 1)]
+    assert_matches(be, be.concatenate([transposed(be, p) for p in ints], 0), np.concatenate(ints, 0))
+    assert_matches(be, be.contiguous(be.flip(be.from_host(host), (1,))), host[:, ::-1])
+
+
+def test_assign(device):
+    be = backend_for(device)
+    host = np.zeros((3, 4), F32)
+    x = be.from_host(host)
+    row = be.slice(x, (slice(1, 2), slice(0, 4)))
+    src = np.arange(4, dtype=F32)
+    out = be.assign(row, be.from_host(src))
+    host[1:2] = src
+    assert_matches(be, x, host)
+    assert_matches(be, out, host[1:2])
+    col = be.slice(x, (slice(0, 3), slice(2, 3)))
+    be.assign(col, 7.0)
+    host[:, 2:3] = 7.0
+    assert_matches(be, x, host)
+    # Overlapping read and write in different layouts: the result is as if the source were copied first.
+    y = be.from_host(np.arange(5, dtype=F32))
+    be.assign(be.slice(y, (slice(1, 5),)), be.slice(y, (slice(0, 4),)))
+    assert_matches(be, y, np.array([0, 0, 1, 2, 3], F32))
+    # In-place update reading the destination itself (the optimizer pattern).
+    z = be.from_host(np.ones(4, F32))
+    be.assign(z, be.sub(z, be.mul(be.from_host(np.arange(4, dtype=F32)), 0.5)))
+    assert_matches(be, z, 1 - np.arange(4, dtype=F32) * 0.5)
+    # A dtype-converting write and a broadcast destination.
+    ints = be.from_host(np.zeros(3, I32))
+    be.assign(ints, be.from_host(np.array([1.7, -2.2, 3.9], F32)))
+    assert_matches(be, ints, np.array([1, -2, 3], I32))
+    wide = be.assign(be.expand(be.from_host(np.zeros((1, 3), F32)), (2, 3)), be.from_host(np.ones((2, 3), F32)))
+    assert_matches(be, wide, np.ones((2, 3), F32))
+
+
+def test_pending_results_survive_assign(device):
+    be = backend_for(device)
+    x = be.from_host(np.arange(4, dtype=F32))
+    doubled = be.mul(x, 2.0)  # lazy on accelerated backends
+    be.assign(x, 0.0)
+    assert_matches(be, doubled, np.arange(4, dtype=F32) * 2)
+    assert_matches(be, x, np.zeros(4, F32))
+
+
+# ------------------------------------------------------------------------------------------ matmul
+MATMUL_CASES = [
+    ((4, 3), (3, 5)),
+    ((17, 33), (33, 5)),
+    ((2, 3, 4), (4, 6)),
+    ((2, 1, 3, 4), (5, 4, 2)),
+    ((5,), (5, 3)),
+    ((3, 5), (5,)),
+    ((5,), (5,)),
+    ((3, 0), (0, 4)),
+    ((0, 3), (3, 4)),
+    ((1, 1), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("shapes", MATMUL_CASES, ids=[f"{a}@{b}" for a, b in MATMUL_CASES])
+def test_matmul(device, shapes):
+    be = backend_for(device)
+    rng = np.random.default_rng(10)
+    a, b = (sample(rng, s, F32) for s in shapes)
+    assert_matches(be, be.matmul(be.from_host(a), be.from_host(b)), np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_views_and_dtypes(device):
+    be = backend_for(device)
+    rng = np.random.default_rng(11)
+    a = sample(rng, (40, 30), F32)
+    b = sample(rng, (20, 30), F32)
+    expected = a @ b.T
+    assert_matches(be, be.matmul(be.from_host(a), be.permute(be.from_host(b), (1, 0))), expected, rtol=1e-5, atol=1e-4)
+    ia, ib = sample(rng, (3, 7), I32), sample(rng, (7, 2), I32)
+    assert_matches(be, be.matmul(be.from_host(ia), be.from_host(ib)), ia @ ib)
+    with pytest.raises((ShapeError, ValueError)):
+        be.matmul(be.from_host(a), be.from_host(a))
+
+
+def test_matmul_float64(device):
+    be = backend_for(device, F64)
+    rng = np.random.default_rng(12)
+    a, b = rng.normal(size=(3, 19, 21)), rng.normal(size=(21, 18))
+    assert_matches(be, be.matmul(be.from_host(a), be.from_host(b)), a @ b, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ indexing
+def test_gather_scatter(device):
+    be = backend_for(device)
+    rng = np.random.default_rng(13)
+    a = sample(rng, (3, 5, 4), F32)
+    for axis in range(3):
+        shape = list(a.shape)
+        shape[axis] = 6
+        index = rng.integers(0, a.shape[axis], size=shape).astype(I64)
+        index.flat[0] = -1  # negative indices count from the end, as in NumPy
+        assert_matches(be, be.gather(transposed(be, a), axis, be.from_host(index)), np.take_along_axis(a, index, axis))
+        small = np.abs(index[tuple(slice(0, 2) if d == axis else slice(None) for d in range(3))])
+        src = sample(rng, small.shape, F32)
+        grid = list(np.indices(small.shape, sparse=True))
+        grid[axis] = small
+        added = a.copy()
+        np.add.at(added, tuple(grid), src)
+        assert_matches(
+            be,
+            be.scatter_add(be.from_host(a), axis, be.from_host(small), be.from_host(src)),
+            added,
+            rtol=1e-5,
+            atol=1e-5,
+        )
+        written = a.copy()
+        written[tuple(grid)] = src
+        assert_matches(be, be.scatter(be.from_host(a), axis, be.from_host(small), be.from_host(src)), written)
+
+
+def test_scatter_add_duplicates(device):
+    be = backend_for(device)
+    a = np.zeros((2, 3), F32)
+    index = np.array([[0, 0, 2, 0], [1, 1, 1, 1]], I64)
+    src = np.ones((2, 4), F32)
+    expected = a.copy()
+    np.add.at(expected, (np.arange(2)[:, None], index), src)
+    assert_matches(be, be.scatter_add(be.from_host(a), 1, be.from_host(index), be.from_host(src)), expected)
+
+
+# ------------------------------------------------------------------------------------------ creation
+@pytest.mark.parametrize(
+    "dtype",
+    [F32, F64, I32, I64, BOOL, np.uint8, np.int8],
+    ids=["float32", "float64", "int32", "int64", "bool", "uint8", "int8"],
+)
+def test_host_roundtrip_and_full(device, dtype):
+    be = backend_for(device, dtype)
+    rng = np.random.default_rng(14)
+    for shape in [(), (0,), (3, 0, 2), (5,), (2, 3, 4)]:
+        host = sample(rng, shape, dtype)
+        assert_matches(be, be.from_host(host), host)
+        assert_matches(be, be.full(shape, 1, np.dtype(dtype)), np.full(shape, 1, dtype=dtype))
+    strided = sample(rng, (4, 6), dtype)[::2, ::-3]
+    assert_matches(be, be.from_host(strided), strided)
+
+
+@pytest.mark.parametrize(
+    "args", [(0, 10, 1, I64), (2, 11, 3, I32), (0.0, 1.0, 0.1, F32), (5, 0, -1.5, F32), (3, 3, 1, F32)], ids=str
+)
+def test_arange(device, args):
+    be = backend_for(device)
+    start, stop, step, dtype = args
+    assert_matches(
+        be,
+        be.arange(start, stop, step, np.dtype(dtype)),
+        np.arange(start, stop, step, dtype=dtype),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+
+# ------------------------------------------------------------------------------------------ random
+def test_random_reproducible_and_sane(device):
+    be = backend_for(device)
+    be.seed(123)
+    u1 = be.to_host(be.uniform((4000,), np.dtype(F32)))
+    n1 = be.to_host(be.normal((4001,), np.dtype(F32)))
+    r1 = be.to_host(be.randint(-3, 7, (3000,), np.dtype(I64)))
+    be.seed(123)
+    u2 = be.to_host(be.uniform((4000,), np.dtype(F32)))
+    n2 = be.to_host(be.normal((4001,), np.dtype(F32)))
+    r2 = be.to_host(be.randint(-3, 7, (3000,), np.dtype(I64)))
+    np.testing.assert_array_equal(u1, u2)
+    np.testing.assert_array_equal(n1, n2)
+    np.testing.assert_array_equal(r1, r2)
+    assert u1.dtype == F32 and n1.dtype == F32 and r1.dtype == I64
+    assert 0.0 <= u1.min() and u1.max() < 1.0
+    assert abs(u1.mean() - 0.5) < 0.02 and abs(u1.std() - math.sqrt(1 / 12)) < 0.02
+    assert abs(n1.mean()) < 0.06 and abs(n1.std() - 1.0) < 0.05
+    assert r1.min() == -3 and r1.max() == 6
+    assert not np.array_equal(be.to_host(be.uniform((4000,), np.dtype(F32))), u1)  # the counter advanced
+    be.seed(124)
+    assert not np.array_equal(be.to_host(be.uniform((4000,), np.dtype(F32))), u1)
+
+
+def test_random_float64(device):
+    be = backend_for(device, F64)
+    be.seed(0)
+    u = be.to_host(be.uniform((3001,), np.dtype(F64)))
+    n = be.to_host(be.normal((3001,), np.dtype(F64)))
+    assert u.dtype == F64 and 0.0 <= u.min() and u.max() < 1.0
+    assert abs(n.mean()) < 0.08 and abs(n.std() - 1.0) < 0.06
+
+
+# ------------------------------------------------------------------------------------------ runtime
+def test_synchronize_and_memory_stats(device):
+    be = backend_for(device)
+    be.synchronize()
+    stats = be.memory_stats()
+    assert isinstance(stats, dict)
+    if device.startswith("opencl"):
+        x = be.from_host(np.zeros(1 << 16, F32))
+        stats = be.memory_stats()
+        assert stats["allocated"] >= x.size * 4 and stats["peak"] >= stats["allocated"] and stats["total"] > 0
