@@ -262,7 +262,10 @@ def _mlp_run(captured: bool, steps: int = 50, warmup: int = 3):
         return loss
 
     rng = np.random.default_rng(3)
-    data = [(rng.normal(size=(64, 16)).astype(F32), rng.normal(size=(64, 1)).astype(F32)) for _ in range(steps)]
+    data = []
+    for _ in range(steps):  # a learnable target, so the losses fall
+        x = rng.normal(size=(64, 16)).astype(F32)
+        data.append((x, (np.sin(2 * x[:, :1]) + 0.5 * x[:, 1:2]).astype(F32)))
     x0 = fg.tensor(data[0][0], device="cuda")
     y0 = fg.tensor(data[0][1], device="cuda")
     losses = []
@@ -284,7 +287,7 @@ def _mlp_run(captured: bool, steps: int = 50, warmup: int = 3):
 def test_capture_matches_eager_training():
     eager, eager_params = _mlp_run(captured=False)
     graphed, graphed_params = _mlp_run(captured=True)
-    assert eager[-1] < eager[0]  # it trains
+    assert eager[-5:].mean() < eager[:5].mean()  # it trains
     np.testing.assert_allclose(graphed, eager, rtol=1e-4, atol=1e-6)
     for p, q in zip(graphed_params, eager_params):
         np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-5)

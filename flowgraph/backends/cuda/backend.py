@@ -29,7 +29,7 @@ from ...errors import BackendError, FlowError, ShapeError
 from .. import fusion
 from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
-from ..fusion import Expr, FusedProgram, Scalar, linearize, result_dtype
+from ..fusion import Expr, Scalar, linearize, result_dtype
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
 
@@ -102,6 +102,54 @@ class LazyArray:
 def _memory_key(a: Any) -> int:
     """Identity of the allocation ``a`` lives in (views share it)."""
     return id(a.data.mem)
+
+
+def _flatten(root: LazyArray) -> tuple[tuple, list[LazyArray], list[Scalar]]:
+    """``(structural key, leaves, scalars)`` of a lazy tree, in ``fusion.linearize``'s order.
+
+    The hot path of every realization: ``linearize`` builds a full :class:`FusedProgram` (with dtype
+    strings in its key, ~30 us), needed only when a kernel is compiled. This walk visits the tree the
+    same way (inputs depth first, leaves deduplicated by identity, scalars not) and keys by dtype objects.
+    """
+    leaves: list[LazyArray] = []
+    leaf_ref: dict[int, int] = {}
+    scalars: list[Scalar] = []
+    code: list[tuple] = []
+    memo: dict[int, int] = {}
+
+    def visit(x: Any) -> int:
+        if type(x) is Scalar:
+            scalars.append(x)
+            return -len(scalars)  # scalars: -1, -2, ...
+        expr = x.lazy
+        if expr is None:
+            ref = leaf_ref.get(id(x))
+            if ref is None:
+                leaves.append(x)
+                ref = leaf_ref[id(x)] = 1000 + len(leaves)  # leaves: 1001, 1002, ...
+            return ref
+        ref = memo.get(id(x))
+        if ref is None:
+            refs = tuple([visit(i) for i in expr.inputs])
+            code.append((expr.op, expr.dtype, refs))
+            ref = memo[id(x)] = len(code) - 1  # values: 0, 1, ...
+        return ref
+
+    visit(root)
+    key = (tuple(code), tuple([leaf.dtype for leaf in leaves]), tuple([s.dtype for s in scalars]))
+    return key, leaves, scalars
+
+
+def _fast_scalar(value: Any, dtype: np.dtype) -> Scalar:
+    """``Scalar(value, dtype)`` without its NumPy array round trip (3 us) where the dtype's type converts."""
+    try:
+        converted = dtype.type(value)
+    except (OverflowError, ValueError, TypeError):
+        return _fast_scalar(value, dtype)
+    s = Scalar.__new__(Scalar)
+    s.dtype = dtype
+    s.value = converted
+    return s
 
 
 class CupyBackend(ArrayBackend):
@@ -177,45 +225,48 @@ class CupyBackend(ArrayBackend):
         """Run ``x``'s pending expression into a fresh contiguous array (no-op when realized)."""
         if x.lazy is None:
             return x
-        program = linearize(x)
         out = cupy.empty(x.shape, dtype=x.dtype)
-        self._run(program, out)
+        self._run(x, out, fresh=True)
         x.value = out
         x.lazy = None
         return x
 
-    def _kernel(self, program: FusedProgram, out_dtype: np.dtype) -> Any:
-        key = (program.key, out_dtype.str)
+    def _kernel(self, root: LazyArray, key: tuple, out_dtype: np.dtype) -> Any:
         kernel = self._kernels.get(key)
         if kernel is None:
+            program = linearize(root)  # same leaf and scalar order as _flatten
             in_params, out_params, body, preamble = K.elementwise_spec(program, out_dtype)
             kernel = cupy.ElementwiseKernel(in_params, out_params, body, name="fg_fused", preamble=preamble)
             self._kernels[key] = kernel
         return kernel
 
-    def kernel_source(self, program: FusedProgram, out_dtype: Any = None) -> str:
-        """The operation body generated for ``program`` (for debugging and tests)."""
+    def kernel_source(self, x: LazyArray, out_dtype: Any = None) -> str:
+        """The operation body generated for the pending expression ``x`` (for debugging and tests)."""
+        program = linearize(x)
         return K.elementwise_spec(program, np.dtype(out_dtype or program.dtype))[2]
 
-    def _run(self, program: FusedProgram, out: Any) -> None:
-        """Evaluate ``program`` into the cupy array ``out`` (same shape; any layout; converts dtype)."""
+    def _run(self, root: LazyArray, out: Any, fresh: bool = False) -> None:
+        """Evaluate the lazy tree ``root`` into the cupy array ``out`` (same shape, any layout; converts)."""
         if out.size == 0:
             return
         self._use()
-        kernel = self._kernel(program, out.dtype)
-        args: list[Any] = []
-        for leaf in program.leaves:
-            value = leaf.value
-            # The same layout as the output: pass the output itself so CuPy does not copy it first.
-            if value is not out and value.data.ptr == out.data.ptr and value.strides == out.strides:
-                value = out
-            args.append(value)
-        for s in program.scalars:
-            args.append(s.value if s.dtype not in K.HALF_TYPES else np.float32(s.value))
+        key, leaves, scalars = _flatten(root)
+        key = (key, out.dtype)
+        kernel = self._kernel(root, key, out.dtype)
+        args: list[Any] = [leaf.value for leaf in leaves]
+        if not fresh:
+            # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
+            ptr, strides = out.data.ptr, out.strides
+            for i, value in enumerate(args):
+                if value is not out and value.data.ptr == ptr and value.strides == strides:
+                    args[i] = out
+        for sc in scalars:
+            args.append(sc.value if sc.dtype not in K.HALF_TYPES else np.float32(sc.value))
         args.append(out)
         kernel(*args)
-        self.stats["fused_launches"] += 1
-        self.stats["fused_ops"] += len(program.instrs)
+        stats = self.stats
+        stats["fused_launches"] += 1
+        stats["fused_ops"] += len(key[0][0])
 
     def _register_reader(self, node: LazyArray, inputs: Sequence[Any]) -> None:
         """Remember that ``node`` reads the allocations of its realized inputs (see ``assign``)."""
@@ -316,7 +367,7 @@ class CupyBackend(ArrayBackend):
             raise BackendError(
                 f"{where}: expected a CUDA array or a Python scalar, got {type(value).__name__}"
             )
-        return Scalar(value, dtype)
+        return _fast_scalar(value, dtype)
 
     def _unary_method(self, name: str):
         eager = self._eager.get(name)
@@ -547,11 +598,17 @@ class CupyBackend(ArrayBackend):
 
     def argmax(self, a: Array, axis: int, keepdims: bool) -> Array:
         self._use()
-        return super().argmax(self._arr(a), axis, keepdims)
+        a = self._arr(a)
+        if a.ndim == 0:  # NumPy accepts axis 0 of a 0-d array; CuPy does not
+            return cupy.zeros((), dtype=_I64)
+        return super().argmax(a, axis, keepdims)
 
     def argmin(self, a: Array, axis: int, keepdims: bool) -> Array:
         self._use()
-        return super().argmin(self._arr(a), axis, keepdims)
+        a = self._arr(a)
+        if a.ndim == 0:
+            return cupy.zeros((), dtype=_I64)
+        return super().argmin(a, axis, keepdims)
 
     def cumsum(self, a: Array, axis: int) -> Array:
         self._use()
@@ -618,15 +675,15 @@ class CupyBackend(ArrayBackend):
             return
         pending = type(src) is LazyArray and src.lazy is not None
         if pending and src.shape == dst.shape and src.dtype == dst.dtype:
-            program = linearize(src)
+            _, leaves, _ = _flatten(src)
             safe = all(
                 not cupy.may_share_memory(leaf.value, dst)
                 or (leaf.value.data.ptr == dst.data.ptr and leaf.value.strides == dst.strides)
-                for leaf in program.leaves
+                for leaf in leaves
             )
             if safe:
                 # One kernel writes the fused update in place; ``src`` becomes an alias of ``dst``.
-                self._run(program, dst)
+                self._run(src, dst)
                 src.value, src.lazy = dst, None
                 return
         value = self._arr(src)
@@ -738,39 +795,58 @@ class CupyBackend(ArrayBackend):
         return (base.data.ptr, ld, col_major, batch_stride), base
 
     # ----------------------------------------------------------------- indexing
+    def _offsets(self, a: Any, axis: int, index: Any) -> Any:
+        """Element offsets into ``a`` (contiguous) for ``take_along_axis(a, index, axis)``; negatives wrap."""
+        n = a.shape[axis]
+        item = a.dtype.itemsize
+        index = index.astype(_I64, copy=False)
+        off = cupy.where(index < 0, index + n, index) * (a.strides[axis] // item)
+        for d, size in enumerate(index.shape):
+            if d != axis:
+                shape = [1] * index.ndim
+                shape[d] = size
+                off = off + cupy.arange(size, dtype=_I64).reshape(shape) * (a.strides[d] // item)
+        return off
+
     def gather(self, a: Array, axis: int, index: Array) -> Array:
         self._use()
-        return cupy.take_along_axis(self._arr(a), self._arr(index), axis=axis)
+        a = cupy.ascontiguousarray(self._arr(a))
+        index = self._arr(index)
+        if index.ndim != a.ndim or not 0 <= axis < max(a.ndim, 1):
+            raise ShapeError(f"gather: index shape {index.shape} and axis {axis} do not fit array shape {a.shape}")
+        if index.size == 0:
+            return cupy.empty(index.shape, dtype=a.dtype)
+        if a.ndim == 0:
+            return a.copy()
+        return a.reshape(-1).take(self._offsets(a, axis, index))
 
-    def _full_index(self, index: Any, axis: int) -> tuple:
-        grids = []
-        for d, n in enumerate(index.shape):
-            if d == axis:
-                grids.append(index)
-            else:
-                shape = [1] * index.ndim
-                shape[d] = n
-                grids.append(cupy.arange(n).reshape(shape))
-        return tuple(grids)
+    def _scatter(self, a: Any, axis: int, index: Any, src: Any, accumulate: bool) -> Any:
+        self._use()
+        out = cupy.array(self._arr(a), order="C", copy=True)
+        index = self._arr(index)
+        if index.size == 0:
+            return out
+        if out.ndim == 0:
+            raise ShapeError("scatter: needs an array with at least one axis")
+        if isinstance(src, _SCALARS):
+            values = cupy.full(index.shape, src, dtype=out.dtype)
+        else:
+            values = cupy.broadcast_to(self._arr(src).astype(out.dtype, copy=False), index.shape)
+        offsets = self._offsets(out, axis, index).reshape(-1)
+        flat = out.reshape(-1)
+        if accumulate:
+            import cupyx
+
+            cupyx.scatter_add(flat, offsets, values.reshape(-1))
+        else:
+            flat[offsets] = values.reshape(-1)
+        return out
 
     def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
-        import cupyx
-
-        self._use()
-        a, index = self._arr(a), self._arr(index)
-        out = a.copy()
-        if index.size:
-            src = cupy.broadcast_to(self._arr(src), index.shape).astype(a.dtype, copy=False)
-            cupyx.scatter_add(out, self._full_index(index, axis), src)
-        return out
+        return self._scatter(a, axis, index, src, accumulate=True)
 
     def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
-        self._use()
-        a, index = self._arr(a), self._arr(index)
-        out = a.copy()
-        if index.size:
-            out[self._full_index(index, axis)] = cupy.broadcast_to(self._arr(src), index.shape)
-        return out
+        return self._scatter(a, axis, index, src, accumulate=False)
 
     # ----------------------------------------------------------------- runtime
     def synchronize(self) -> None:

@@ -61,8 +61,8 @@ def scalar_transport(dtype: np.dtype) -> np.dtype:
 def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, str, str, str]:
     """``(in_params, out_params, operation, preamble)`` of the ElementwiseKernel computing ``program``.
 
-    Leaves are ``in0..``, scalars ``s0..`` and the output ``out``; every type is a placeholder (one letter
-    per dtype) bound by the arguments it receives.
+    Leaves are ``in0..``, scalars ``s0..`` and the output ``out``. Array types are placeholders (one letter
+    per dtype) bound by the arrays passed; scalars are typed by name.
     """
     emitter = CudaEmitter()
 
@@ -85,8 +85,12 @@ def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, s
         return found
 
     params = [f"{letter(leaf.dtype)} in{i}" for i, leaf in enumerate(program.leaves)]
-    params += [f"{letter(scalar_transport(s.dtype))} s{i}" for i, s in enumerate(program.scalars)]
-    return ", ".join(params), f"{letter(out_dtype)} out", "\n".join(lines), emitter.helper_source()
+    # Scalars bind no placeholder in CuPy: they get their dtype's name (16-bit floats travel as float32).
+    params += [f"{scalar_transport(s.dtype).name} s{i}" for i, s in enumerate(program.scalars)]
+    preamble = emitter.helper_source()
+    if BF16 in program.dtypes() or out_dtype == BF16:
+        preamble = "#include <cupy/bfloat16.cuh>\n" + preamble
+    return ", ".join(params), f"{letter(out_dtype)} out", "\n".join(lines), preamble
 
 
 _PLACEHOLDERS = "TUVWXYZABCDEFGHJKLMNPQRS"
