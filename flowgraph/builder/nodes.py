@@ -374,7 +374,7 @@ class SwitchNode(Node):
             offsets.append(offsets[-1] + c)
         # Row r goes to sorted position offset[branch] + (rank of r among its branch's rows).
         rank = (onehot.cumsum(0) * onehot).sum(1) - 1
-        dest = rank + (onehot * Tensor_from(offsets, x)).sum(1)
+        dest = rank + (onehot * _int_tensor(offsets, x)).sum(1)
         order = zeros(batch, dtype=int64, device=x.device).scatter(0, dest, arange(batch, device=x.device))
         outs = []
         for b in used:
@@ -398,7 +398,7 @@ class SwitchNode(Node):
         return self.branches[i](x)
 
 
-def Tensor_from(values: list[int], like: Tensor) -> Tensor:  # noqa: N802 - small local constructor
+def _int_tensor(values: list[int], like: Tensor) -> Tensor:
     """An int64 tensor on ``like``'s device."""
     from ..tensor import tensor
 

@@ -237,3 +237,20 @@ def test_structure_is_json_and_describes_nodes():
     assert [e["verb"] for e in s] == ["from", "split", "split", "merge", "loop", "gate", "through"]
     assert s[0]["tag"] == "encoded" and s[0]["module"] == "Dense"
     assert s[0]["params"][0] == ["encoded.lin.weight", [8, 4]]
+
+
+def test_shared_module_is_one_parameter_set():
+    lin = nn.Linear(2, 2)
+    g = FlowBuilder().through(lin).through(Tanh()).through(lin).build()
+    assert len(list(g.parameters())) == 2
+    assert {"through_0.weight", "through_2.weight"} <= set(g.state_dict())
+    x = fg.randn(3, 2)
+    close(g(x), lin(lin(x).tanh()))
+
+
+def test_same_labelled_graph_twice_shares_weights():
+    block = FlowBuilder.from_(nn.Linear(2, 2)).label("block").build()
+    g = FlowBuilder.from_(block).through(block).build()
+    assert list(dict(g.named_children())) == ["block"]
+    x = fg.randn(1, 2)
+    close(g(x), block(block(x)))
