@@ -192,6 +192,8 @@ class Graph(Module):
             if isinstance(m, Graph):
                 m._state = {k: (v.to(*args, **kwargs) if isinstance(v, Tensor) else v)
                             for k, v in m._state.items()}
+                m._tag_inits = {k: (v.to(*args, **kwargs) if isinstance(v, Tensor) else v)
+                                for k, v in m._tag_inits.items()}
         return self
 
     # ------------------------------------------------------------------ loops
