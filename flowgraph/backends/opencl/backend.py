@@ -70,7 +70,9 @@ class OpenCLBackend(Backend):
         self.supports_float16 = "cl_khr_fp16" in extensions
         self.device_name = self.cl_device.name.strip()
         self._max_group = int(self.cl_device.max_work_group_size)
-        self._tile = 16 if self._max_group >= 256 else 8
+        # matmul work-groups of threads x threads work-items, each computing work x work outputs
+        self._matmul_threads = 16 if self._max_group >= 256 else 8
+        self._matmul_work = 4
         from pyopencl.tools import ImmediateAllocator, MemoryPool
 
         self._pool = MemoryPool(ImmediateAllocator(self.queue))
@@ -164,9 +166,7 @@ class OpenCLBackend(Backend):
         if not isinstance(a, CLArray):
             raise BackendError(f"{where}: expected a CLArray on {self.device}, got {type(a).__name__}")
         if a.backend is not self:
-            raise BackendError(
-                f"{where}: the array lives on {a.backend.device}, not {self.device}; move it first"
-            )
+            raise BackendError(f"{where}: the array lives on {a.backend.device}, not {self.device}; move it first")
         return a
 
     def realize(self, a: CLArray) -> CLArray:
@@ -245,8 +245,7 @@ class OpenCLBackend(Backend):
                         f"{op}: shapes {[a.shape for a in arrays]} do not broadcast together (NumPy rules)"
                     ) from None
         prepared = [
-            x if isinstance(x, Scalar) or x.shape == shape else self._broadcast_operand(x, shape, op)
-            for x in inputs
+            x if isinstance(x, Scalar) or x.shape == shape else self._broadcast_operand(x, shape, op) for x in inputs
         ]
         expr = Expr(op, prepared, dtype)
         if expr.too_big():
@@ -300,10 +299,7 @@ class OpenCLBackend(Backend):
         else:
             dtype = np.result_type(a, b)
         dtype = self.check_dtype(dtype, "where")
-        inputs = [
-            self._own(x, "where") if isinstance(x, CLArray) else self._scalar(x, dtype, "where")
-            for x in (a, b)
-        ]
+        inputs = [self._own(x, "where") if isinstance(x, CLArray) else self._scalar(x, dtype, "where") for x in (a, b)]
         if isinstance(cond, CLArray):
             cond = self._own(cond, "where")
         else:
@@ -365,9 +361,7 @@ class OpenCLBackend(Backend):
             second_value = np.array(start + step).astype(dtype)
             first = float(first_value)
             delta = float(second_value) - first
-        kernel = self._kernel(
-            ("arange", dtype.str, step_dtype.str), lambda: K.arange_source(dtype, step_dtype)
-        )
+        kernel = self._kernel(("arange", dtype.str, step_dtype.str), lambda: K.arange_source(dtype, step_dtype))
         self._launch(kernel, n, [n, n, out.buffer, 0, 1, first, delta])
         return out
 
@@ -541,9 +535,7 @@ class OpenCLBackend(Backend):
         a = self.realize(self._own(a, "reshape"))
         shape = tuple(shape)
         if shape_size(shape) != a.size:
-            raise ShapeError(
-                f"reshape: cannot reshape an array of shape {a.shape} ({a.size} elements) to {shape}"
-            )
+            raise ShapeError(f"reshape: cannot reshape an array of shape {a.shape} ({a.size} elements) to {shape}")
         if not is_contiguous(a.shape, a.strides):
             a = self.contiguous(a)
         return self._view(a, shape, contiguous_strides(shape), a.offset)
@@ -607,17 +599,13 @@ class OpenCLBackend(Backend):
                 n == m for d, (n, m) in enumerate(zip(x.shape, first.shape)) if d != axis
             )
             if not same:
-                raise ShapeError(
-                    f"concatenate: shapes {[y.shape for y in arrays]} differ outside axis {axis}"
-                )
+                raise ShapeError(f"concatenate: shapes {[y.shape for y in arrays]} differ outside axis {axis}")
         shape = list(first.shape)
         shape[axis] = sum(x.shape[axis] for x in arrays)
         out = self.empty(tuple(shape), first.dtype)
         start = 0
         for x in arrays:
-            index = tuple(
-                slice(start, start + x.shape[axis]) if d == axis else slice(None) for d in range(x.ndim)
-            )
+            index = tuple(slice(start, start + x.shape[axis]) if d == axis else slice(None) for d in range(x.ndim))
             self._write(self.slice(out, index), x)
             start += x.shape[axis]
         return out
@@ -666,9 +654,7 @@ class OpenCLBackend(Backend):
         try:
             batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         except ValueError:
-            raise ShapeError(
-                f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast"
-            ) from None
+            raise ShapeError(f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast") from None
         a = self._expand_view(a, batch + (m, k), "matmul")
         b = self._expand_view(b, batch + (k, n), "matmul")
         out = self.empty(batch + (m, n), a.dtype)
@@ -677,9 +663,11 @@ class OpenCLBackend(Backend):
             dims, strides = K.collapse(batch, [out.strides[:nb], a.strides[:nb], b.strides[:nb]])
             rank = len(dims)
             acc = _INT64 if a.dtype.kind in "biu" else self._accumulator(a.dtype)
-            tile = self._tile
+            threads, work = self._matmul_threads, self._matmul_work
+            tile = threads * work
             kernel = self._kernel(
-                ("matmul", a.dtype.str, rank, tile), lambda: K.matmul_source(rank, a.dtype, acc, tile)
+                ("matmul", a.dtype.str, rank, threads, work),
+                lambda: K.matmul_source(rank, a.dtype, acc, threads, work),
             )
             args = [
                 m,
@@ -700,8 +688,8 @@ class OpenCLBackend(Backend):
                 b.strides[-2],
                 b.strides[-1],
             ]
-            gsize = (-(-n // tile) * tile, -(-m // tile) * tile, shape_size(dims))
-            kernel(self.queue, gsize, (tile, tile, 1), *args)
+            gsize = (-(-n // tile) * threads, -(-m // tile) * threads, shape_size(dims))
+            kernel(self.queue, gsize, (threads, threads, 1), *args)
         if squeeze_a or squeeze_b:
             shape = out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,))
             out = self._view(out, shape, contiguous_strides(shape), 0)
@@ -718,9 +706,7 @@ class OpenCLBackend(Backend):
         a = self.realize(self._own(a, "gather"))
         index = self._index_operand(index, "gather")
         if index.ndim != a.ndim or not 0 <= axis < a.ndim:
-            raise ShapeError(
-                f"gather: index shape {index.shape} and axis {axis} do not fit array shape {a.shape}"
-            )
+            raise ShapeError(f"gather: index shape {index.shape} and axis {axis} do not fit array shape {a.shape}")
         out = self.empty(index.shape, a.dtype)
         if out.size == 0:
             return out
@@ -756,9 +742,7 @@ class OpenCLBackend(Backend):
         a = self._own(a, where)
         index = self._index_operand(index, where)
         if index.ndim != a.ndim or not 0 <= axis < a.ndim:
-            raise ShapeError(
-                f"{where}: index shape {index.shape} and axis {axis} do not fit array shape {a.shape}"
-            )
+            raise ShapeError(f"{where}: index shape {index.shape} and axis {axis} do not fit array shape {a.shape}")
         out = self.empty(a.shape, a.dtype)
         self._write(out, a)
         if index.size == 0:
@@ -770,9 +754,7 @@ class OpenCLBackend(Backend):
             src = self.realize(self.full(index.shape, src, a.dtype))
         out_strides = tuple(0 if d == axis else s for d, s in enumerate(out.strides))
         dims, strides = self._line_layout(index.shape, axis, [out_strides, index.strides, src.strides])
-        kernel = self._kernel(
-            (where, a.dtype.str, len(dims)), lambda: K.scatter_source(len(dims), a.dtype, accumulate)
-        )
+        kernel = self._kernel((where, a.dtype.str, len(dims)), lambda: K.scatter_source(len(dims), a.dtype, accumulate))
         n_lines = shape_size(dims)
         args = [
             n_lines,

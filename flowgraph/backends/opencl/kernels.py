@@ -107,9 +107,7 @@ class Params:
         return f"__kernel void {name}(" + ", ".join(self.decls) + ")"
 
 
-def collapse(
-    shape: Sequence[int], strides: Sequence[Sequence[int]]
-) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Drop size-1 axes and merge neighbours that are contiguous in every operand.
 
     ``strides`` holds one stride tuple per operand (in elements). Returns the reduced shape and strides;
@@ -177,10 +175,7 @@ def strided_kernel(
     params.dtypes += params_after.dtypes
     lines = ["long gid = get_global_id(0);", "if (gid >= n) return;"]
     lines += decompose("gid", "d", "c", rank)
-    lines += [
-        f"long {op_name}_p = {offset_expr(f'{op_name}_off', op_name, 'c', rank)};"
-        for op_name, _, _ in operands
-    ]
+    lines += [f"long {op_name}_p = {offset_expr(f'{op_name}_off', op_name, 'c', rank)};" for op_name, _, _ in operands]
     lines += list(body)
     dtypes = {dt for _, dt, _ in operands} | (extra_dtypes or set())
     source = (
@@ -200,9 +195,7 @@ def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype) ->
     emitter = OpenCLEmitter()
     lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines.append(f"out[out_p] = {emitter.convert(result, program.dtype, out_dtype)};")
-    operands = [("out", out_dtype, False)] + [
-        (f"in{i}", leaf.dtype, True) for i, leaf in enumerate(program.leaves)
-    ]
+    operands = [("out", out_dtype, False)] + [(f"in{i}", leaf.dtype, True) for i, leaf in enumerate(program.leaves)]
     scalars = Params()
     for i, s in enumerate(program.scalars):
         scalars.scalar(s.dtype, f"s{i}")
@@ -300,8 +293,7 @@ def reduce_source(
     lines.append("for (long j = t; j < n_in; j += L) {")
     inner = decompose("j", "r", "rc", red_rank)
     inner += [
-        f"long in{i}_p = {offset_expr(f'in{i}_b', f'in{i}', 'rc', red_rank, 'r')};"
-        for i in range(len(program.leaves))
+        f"long in{i}_p = {offset_expr(f'in{i}_b', f'in{i}', 'rc', red_rank, 'r')};" for i in range(len(program.leaves))
     ]
     inner += expr_lines
     inner.append(f"{acc_t} v = {emitter.convert(result, program.dtype, acc_dtype)};")
@@ -405,14 +397,19 @@ def arange_source(dtype: np.dtype, step_dtype: np.dtype) -> KernelSource:
 
 
 # ----------------------------------------------------------------------------------------- matmul
-def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, tile: int) -> KernelSource:
-    """Tiled batched GEMM: ``tile`` x ``tile`` work-groups stage A and B tiles in local memory.
+def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, threads: int, work: int) -> KernelSource:
+    """Register-blocked batched GEMM (the "myGEMM" scheme).
 
-    A and B are strided (row and column strides are arguments, so transposed views need no copy); the
-    batch index is split over ``batch_rank`` collapsed batch dims with per-operand batch strides.
+    A work-group of ``threads`` x ``threads`` work-items computes a ``threads * work`` square tile of the
+    output; each work-item keeps ``work`` x ``work`` accumulators in registers, taking rows and columns
+    ``threads`` apart so local-memory reads are conflict-free and global writes coalesce. A and B tiles
+    (``threads`` deep along K) are staged in local memory. A and B are strided (row and column strides are
+    arguments, so transposed views need no copy); the batch index is split over ``batch_rank`` collapsed
+    batch dims with per-operand batch strides. Only ``threads`` and ``work`` are in the source.
     """
     emitter = OpenCLEmitter()
     acc_t = ctype(acc_dtype)
+    tile, depth, group = threads * work, threads, threads * threads
     params = Params()
     params.long("M", "N", "K", *[f"d{i}" for i in range(batch_rank)])
     params.strided(dtype, "out", batch_rank, const=False)
@@ -420,27 +417,49 @@ def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, tile: i
     params.long("a_rs", "a_cs")
     params.strided(dtype, "b", batch_rank, const=True)
     params.long("b_rs", "b_cs")
+    zero = f"({acc_t})0"
     lines = [
         "int tx = get_local_id(0), ty = get_local_id(1);",
-        f"long col = get_group_id(0) * {tile} + tx;",
-        f"long row = get_group_id(1) * {tile} + ty;",
+        f"int tid = ty * {threads} + tx;",
+        f"long col0 = get_group_id(0) * {tile};",
+        f"long row0 = get_group_id(1) * {tile};",
         "long bidx = get_global_id(2);",
     ]
     lines += decompose("bidx", "d", "c", batch_rank)
     lines += [f"long {n}_p = {offset_expr(f'{n}_off', n, 'c', batch_rank)};" for n in ("out", "a", "b")]
     lines += [
-        f"__local {acc_t} As[{tile}][{tile} + 1];",
-        f"__local {acc_t} Bs[{tile}][{tile} + 1];",
-        f"{acc_t} acc = 0;",
-        f"for (long t0 = 0; t0 < K; t0 += {tile}) {{",
-        "  long ak = t0 + tx, bk = t0 + ty;",
-        f"  As[ty][tx] = (row < M && ak < K) ? ({acc_t})a[a_p + row * a_rs + ak * a_cs] : ({acc_t})0;",
-        f"  Bs[ty][tx] = (bk < K && col < N) ? ({acc_t})b[b_p + bk * b_rs + col * b_cs] : ({acc_t})0;",
+        f"__local {acc_t} As[{depth}][{tile}];",
+        f"__local {acc_t} Bs[{depth}][{tile}];",
+        f"{acc_t} acc[{work}][{work}];",
+        f"for (int i = 0; i < {work}; i++) for (int j = 0; j < {work}; j++) acc[i][j] = {zero};",
+        f"for (long t0 = 0; t0 < K; t0 += {depth}) {{",
+        f"  for (int l = 0; l < {work}; l++) {{",
+        f"    int e = tid + l * {group};",
+        f"    int m = e / {depth}, k = e % {depth};",
+        "    long gr = row0 + m, gk = t0 + k;",
+        f"    As[k][m] = (gr < M && gk < K) ? ({acc_t})a[a_p + gr * a_rs + gk * a_cs] : {zero};",
+        f"    int k2 = e / {tile}, n2 = e % {tile};",
+        "    long gk2 = t0 + k2, gc = col0 + n2;",
+        f"    Bs[k2][n2] = (gk2 < K && gc < N) ? ({acc_t})b[b_p + gk2 * b_rs + gc * b_cs] : {zero};",
+        "  }",
         "  barrier(CLK_LOCAL_MEM_FENCE);",
-        f"  for (int k = 0; k < {tile}; k++) acc += As[ty][k] * Bs[k][tx];",
+        f"  for (int k = 0; k < {depth}; k++) {{",
+        f"    {acc_t} bv[{work}];",
+        f"    for (int j = 0; j < {work}; j++) bv[j] = Bs[k][tx + j * {threads}];",
+        f"    for (int i = 0; i < {work}; i++) {{",
+        f"      {acc_t} av = As[k][ty + i * {threads}];",
+        f"      for (int j = 0; j < {work}; j++) acc[i][j] += av * bv[j];",
+        "    }",
+        "  }",
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         "}",
-        f"if (row < M && col < N) out[out_p + row * N + col] = {emitter.convert('acc', acc_dtype, dtype)};",
+        f"for (int i = 0; i < {work}; i++) {{",
+        f"  long row = row0 + ty + i * {threads};",
+        f"  for (int j = 0; j < {work}; j++) {{",
+        f"    long col = col0 + tx + j * {threads};",
+        f"    if (row < M && col < N) out[out_p + row * N + col] = {emitter.convert('acc[i][j]', acc_dtype, dtype)};",
+        "  }",
+        "}",
     ]
     source = (
         _header(emitter, {dtype, acc_dtype})

@@ -51,15 +51,12 @@ def device_context(index: int) -> tuple[Any, Any, Any]:
         return found
     if cl is None:
         raise BackendError(
-            "device 'opencl' needs pyopencl, which is not installed; "
-            "install it with: pip install 'flowgraph[opencl]'"
+            "device 'opencl' needs pyopencl, which is not installed; install it with: pip install 'flowgraph[opencl]'"
         )
     try:
         devices = _all_devices()
     except Exception as exc:  # noqa: BLE001
-        raise BackendError(
-            f"OpenCL platforms could not be listed ({exc}); is an ICD (e.g. PoCL) installed?"
-        ) from exc
+        raise BackendError(f"OpenCL platforms could not be listed ({exc}); is an ICD (e.g. PoCL) installed?") from exc
     if not 0 <= index < len(devices):
         names = [f"opencl:{i} ({d.name.strip()})" for i, d in enumerate(devices)] or ["none"]
         raise BackendError(f"no OpenCL device opencl:{index}; available: {', '.join(names)}")
