@@ -415,6 +415,10 @@ class AvgPool1d(_AvgPoolNd):
         self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True
     ):
         super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
+        # PyTorch keeps 1-tuples here (its repr shows kernel_size=(3,))
+        self.kernel_size = _ntuple(kernel_size, 1, "kernel_size", "AvgPool1d")
+        self.stride = _ntuple(self.stride, 1, "stride", "AvgPool1d")
+        self.padding = _ntuple(padding, 1, "padding", "AvgPool1d")
 
 
 class AvgPool2d(_AvgPoolNd):
