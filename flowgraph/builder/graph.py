@@ -128,7 +128,15 @@ class Graph(Module):
             if ref.stream is not None:
                 out[tag] = values[ref.stream]
             elif tag in self._state:
-                out[tag] = self._state[tag]
+                value = self._state[tag]
+                if (isinstance(value, Tensor) and isinstance(x, Tensor) and value.ndim and x.ndim
+                        and value.shape[0] != x.shape[0]):
+                    raise FlowError(
+                        f"{ref.call.describe()}: the forward ref {tag!r} carries the previous call's value of "
+                        f"shape {tuple(value.shape)}, but this call's input has {x.shape[0]} rows; call "
+                        "graph.reset_state() when the batch size changes"
+                    )
+                out[tag] = value
             else:
                 init = self._tag_inits.get(tag)
                 if init is None:

@@ -144,3 +144,12 @@ def test_using_targets_each_verb(device, where):
     close(g(fg.ones(2, 2, device=device)), expect * fg.ones(2, 2))
     if where in ("gate", "switch"):
         assert got == ["router" if where == "gate" else "selector"]
+
+
+def test_forward_ref_batch_change_needs_reset(device):
+    g = _accumulator()
+    g(fg.ones(4, 2, device=device))
+    with pytest.raises(fg.FlowError, match=r"call #2 \.using\('h'\).*reset_state\(\)"):
+        g(fg.ones(3, 2, device=device))
+    g.reset_state()
+    close(g(fg.ones(3, 2, device=device)), fg.ones(3, 2))
