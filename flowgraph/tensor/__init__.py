@@ -1,4 +1,5 @@
 """The tensor layer: ``Tensor``, dtypes and every functional op, installed as methods and operators."""
+# ruff: noqa: F401 - this module re-exports the functional API; ``__all__`` is computed at the bottom
 
 from __future__ import annotations
 

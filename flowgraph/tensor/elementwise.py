@@ -213,8 +213,7 @@ def mul(a, b) -> Tensor:
     except ValueError:
         raise _shape_error("mul", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca = a.detach() if at is not None else a
-        cb = b.detach() if bt is not None else b
+        ca, cb = a, b
 
         def bw(g):
             return _grads(g * cb if at is not None and at.requires_grad else None,
@@ -243,8 +242,7 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
     except ValueError:
         raise _shape_error("div", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca = a.detach() if at is not None else a
-        cb = b.detach() if bt is not None else b
+        ca, cb = a, b
 
         def bw(g):
             ga = g / cb if at is not None and at.requires_grad else None
@@ -273,8 +271,7 @@ def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
     except ValueError:
         raise _shape_error("pow", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca = a.detach() if at is not None else a
-        cb = b.detach() if bt is not None else b
+        ca, cb = a, b
         y = _alias(out)
 
         def bw(g):
@@ -287,8 +284,10 @@ def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
                     ga = where(cb == 0, 0.0, ga)
             if bt is not None and bt.requires_grad:
                 base = ca if isinstance(ca, Tensor) else _wrap(bk.full((), ca, y._data.dtype), bk)
-                gb = g * y * where(base > 0, base, 1.0).log()
-                gb = where(base > 0, gb, where(base == 0, 0.0, gb * float("nan")))
+                yy = y if not STATE.enabled else ca**cb  # create_graph: the output with its graph
+                gb = g * yy * where(base > 0, base, 1.0).log()
+                # base < 0: NaN (as torch); a NaN constant, not gb * nan, keeps double backward NaN-free
+                gb = where(base > 0, gb, where(base == 0, 0.0, float("nan")).to(gb.dtype))
             return _grads(ga, gb, at, bt)
 
         _attach(out, bw, (at, bt), "Pow", tuple(t for t in (at, bt, out) if t is not None))
@@ -320,8 +319,7 @@ def _minmax(prim: str, name: str):
         except ValueError:
             raise _shape_error(name, a, b) from None
         if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-            ca = a.detach() if at is not None else a
-            cb = b.detach() if bt is not None else b
+            ca, cb = a, b
 
             def bw(g):
                 pick_a = (ca > cb) if prim == "maximum" else (ca < cb)
@@ -346,8 +344,7 @@ def atan2(a, b) -> Tensor:
     bk, ad, bd, at, bt = _operands(a, b, "atan2")
     out = _wrap(bk.atan2(ad, bd), bk)
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca = a.detach() if at is not None else a
-        cb = b.detach() if bt is not None else b
+        ca, cb = a, b
 
         def bw(g):
             den = ca * ca + cb * cb
@@ -406,8 +403,7 @@ def remainder(a, b) -> Tensor:
     bk, ad, bd, at, bt = _operands(a, b, "remainder")
     out = _wrap(bk.remainder(ad, bd), bk)
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca = a.detach() if at is not None else a
-        cb = b.detach() if bt is not None else b
+        ca, cb = a, b
 
         def bw(g):
             return _grads(g, -g * (ca / cb).floor() if bt is not None else None, at, bt)
@@ -432,9 +428,14 @@ def _unary(prim: str, name: str, grad, save_out: bool = False, float_only: bool 
             d = bk.cast(d, get_default_dtype().np)
         out = _wrap(getattr(bk, prim)(d), bk)
         if a.requires_grad and STATE.enabled:
-            x = a.detach()
             y = _alias(out) if save_out else None
-            _attach(out, lambda g: (grad(g, x, y),), (a,), name, (a, out) if save_out else (a,))
+
+            def bw(g):
+                if STATE.enabled:  # create_graph: use values that carry their graph (recompute the output)
+                    return (grad(g, a, op(a) if save_out else None),)
+                return (grad(g, a, y),)
+
+            _attach(out, bw, (a,), name, (a, out) if save_out else (a,))
         return out
 
     op.__name__ = prim
@@ -504,7 +505,12 @@ def sigmoid(a: Tensor) -> Tensor:
     out = _wrap(bk.reciprocal(bk.add(bk.exp(bk.neg(d)), 1.0)), bk)
     if a.requires_grad and STATE.enabled:
         y = _alias(out)
-        _attach(out, lambda g: (g * y * (1.0 - y),), (a,), "Sigmoid", (out,))
+
+        def bw(g):
+            yy = y if not STATE.enabled else sigmoid(a)
+            return (g * yy * (1.0 - yy),)
+
+        _attach(out, bw, (a,), "Sigmoid", (out,))
     return out
 
 
@@ -531,10 +537,11 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
         cdf = bk.mul(bk.add(bk.erf(bk.mul(x, 1.0 / _SQRT_2)), 1.0), 0.5)
         out = _wrap(bk.mul(x, cdf), bk)
         if a.requires_grad and STATE.enabled:
-            xc = a.detach()
-            cdf_t = _wrap(cdf, bk)
+            xc = a
+            cdf_saved = _wrap(cdf, bk)
 
             def bw(g):
+                cdf_t = cdf_saved if not STATE.enabled else ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5
                 pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
                 return (g * (cdf_t + xc * pdf),)
 
@@ -546,10 +553,11 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     th = bk.tanh(inner)
     out = _wrap(bk.mul(bk.mul(x, bk.add(th, 1.0)), 0.5), bk)
     if a.requires_grad and STATE.enabled:
-        xc = a.detach()
-        th_t = _wrap(th, bk)
+        xc = a
+        th_saved = _wrap(th, bk)
 
         def bw_tanh(g):
+            th_t = th_saved if not STATE.enabled else ((xc + xc * xc * xc * 0.044715) * _SQRT_2_OVER_PI).tanh()
             dinner = (xc * xc * (3 * 0.044715) + 1.0) * _SQRT_2_OVER_PI
             return (g * (0.5 * (th_t + 1.0) + 0.5 * xc * (1.0 - th_t * th_t) * dinner),)
 
@@ -564,9 +572,13 @@ def silu(a: Tensor) -> Tensor:
     s = bk.reciprocal(bk.add(bk.exp(bk.neg(d)), 1.0))
     out = _wrap(bk.mul(d, s), bk)
     if a.requires_grad and STATE.enabled:
-        xc = a.detach()
-        st = _wrap(s, bk)
-        _attach(out, lambda g: (g * st * (1.0 + xc * (1.0 - st)),), (a,), "Silu", (a,))
+        s_saved = _wrap(s, bk)
+
+        def bw(g):
+            st = s_saved if not STATE.enabled else sigmoid(a)
+            return (g * st * (1.0 + a * (1.0 - st)),)
+
+        _attach(out, bw, (a,), "Silu", (a,))
     return out
 
 

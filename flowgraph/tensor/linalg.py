@@ -41,7 +41,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         ad, bd = _promote_pair(a, b)
     out = _wrap(bk.matmul(ad, bd), bk)
     if STATE.enabled and (a.requires_grad or b.requires_grad):
-        ac, bc = a.detach(), b.detach()
+        ac, bc = a, b
         need_a, need_b = a.requires_grad, b.requires_grad
 
         def bw(g):

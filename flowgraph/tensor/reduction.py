@@ -93,7 +93,7 @@ def _extreme(prim: str, argprim: str, name: str):
             axes = tuple(range(len(shape)))
             out = _wrap(bk.__getattribute__(prim)(a._data, axes, False), bk)
             if a.requires_grad and STATE.enabled:
-                x = a.detach()
+                x = a
                 y = _alias(out)
 
                 def bw_all(g):
@@ -143,7 +143,7 @@ def _amaxmin(a: Tensor, dim, keepdim: bool, prim: str) -> Tensor:
     axes = _norm_dims(dim, len(shape), "a" + prim)
     out = _wrap(getattr(bk, prim)(a._data, axes, keepdim), bk)
     if a.requires_grad and STATE.enabled:
-        x = a.detach()
+        x = a
         y = _alias(out)
 
         def bw(g):
@@ -179,7 +179,7 @@ def prod(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     axes = _norm_dims(dim, len(shape), "prod")
     out = _wrap(bk.prod(a._data, axes, keepdim), bk)
     if a.requires_grad and STATE.enabled:
-        x = a.detach()
+        x = a
 
         def bw(g):
             # product of all the other elements: exclusive cumulative products from both sides.
@@ -267,7 +267,12 @@ def softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
     out = _wrap(bk.div(e, bk.sum(e, (ax,) if a.ndim else (), True)), bk)
     if a.requires_grad and STATE.enabled:
         y = _alias(out)
-        _attach(out, lambda g: (y * (g - (g * y).sum(ax, keepdim=True)),), (a,), "Softmax", (out,))
+
+        def bw(g):
+            yy = y if not STATE.enabled else softmax(a, ax)  # create_graph: the output with its graph
+            return (yy * (g - (g * yy).sum(ax, keepdim=True)),)
+
+        _attach(out, bw, (a,), "Softmax", (out,))
     return out
 
 
@@ -285,7 +290,12 @@ def log_softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
     out = _wrap(bk.sub(shifted, bk.log(bk.sum(bk.exp(shifted), axes, True))), bk)
     if a.requires_grad and STATE.enabled:
         y = _alias(out)
-        _attach(out, lambda g: (g - y.exp() * g.sum(ax, keepdim=True),), (a,), "LogSoftmax", (out,))
+
+        def bw(g):
+            yy = y if not STATE.enabled else log_softmax(a, ax)
+            return (g - yy.exp() * g.sum(ax, keepdim=True),)
+
+        _attach(out, bw, (a,), "LogSoftmax", (out,))
     return out
 
 
@@ -313,7 +323,12 @@ def _safe_sqrt(x: Tensor) -> Tensor:
     out = _wrap(bk.sqrt(x._data), bk)
     if x.requires_grad and STATE.enabled:
         y = _alias(out)
-        _attach(out, lambda g: (where(y > 0, g / (y * 2.0), 0.0),), (x,), "Norm", (out,))
+
+        def bw(g):
+            yy = y if not STATE.enabled else _safe_sqrt(x)
+            return (where(yy > 0, g / (yy * 2.0), 0.0),)
+
+        _attach(out, bw, (x,), "Norm", (out,))
     return out
 
 

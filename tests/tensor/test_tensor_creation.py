@@ -71,7 +71,9 @@ def test_full_and_full_like(device, value):
     close(fg.full(4, value, device=device), torch.full((4,), value))
 
 
-@pytest.mark.parametrize("args", [(5,), (2, 7), (0, 1, 0.25), (1.5, 4), (5, 0, -1), (0, 10, 3), (3, 3), (-2.0, 2.0, 0.5)])
+@pytest.mark.parametrize(
+    "args", [(5,), (2, 7), (0, 1, 0.25), (1.5, 4), (5, 0, -1), (0, 10, 3), (3, 3), (-2.0, 2.0, 0.5)]
+)
 def test_arange(device, args):
     close(fg.arange(*args, device=device), torch.arange(*args))
     close(fg.arange(*args, dtype=fg.float32, device=device), torch.arange(*args, dtype=torch.float32))
