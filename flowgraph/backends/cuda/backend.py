@@ -832,15 +832,20 @@ class CupyBackend(ArrayBackend):
             values = cupy.full(index.shape, src, dtype=out.dtype)
         else:
             values = cupy.broadcast_to(self._arr(src).astype(out.dtype, copy=False), index.shape)
+        import cupyx
+
         offsets = self._offsets(out, axis, index).reshape(-1)
         flat = out.reshape(-1)
+        values = values.reshape(-1)
         if accumulate:
-            import cupyx
-
-            cupyx.scatter_add(flat, offsets, values.reshape(-1))
-        else:
-            flat[offsets] = values.reshape(-1)
-        return out
+            cupyx.scatter_add(flat, offsets, values)
+            return out
+        # Duplicate targets: the last write in index order wins, as in NumPy (a GPU store order is arbitrary).
+        winner = cupy.full(flat.size, -1, dtype=np.int32)
+        cupyx.scatter_max(winner, offsets, cupy.arange(offsets.size, dtype=np.int32))
+        written = winner >= 0
+        picked = values.take(cupy.maximum(winner, 0))
+        return cupy.where(written, picked, flat).reshape(out.shape)
 
     def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
         return self._scatter(a, axis, index, src, accumulate=True)
