@@ -35,8 +35,18 @@ required = _Required()
 
 
 def write_(dst: Tensor, new: Tensor) -> Tensor:
-    """Write ``new`` into ``dst``'s storage (one in-place copy): the single write that ends a fused update."""
-    return dst.copy_(new)
+    """Write ``new`` into ``dst``'s storage in place: the single write that ends a fused update.
+
+    ``new`` was computed from ``dst`` under ``no_grad`` (same device and shape), so this is ``dst.copy_(new)``
+    without its broadcasting and autograd bookkeeping: one backend ``assign`` and a version bump. It is the
+    one place to change if updates should write differently (e.g. a fused kernel's output buffer).
+    """
+    data = new._data
+    if data.dtype != dst._data.dtype:
+        data = dst._backend.cast(data, dst._data.dtype)
+    dst._data = dst._backend.assign(dst._data, data)
+    dst._bump_version()
+    return dst
 
 
 def lerp(start: Tensor, end: Tensor, weight: float) -> Tensor:

@@ -60,7 +60,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{'-'.join(map(str, c[1].values()))}"[:80])
+def _case_id(case) -> str:
+    name, kwargs = case[0], case[1]
+    return name + "-" + "-".join(f"{k}={v}" for k, v in kwargs.items() if not callable(v))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_sequence_matches_torch(case):
     name, kwargs, kind, steps = case
     fopt, topt = _optimizers(kind)
@@ -142,7 +147,7 @@ def test_reduce_on_plateau_matches_torch(kwargs):
     assert reductions > 0
 
 
-@pytest.mark.parametrize("case", [CASES[3], CASES[9], CASES[14], CASES[17]], ids=lambda c: c[0])
+@pytest.mark.parametrize("case", [CASES[3], CASES[9], CASES[14], CASES[17]], ids=_case_id)
 def test_state_dict_round_trip(case):
     name, kwargs, kind, _ = case
     straight, _ = _optimizers(kind)
