@@ -315,9 +315,7 @@ def result_dtype(op: str, dtype: np.dtype) -> np.dtype:
             with np.errstate(all="ignore"):
                 out = ufunc(*([probe] * ufunc.nin))
         except TypeError as exc:
-            raise BackendError(
-                f"elementwise {op!r} is not defined for {dtype} arrays (NumPy: {exc})"
-            ) from exc
+            raise BackendError(f"elementwise {op!r} is not defined for {dtype} arrays (NumPy: {exc})") from exc
         found = _RESULT_DTYPES[key] = out.dtype
     return found
 

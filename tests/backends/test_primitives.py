@@ -412,6 +412,25 @@ def test_assign(device):
     assert_matches(be, wide, np.ones((2, 3), F32))
 
 
+def test_assign_source_keeps_its_value(device):
+    be = backend_for(device)
+    p = be.from_host(np.arange(4, dtype=F32))
+    new = be.sub(p, 1.0)
+    twice = be.mul(new, 2.0)
+    be.assign(p, new)
+    expected = np.arange(4, dtype=F32) - 1
+    assert_matches(be, new, expected)
+    be.assign(p, 100.0)
+    assert_matches(be, new, expected)
+    assert_matches(be, twice, expected * 2)
+    assert_matches(be, p, np.full(4, 100.0, F32))
+    inner = be.exp(p)
+    outer = be.add(inner, 1.0)
+    be.to_host(inner)  # realizes inner; outer now reads its buffer
+    be.assign(inner, 0.0)
+    assert_matches(be, outer, np.exp(np.full(4, 100.0, F32)) + 1)
+
+
 def test_pending_results_survive_assign(device):
     be = backend_for(device)
     x = be.from_host(np.arange(4, dtype=F32))

@@ -56,7 +56,7 @@ class CLArray:
     Layers above read only ``shape``, ``ndim``, ``dtype``, ``size`` and ``len()``; the backend owns the rest.
     """
 
-    __slots__ = ("backend", "buffer", "shape", "strides", "offset", "dtype", "lazy", "__weakref__")
+    __slots__ = ("backend", "buffer", "shape", "strides", "offset", "dtype", "lazy", "consumers", "__weakref__")
 
     def __init__(
         self,
@@ -75,6 +75,8 @@ class CLArray:
         self.offset = offset
         self.dtype = dtype
         self.lazy = lazy
+        #: lazy arrays whose expression reads this (still lazy) array directly; see OpenCLBackend.assign
+        self.consumers: Any = None
 
     @property
     def ndim(self) -> int:

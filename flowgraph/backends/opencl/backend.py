@@ -78,7 +78,10 @@ class OpenCLBackend(Backend):
         self._pool = MemoryPool(ImmediateAllocator(self.queue))
         self._peak = 0
         self._kernels: dict[tuple, tuple[Any, K.KernelSource]] = {}
+        # Lazy arrays not yet realized (synchronize runs them) and, per buffer id, the lazy arrays that
+        # read that buffer directly: assign realizes those before it overwrites the buffer.
         self._pending: weakref.WeakSet[CLArray] = weakref.WeakSet()
+        self._readers: dict[int, weakref.WeakSet[CLArray]] = {}
         self._seed = 0
         self._counter = 0
 
@@ -179,7 +182,20 @@ class OpenCLBackend(Backend):
         self._run_program(program, a.shape, buffer, 0, strides, a.dtype)
         a.buffer, a.strides, a.offset, a.lazy = buffer, strides, 0, None
         self._pending.discard(a)
+        if a.consumers:
+            # Whoever read this lazy array now reads its buffer.
+            self._add_readers(buffer, a.consumers)
+            a.consumers = None
         return a
+
+    def _add_readers(self, buffer: Any, readers: Any) -> None:
+        found = self._readers.get(id(buffer))
+        if found is None:
+            if len(self._readers) > 4096:
+                # Entries of freed buffers are empty (a live reader keeps its buffer alive): drop them.
+                self._readers = {k: v for k, v in self._readers.items() if len(v)}
+            found = self._readers[id(buffer)] = weakref.WeakSet()
+        found.update(readers)
 
     def _run_program(
         self,
@@ -220,12 +236,20 @@ class OpenCLBackend(Backend):
         self._run_program(program, dst.shape, dst.buffer, dst.offset, dst.strides, dst.dtype)
 
     def _flush_readers(self, buffer: Any, keep: Any) -> None:
-        """Realize pending expressions that read ``buffer`` before it is overwritten (except ``keep``)."""
-        for pending in list(self._pending):
-            if pending is keep or pending.lazy is None:
-                continue
-            if any(leaf.buffer is buffer for leaf in fusion.leaves_of(pending)):
-                self.realize(pending)
+        """Realize lazy arrays that read ``buffer`` before it is overwritten (all but ``keep``).
+
+        Readers are tracked exactly and cheaply: a node registers under the buffers of its realized
+        inputs, and with its lazy inputs as a consumer; a lazy array that is realized hands its consumers
+        on to its new buffer. Realizing a direct reader turns it into a leaf for everything above it.
+        """
+        readers = self._readers.pop(id(buffer), None)
+        if not readers:
+            return
+        for reader in list(readers):
+            if reader is keep:
+                self._add_readers(buffer, (reader,))
+            elif reader.lazy is not None:
+                self.realize(reader)
 
     # ----------------------------------------------------------------- elementwise graph building
     def _broadcast_operand(self, x: CLArray, shape: Shape, where: str) -> CLArray:
@@ -256,6 +280,15 @@ class OpenCLBackend(Backend):
         out = CLArray(self, None, shape, None, 0, dtype, expr)
         if not fusion.is_enabled():
             return self.realize(out)
+        for x in prepared:
+            if isinstance(x, Scalar):
+                continue
+            if x.lazy is None:
+                self._add_readers(x.buffer, (out,))
+            else:
+                if x.consumers is None:
+                    x.consumers = weakref.WeakSet()
+                x.consumers.add(out)
         self._pending.add(out)
         return out
 
@@ -631,8 +664,17 @@ class OpenCLBackend(Backend):
             out = self.empty(dst.shape, dst.dtype)
             self._write(out, src)
             return out
+        lazy_src = isinstance(src, CLArray) and src.lazy is not None
+        if lazy_src and (src.shape != dst.shape or src.dtype != dst.dtype):
+            self.realize(src)  # before the write: its expression may read dst
+            lazy_src = False
         self._flush_readers(dst.buffer, keep=src)
         self._write(dst, src)
+        if lazy_src:
+            # ``src`` now equals ``dst``: it becomes a lazy copy of it (registered as a reader, so a later
+            # write to ``dst`` realizes it first) rather than re-running its expression on new values.
+            src.lazy = Expr("copy", (dst,), dst.dtype)
+            self._add_readers(dst.buffer, (src,))
         return dst
 
     # ----------------------------------------------------------------- linear algebra
