@@ -36,7 +36,9 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 
 
 def _maybe_inplace(x: Tensor, fn, inplace: bool, name: str) -> Tensor:
-    return apply_inplace(x, fn, name + "_") if inplace else fn(x)
+    # fn runs on a copy: the core's apply_inplace overwrites the storage its ops saved for backward
+    # (e.g. silu saves its input), which would silently corrupt their gradients.
+    return apply_inplace(x, lambda s: fn(s.clone()), name + "_") if inplace else fn(x)
 
 
 # ---------------------------------------------------------------------- functional forms
@@ -123,7 +125,7 @@ def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
 
     def fn(x: Tensor) -> Tensor:
         gate = (x / 6.0 + 0.5).clamp(0.0, 1.0)
-        return where(x < -3.0, x * 0.0, where(x > 3.0, x, x * gate))
+        return where(x <= -3.0, x * 0.0, where(x < 3.0, x * gate, x))  # PyTorch's one-sided gradients
 
     return _maybe_inplace(input, fn, inplace, "hardswish")
 
