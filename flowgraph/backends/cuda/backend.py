@@ -245,12 +245,12 @@ class CupyBackend(ArrayBackend):
         program = linearize(x)
         return K.elementwise_spec(program, np.dtype(out_dtype or program.dtype))[2]
 
-    def _run(self, root: LazyArray, out: Any, fresh: bool = False) -> None:
+    def _run(self, root: LazyArray, out: Any, fresh: bool = False, flat: tuple | None = None) -> None:
         """Evaluate the lazy tree ``root`` into the cupy array ``out`` (same shape, any layout; converts)."""
         if out.size == 0:
             return
         self._use()
-        key, leaves, scalars = _flatten(root)
+        key, leaves, scalars = flat or _flatten(root)
         key = (key, out.dtype)
         kernel = self._kernel(root, key, out.dtype)
         args: list[Any] = [leaf.value for leaf in leaves]
@@ -282,7 +282,10 @@ class CupyBackend(ArrayBackend):
     def _prune_readers(self) -> None:
         self._reader_count = 0
         for key in list(self._readers):
-            alive = [r for r in self._readers[key] if (n := r()) is not None and n.lazy is not None]
+            alive = [
+                r for r in self._readers[key]
+                if (n := r()) is not None and (n.lazy is not None or _memory_key(n.value) == key)
+            ]
             if alive:
                 self._readers[key] = alive
             else:
@@ -290,13 +293,19 @@ class CupyBackend(ArrayBackend):
 
     def _flush_readers(self, dst: Any, keep: Any) -> None:
         """Realize pending expressions that read ``dst``'s allocation before it is overwritten."""
-        refs = self._readers.pop(_memory_key(dst), None)
+        key = _memory_key(dst)
+        refs = self._readers.pop(key, None)
         if not refs:
             return
         for ref in refs:
             node = ref()
-            if node is not None and node is not keep and node.lazy is not None:
+            if node is None or node is keep:
+                continue
+            if node.lazy is not None:
                 self.realize(node)
+            elif node.value is not None and _memory_key(node.value) == key:
+                # An earlier fused write made ``node`` an alias of this buffer: give it its own copy.
+                node.value = node.value.copy()
 
     # ----------------------------------------------------------------- elementwise graph building
     def _leaf(self, x: Any, shape: Shape, where: str) -> LazyArray:
@@ -648,9 +657,11 @@ class CupyBackend(ArrayBackend):
 
     def contiguous(self, a: Array) -> Array:
         self._use()
-        if type(a) is LazyArray and a.lazy is not None:
-            return self.realize(a).value
-        a = self._arr(a)
+        if type(a) is LazyArray:
+            # The array itself when it already is contiguous (callers test identity to decide to copy).
+            if self._arr(a).flags.c_contiguous:
+                return a
+            a = a.value
         if a.flags.c_contiguous:
             return a
         return cupy.ascontiguousarray(a) if a.ndim else a.copy()
@@ -675,16 +686,19 @@ class CupyBackend(ArrayBackend):
             return
         pending = type(src) is LazyArray and src.lazy is not None
         if pending and src.shape == dst.shape and src.dtype == dst.dtype:
-            _, leaves, _ = _flatten(src)
+            flat = _flatten(src)
+            leaves = flat[1]
             safe = all(
                 not cupy.may_share_memory(leaf.value, dst)
                 or (leaf.value.data.ptr == dst.data.ptr and leaf.value.strides == dst.strides)
                 for leaf in leaves
             )
             if safe:
-                # One kernel writes the fused update in place; ``src`` becomes an alias of ``dst``.
-                self._run(src, dst)
+                # One kernel writes the fused update in place; ``src`` becomes an alias of ``dst`` until
+                # ``dst`` is written again (``_flush_readers`` then copies it out, if it is still alive).
+                self._run(src, dst, flat=flat)
                 src.value, src.lazy = dst, None
+                self._readers.setdefault(_memory_key(dst), []).append(weakref.ref(src))
                 return
         value = self._arr(src)
         if value.shape != dst.shape:
