@@ -219,7 +219,9 @@ class RNNBase(Module):
         """One layer in one direction over the whole sequence ``x`` (L, N, F)."""
         w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, direction)
         mode, hidden = self.mode, self.hidden_size
-        xp = x.matmul(w_ih.t())  # the input projection of every time step at once
+        L, N, F = x.shape
+        # the input projection of every time step at once, as one 2-d matmul
+        xp = x.reshape(L * N, F).matmul(w_ih.t()).reshape(L, N, w_ih.shape[0])
         if b_ih is not None:
             # b_hh adds linearly except inside GRU's n gate, so RNN/LSTM fold it into the hoisted projection
             xp = xp + (b_ih if mode == "GRU" else b_ih + b_hh)
