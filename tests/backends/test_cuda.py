@@ -122,6 +122,28 @@ def test_chain_is_one_kernel_and_kernels_are_cached_by_structure(be):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.bool_],
+                         ids=["float32", "float16", "int32", "bool"])
+def test_sum_of_pending_expression_is_one_kernel(be, dtype):
+    rng = np.random.default_rng(5)
+    a = (rng.normal(size=(6, 7, 5)) * 3).astype(dtype)
+    b = (rng.normal(size=(7, 1)) * 3).astype(dtype)
+    x, y = be.from_host(a), be.from_host(b)
+    for axes, keepdims in [((0,), False), ((1, 2), True), ((0, 1, 2), False)]:
+        expr = be.mul(x, y) if dtype != np.bool_ else be.logical_xor(x, y)
+        launches = be.stats["fused_launches"]
+        got = be.to_host(be.sum(expr, axes, keepdims))
+        assert be.stats["fused_launches"] == launches + 1
+        ref = a * b if dtype != np.bool_ else np.logical_xor(a, b)
+        kwargs = {"dtype": ref.dtype} if ref.dtype.kind == "f" else {}
+        expected = np.sum(ref.astype(np.float64) if dtype == np.float16 else ref, axis=axes, keepdims=keepdims,
+                          **({} if dtype == np.float16 else kwargs))
+        assert got.dtype == np.sum(ref, axis=axes, **kwargs).dtype
+        tol = 1e-2 if dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(got.astype(np.float64), np.asarray(expected, np.float64), rtol=tol, atol=tol)
+
+
+@gpu
 def test_fused_update_in_place_and_pending_readers(be):
     p = be.from_host(np.arange(6, dtype=F32))
     g = be.from_host(np.ones(6, F32))

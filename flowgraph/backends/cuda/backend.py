@@ -580,10 +580,36 @@ class CupyBackend(ArrayBackend):
     # ----------------------------------------------------------------- reductions (realize, then CuPy)
     def sum(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
         self._use()
+        if type(a) is LazyArray and a.lazy is not None and axes and a.dtype != K.BF16 and fusion.is_enabled():
+            if 0 not in a.shape:
+                return self._fused_sum(a, tuple(axes), keepdims)
         a = self._arr(a)
         if a.dtype in K.HALF_TYPES:
             return cupy.sum(a.astype(np.float32), axis=axes, keepdims=keepdims).astype(a.dtype)
         return super().sum(a, axes, keepdims)
+
+    def _fused_sum(self, a: LazyArray, axes: tuple[int, ...], keepdims: bool) -> Any:
+        """``sum`` of a pending expression as one reduction kernel that computes the expression on the fly."""
+        dtype = a.dtype
+        if dtype.kind == "f":
+            out_dtype = dtype
+        else:
+            out_dtype = np.sum(np.zeros(1, dtype)).dtype  # NumPy's: int64 for bool and signed ints
+        acc = K.F32 if dtype in K.HALF_TYPES else out_dtype
+        flat = _flatten(a)
+        key = ("sum", flat[0], out_dtype)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            spec = K.sum_spec(linearize(a), acc, out_dtype)
+            kernel = cupy.ReductionKernel(name="fg_fused_sum", **spec)
+            self._kernels[key] = kernel
+        args: list[Any] = [leaf.value for leaf in flat[1]]
+        args += [s.value if s.dtype not in K.HALF_TYPES else np.float32(s.value) for s in flat[2]]
+        out = kernel(*args, axis=axes, keepdims=keepdims)
+        stats = self.stats
+        stats["fused_launches"] += 1
+        stats["fused_ops"] += len(flat[0][0]) + 1
+        return out
 
     def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
         self._use()

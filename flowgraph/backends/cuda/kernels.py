@@ -96,6 +96,48 @@ def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, s
 _PLACEHOLDERS = "TUVWXYZABCDEFGHJKLMNPQRS"
 
 
+def sum_spec(program: FusedProgram, acc: np.dtype, out_dtype: np.dtype) -> dict[str, str]:
+    """Arguments of the ``cupy.ReductionKernel`` summing ``program`` (the fused map feeds the reduction).
+
+    The expression becomes a ``__device__`` function ``fg_map`` of the leaves and scalars, so
+    ``sum(x * y)`` or ``sum(exp(x - m))`` reads its inputs once and writes only the sums.
+    """
+    emitter = CudaEmitter()
+
+    def scalar_name(i: int) -> str:
+        dtype = program.scalars[i].dtype
+        return f"(({emitter.ctype(dtype)})s{i})" if dtype in HALF_TYPES else f"s{i}"
+
+    lines, result = program.emit(emitter, lambda i: f"in{i}", scalar_name)
+    args = [f"{emitter.ctype(leaf.dtype)} in{i}" for i, leaf in enumerate(program.leaves)]
+    args += [f"{emitter.ctype(scalar_transport(s.dtype))} s{i}" for i, s in enumerate(program.scalars)]
+    names = [f"in{i}" for i in range(len(program.leaves))] + [f"s{i}" for i in range(len(program.scalars))]
+    body = "".join(f"  {line}\n" for line in lines)
+    function = (
+        f"__device__ {emitter.ctype(acc)} fg_map({', '.join(args)}) {{\n{body}"
+        f"  return {emitter.convert(result, program.dtype, acc)};\n}}\n"
+    )
+    letters: dict[np.dtype, str] = {}
+    params = []
+    for i, leaf in enumerate(program.leaves):
+        letter = letters.setdefault(leaf.dtype, _PLACEHOLDERS[len(letters)])
+        params.append(f"{letter} in{i}")
+    params += [f"{scalar_transport(s.dtype).name} s{i}" for i, s in enumerate(program.scalars)]
+    preamble = emitter.helper_source() + function
+    if BF16 in program.dtypes():
+        preamble = "#include <cupy/bfloat16.cuh>\n" + preamble
+    return {
+        "in_params": ", ".join(params),
+        "out_params": f"{np.dtype(out_dtype).name} out",
+        "map_expr": f"fg_map({', '.join(names)})",
+        "reduce_expr": "a + b",
+        "post_map_expr": f"out = ({emitter.ctype(np.dtype(out_dtype))})(a)",
+        "identity": "0",
+        "reduce_type": emitter.ctype(acc),
+        "preamble": preamble,
+    }
+
+
 # ---------------------------------------------------------------------------------------- random
 #: Values written per Philox block (one 4x32-bit draw) for each kernel.
 RNG_PER_BLOCK = {"uniform_f32": 4, "uniform_f64": 2, "normal_f32": 4, "normal_f64": 2, "randint": 2}
