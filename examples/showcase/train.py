@@ -145,27 +145,36 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--serve", action="store_true", help="live dashboard on http://127.0.0.1:3000")
     parser.add_argument("--port", type=int, default=3000)
+    parser.add_argument("--linger", type=float, default=30.0,
+                        help="with --serve: seconds the final dashboard stays up after training (Ctrl-C ends it)")
+    parser.add_argument("--report", default=str(HERE / "report.html"), help="where the HTML report is written")
     args = parser.parse_args()
+
+    from flowgraph.monitor import Monitor
 
     model = build_model()
     print(f"written {write_svg(model)}")
-    monitor = None
-    if args.serve:
-        from flowgraph.monitor import Monitor
+    with Monitor(total_epochs=args.epochs, report_path=args.report, title="showcase") as monitor:
+        monitor.watch(model)
+        if args.serve:
+            print(f"dashboard: {monitor.serve(port=args.port)}", flush=True)
 
-        monitor = Monitor(total_epochs=args.epochs)
-        print(f"dashboard: {monitor.serve(port=args.port)}")
+        def report(epoch: int, seconds: float, metrics: dict) -> None:
+            for name, value in metrics.items():     # batch-level values were averaged by train()
+                model.record(name, value)
+            model.flush()
+            monitor.log(epoch, seconds, model)      # reads model.latest_metrics(), parameters, structure
 
-    def report(epoch: int, seconds: float, metrics: dict) -> None:
-        if monitor is not None:
-            monitor.log(epoch, seconds, metrics)
-        else:
-            print(f"epoch {epoch + 1}/{args.epochs} loss={metrics['loss']:.4f} aux={metrics['aux_loss']:.4f} "
-                  f"passes={metrics['loop_passes']} [{seconds:.2f}s]")
-
-    train(args.epochs, args.device, on_epoch=report, model=model)
-    if monitor is not None:
-        monitor.finish()
+        train(args.epochs, args.device, on_epoch=report, model=model)
+        monitor.finish(keep_serving=args.serve)
+        monitor.export_csv(str(Path(args.report).with_suffix(".csv")))
+        if args.serve and args.linger > 0:
+            print(f"training done; the dashboard stays up for {args.linger:.0f}s (Ctrl-C to quit)", flush=True)
+            try:
+                time.sleep(args.linger)
+            except KeyboardInterrupt:
+                pass
+        monitor.close()
 
 
 if __name__ == "__main__":
