@@ -9,6 +9,7 @@ also keeps its own on-disk cache in ``POCL_CACHE_DIR``).
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 from ...errors import BackendError
@@ -74,7 +75,10 @@ def build_program(context: Any, source: str) -> Any:
     if program is None:
         start = time.perf_counter()
         try:
-            program = cl.Program(context, source).build()
+            with warnings.catch_warnings():
+                # NVIDIA's compiler says this of every kernel; it carries no information.
+                warnings.filterwarnings("ignore", message=r"(?s).*overriding noinline attribute", category=Warning)
+                program = cl.Program(context, source).build()
         except cl.RuntimeError as exc:
             raise BackendError(
                 "OpenCL kernel failed to build (a flowgraph bug; please report it with this source):\n"
