@@ -1,4 +1,379 @@
-"""attention layers (being written)."""
+"""Attention with PyTorch's names, arguments, parameter names and semantics: ``F.scaled_dot_product_attention``,
+``F.multi_head_attention_forward``, ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer`` and
+``nn.TransformerEncoder``. A torch state dict loads directly (``in_proj_weight``, ``out_proj.weight``,
+``self_attn.in_proj_bias``, ``linear1.weight``, ``norm1.weight``, ``layers.0....``).
 
-__all__: list[str] = []
-__functional__: list[str] = []
+Masks follow PyTorch: for ``MultiheadAttention`` a boolean ``attn_mask``/``key_padding_mask`` marks
+positions that may *not* be attended (True = masked); for ``scaled_dot_product_attention`` a boolean
+mask marks positions that *may* be attended (True = keep). Float masks are added to the scores.
+
+    mha = nn.MultiheadAttention(embed_dim=16, num_heads=4, batch_first=True)
+    out, weights = mha(x, x, x, key_padding_mask=pad)     # x (N, L, 16), pad (N, L) bool
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..errors import FlowError, ShapeError
+from ..tensor import Tensor, arange, cat, empty, gelu, pad, relu, where, zeros
+from . import init
+from .containers import ModuleList
+from .dropout import Dropout
+from .dropout import dropout as _dropout
+from .linear import Linear, linear
+from .module import Module, Parameter
+from .normalization import LayerNorm
+
+__all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder"]
+__functional__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
+
+
+# ---------------------------------------------------------------------- masks and the attention core
+def _additive_mask(mask: Tensor | None, dtype, true_means_masked: bool, name: str) -> Tensor | None:
+    """A float mask to add to the scores: bool masks become 0 / -inf, float masks are used as given."""
+    if mask is None:
+        return None
+    if mask.dtype.name == "bool":
+        blocked = mask if true_means_masked else ~mask
+        return where(blocked, float("-inf"), 0.0).to(dtype)
+    if not mask.dtype.is_floating_point:
+        raise FlowError(f"{name} must be a bool or floating tensor, got {mask.dtype}")
+    return mask if mask.dtype is dtype else mask.to(dtype)
+
+
+def _causal_mask(L: int, S: int, like: Tensor) -> Tensor:
+    """0 on and below the diagonal (aligned top-left, as PyTorch), -inf above, shape (L, S)."""
+    rows = arange(L, device=like.device).unsqueeze(1)
+    cols = arange(S, device=like.device).unsqueeze(0)
+    return where(cols <= rows, 0.0, float("-inf")).to(like.dtype)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, scale: float
+            ) -> tuple[Tensor, Tensor]:
+    """``softmax(q k^T * scale + bias)``, dropout, times ``v``; returns (output, attention weights)."""
+    scores = (q * scale).matmul(k.transpose(-2, -1))
+    if bias is not None:
+        scores = scores + bias
+    weights = scores.softmax(-1)
+    if dropout_p > 0.0:
+        weights = _dropout(weights, dropout_p, True)
+    return weights.matmul(v), weights
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``softmax(Q K^T * scale + mask) V`` over the last two dims (PyTorch's reference semantics).
+
+    ``query`` (..., L, E), ``key`` (..., S, E), ``value`` (..., S, Ev). ``attn_mask`` broadcasts to
+    (..., L, S): bool True = may attend, or a float bias. ``is_causal`` masks above the diagonal (and
+    excludes ``attn_mask``); ``scale`` defaults to ``1/sqrt(E)``; ``dropout_p`` is always applied (pass
+    0.0 in evaluation). ``enable_gqa`` repeats key/value heads (dim -3) to match the query heads.
+    """
+    if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
+        raise ShapeError("scaled_dot_product_attention: query, key and value need at least 2 dims (..., L, E)")
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise ShapeError(
+            f"scaled_dot_product_attention: query {tuple(query.shape)}, key {tuple(key.shape)}, value "
+            f"{tuple(value.shape)}: query and key need the same last dim, key and value the same length (dim -2)"
+        )
+    if is_causal and attn_mask is not None:
+        raise FlowError("scaled_dot_product_attention: pass either attn_mask or is_causal=True, not both")
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        heads_q, heads_kv = query.shape[-3], key.shape[-3]
+        if heads_q % heads_kv:
+            raise ShapeError(f"scaled_dot_product_attention: {heads_q} query heads are not a multiple of "
+                             f"{heads_kv} key/value heads")
+        key = key.repeat_interleave(heads_q // heads_kv, -3)
+        value = value.repeat_interleave(heads_q // heads_kv, -3)
+    L, S = query.shape[-2], key.shape[-2]
+    bias = _causal_mask(L, S, query) if is_causal else _additive_mask(attn_mask, query.dtype, False, "attn_mask")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    return _attend(query, key, value, bias, dropout_p, scale)[0]
+
+
+def multi_head_attention_forward(
+    query: Tensor, key: Tensor, value: Tensor, embed_dim_to_check: int, num_heads: int,
+    in_proj_weight: Tensor | None, in_proj_bias: Tensor | None, bias_k: Tensor | None, bias_v: Tensor | None,
+    add_zero_attn: bool, dropout_p: float, out_proj_weight: Tensor, out_proj_bias: Tensor | None,
+    training: bool = True, key_padding_mask: Tensor | None = None, need_weights: bool = True,
+    attn_mask: Tensor | None = None, use_separate_proj_weight: bool = False, q_proj_weight: Tensor | None = None,
+    k_proj_weight: Tensor | None = None, v_proj_weight: Tensor | None = None, static_k: Tensor | None = None,
+    static_v: Tensor | None = None, average_attn_weights: bool = True, is_causal: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """PyTorch's ``F.multi_head_attention_forward`` on sequence-first inputs (L, N, E) or unbatched (L, E).
+
+    Returns ``(output, weights)``: weights (N, L, S) averaged over heads, (N, H, L, S) with
+    ``average_attn_weights=False``, or None when ``need_weights`` is False.
+    """
+    batched = query.ndim == 3
+    if query.ndim not in (2, 3) or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise ShapeError(f"multi_head_attention_forward: query, key and value must all be 3-d (L, N, E) or 2-d "
+                         f"(L, E); got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if not batched:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.unsqueeze(0)
+    tgt_len, bsz, embed_dim = query.shape
+    if embed_dim != embed_dim_to_check:
+        raise ShapeError(f"MultiheadAttention: query has {embed_dim} features, expected embed_dim="
+                         f"{embed_dim_to_check}")
+    if key.shape[:2] != value.shape[:2]:
+        raise ShapeError(f"MultiheadAttention: key {tuple(key.shape)} and value {tuple(value.shape)} must share "
+                         "(S, N)")
+    if is_causal and attn_mask is None:
+        raise FlowError("MultiheadAttention: is_causal=True is a hint that attn_mask is causal; pass the causal "
+                        "attn_mask too (as PyTorch requires)")
+    head_dim = embed_dim // num_heads
+    if static_k is not None or static_v is not None:
+        raise FlowError("multi_head_attention_forward: static_k/static_v are not supported")
+
+    # input projections
+    if not use_separate_proj_weight:
+        if in_proj_weight is None:
+            raise FlowError("multi_head_attention_forward: in_proj_weight is None; pass it or set "
+                            "use_separate_proj_weight=True with q/k/v_proj_weight")
+        if query is key and key is value:
+            q, k, v = linear(query, in_proj_weight, in_proj_bias).chunk(3, -1)
+        else:
+            w_q, w_k, w_v = in_proj_weight.chunk(3, 0)
+            b_q, b_k, b_v = (None, None, None) if in_proj_bias is None else in_proj_bias.chunk(3, 0)
+            q, k, v = linear(query, w_q, b_q), linear(key, w_k, b_k), linear(value, w_v, b_v)
+    else:
+        b_q, b_k, b_v = (None, None, None) if in_proj_bias is None else in_proj_bias.chunk(3, 0)
+        q, k, v = linear(query, q_proj_weight, b_q), linear(key, k_proj_weight, b_k), linear(value, v_proj_weight, b_v)
+
+    dtype = q.dtype
+    mask = _additive_mask(attn_mask, dtype, True, "attn_mask")
+    if mask is not None:
+        if mask.ndim == 2:
+            if tuple(mask.shape) != (tgt_len, key.shape[0]):
+                raise ShapeError(f"MultiheadAttention: a 2-d attn_mask must have shape {(tgt_len, key.shape[0])}, "
+                                 f"got {tuple(mask.shape)}")
+            mask = mask.unsqueeze(0)
+        elif mask.ndim == 3:
+            if tuple(mask.shape) != (bsz * num_heads, tgt_len, key.shape[0]):
+                raise ShapeError(f"MultiheadAttention: a 3-d attn_mask must have shape "
+                                 f"{(bsz * num_heads, tgt_len, key.shape[0])}, got {tuple(mask.shape)}")
+        else:
+            raise ShapeError(f"MultiheadAttention: attn_mask must be 2-d or 3-d, got {mask.ndim}-d")
+    kpm = _additive_mask(key_padding_mask, dtype, True, "key_padding_mask")
+    if kpm is not None and tuple(kpm.shape) != (bsz, key.shape[0]):
+        raise ShapeError(f"MultiheadAttention: key_padding_mask must have shape {(bsz, key.shape[0])}, got "
+                         f"{tuple(kpm.shape)}")
+
+    if bias_k is not None and bias_v is not None:
+        k = cat([k, bias_k.expand(1, bsz, embed_dim)], 0)
+        v = cat([v, bias_v.expand(1, bsz, embed_dim)], 0)
+        mask = None if mask is None else pad(mask, (0, 1))
+        kpm = None if kpm is None else pad(kpm, (0, 1))
+
+    q = q.reshape(tgt_len, bsz * num_heads, head_dim).transpose(0, 1)
+    k = k.reshape(k.shape[0], bsz * num_heads, head_dim).transpose(0, 1)
+    v = v.reshape(v.shape[0], bsz * num_heads, head_dim).transpose(0, 1)
+    if add_zero_attn:
+        k = cat([k, zeros(bsz * num_heads, 1, head_dim, dtype=dtype, device=k.device)], 1)
+        v = cat([v, zeros(bsz * num_heads, 1, head_dim, dtype=dtype, device=v.device)], 1)
+        mask = None if mask is None else pad(mask, (0, 1))
+        kpm = None if kpm is None else pad(kpm, (0, 1))
+    src_len = k.shape[1]
+    if kpm is not None:
+        kpm = kpm.reshape(bsz, 1, 1, src_len).expand(bsz, num_heads, 1, src_len).reshape(bsz * num_heads, 1, src_len)
+        mask = kpm if mask is None else mask + kpm
+
+    out, weights = _attend(q, k, v, mask, dropout_p if training else 0.0, 1.0 / math.sqrt(head_dim))
+    out = out.transpose(0, 1).reshape(tgt_len * bsz, embed_dim)
+    out = linear(out, out_proj_weight, out_proj_bias).reshape(tgt_len, bsz, embed_dim)
+    if not need_weights:
+        return (out if batched else out.squeeze(1)), None
+    weights = weights.reshape(bsz, num_heads, tgt_len, src_len)
+    if average_attn_weights:
+        weights = weights.mean(1)
+    if not batched:
+        return out.squeeze(1), weights.squeeze(0)
+    return out, weights
+
+
+# ---------------------------------------------------------------------- modules
+class MultiheadAttention(Module):
+    """Multi-head attention (PyTorch's ``nn.MultiheadAttention``: same arguments, parameters, masks).
+
+    ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False)`` returns ``(output, weights or None)``.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise FlowError(f"MultiheadAttention: embed_dim and num_heads must be positive, got {embed_dim} and "
+                            f"{num_heads}")
+        if embed_dim % num_heads:
+            raise FlowError(f"MultiheadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
+                            f"({num_heads})")
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+        if not self._qkv_same_embed_dim:
+            self.q_proj_weight = Parameter(empty(embed_dim, embed_dim, device=device, dtype=dtype))
+            self.k_proj_weight = Parameter(empty(embed_dim, self.kdim, device=device, dtype=dtype))
+            self.v_proj_weight = Parameter(empty(embed_dim, self.vdim, device=device, dtype=dtype))
+            self.register_parameter("in_proj_weight", None)
+        else:
+            self.in_proj_weight = Parameter(empty(3 * embed_dim, embed_dim, device=device, dtype=dtype))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        if bias:
+            self.in_proj_bias = Parameter(empty(3 * embed_dim, device=device, dtype=dtype))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
+        if add_bias_kv:
+            self.bias_k = Parameter(empty(1, 1, embed_dim, device=device, dtype=dtype))
+            self.bias_v = Parameter(empty(1, 1, embed_dim, device=device, dtype=dtype))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """PyTorch's initialisation: Xavier-uniform projections, zero biases, Xavier-normal bias_k/bias_v."""
+        if self._qkv_same_embed_dim:
+            init.xavier_uniform_(self.in_proj_weight)
+        else:
+            init.xavier_uniform_(self.q_proj_weight)
+            init.xavier_uniform_(self.k_proj_weight)
+            init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            init.constant_(self.in_proj_bias, 0.0)
+            init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+        if self.bias_v is not None:
+            init.xavier_normal_(self.bias_v)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Tensor | None = None,
+                need_weights: bool = True, attn_mask: Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
+        batched = query.ndim == 3
+        if self.batch_first and batched:
+            if key is value:
+                if query is key:
+                    query = key = value = query.transpose(0, 1)
+                else:
+                    query, key = query.transpose(0, 1), key.transpose(0, 1)
+                    value = key
+            else:
+                query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        out, weights = multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias,
+            self.bias_k, self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
+            training=self.training, key_padding_mask=key_padding_mask, need_weights=need_weights,
+            attn_mask=attn_mask, use_separate_proj_weight=not self._qkv_same_embed_dim,
+            q_proj_weight=self.q_proj_weight, k_proj_weight=self.k_proj_weight, v_proj_weight=self.v_proj_weight,
+            average_attn_weights=average_attn_weights, is_causal=is_causal)
+        if self.batch_first and batched:
+            out = out.transpose(0, 1)
+        return out, weights
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
+
+
+def _activation_fn(activation: str | Callable) -> Callable:
+    if activation == "relu":
+        return relu
+    if activation == "gelu":
+        return gelu
+    if callable(activation):
+        return activation
+    raise FlowError(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}")
+
+
+class TransformerEncoderLayer(Module):
+    """Self-attention + feed-forward block (PyTorch's ``nn.TransformerEncoderLayer``, post-norm by default,
+    pre-norm with ``norm_first=True``); submodules ``self_attn``, ``linear1``, ``linear2``, ``norm1``,
+    ``norm2``, ``dropout``, ``dropout1``, ``dropout2``.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str | Callable = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        self._init_kwargs = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                                 activation=activation, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                                 norm_first=norm_first, bias=bias)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                            device=device, dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, device=device, dtype=dtype)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.activation = _activation_fn(activation)
+
+    def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            x = x + self._ff_block(self.norm2(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+            x = self.norm2(x + self._ff_block(x))
+        return x
+
+    def _sa_block(self, x: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+                           is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+def _clone_layer(layer: Module) -> Module:
+    """An independent copy of a ``TransformerEncoderLayer`` with the same weights (PyTorch deep-copies)."""
+    kwargs = getattr(layer, "_init_kwargs", None)
+    if kwargs is None:
+        raise FlowError(f"TransformerEncoder: cannot copy a {type(layer).__name__}; pass a "
+                        "nn.TransformerEncoderLayer (flowgraph modules are copied by rebuilding them)")
+    first = next(layer.parameters())
+    clone = type(layer)(**kwargs).to(first.device).to(first.dtype)
+    clone.load_state_dict(layer.state_dict())
+    return clone.train(layer.training)
+
+
+class TransformerEncoder(Module):
+    """A stack of ``num_layers`` copies of ``encoder_layer`` (same initial weights, as PyTorch's deep copy),
+    then an optional ``norm``."""
+
+    def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None,
+                 enable_nested_tensor: bool = True, mask_check: bool = True) -> None:
+        super().__init__()
+        if num_layers <= 0:
+            raise FlowError(f"TransformerEncoder: num_layers must be positive, got {num_layers}")
+        self.layers = ModuleList([_clone_layer(encoder_layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        self.norm = norm
+        self.enable_nested_tensor = enable_nested_tensor
+        self.mask_check = mask_check
+
+    def forward(self, src: Tensor, mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                is_causal: bool | None = None) -> Tensor:
+        out = src
+        for layer in self.layers:
+            out = layer(out, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+        return self.norm(out) if self.norm is not None else out
