@@ -394,13 +394,17 @@ class CupyBackend(ArrayBackend):
 
     def _binary_method(self, name: str):
         eager = self._eager[name]
+        ndarray = cupy.ndarray
+        out_dtypes: dict[np.dtype, np.dtype] = {}
+        enabled = fusion.is_enabled
 
         def op(a: Array, b: Array) -> Array:
-            if not fusion.is_enabled():
+            if not enabled():
                 return self._eager_binary(eager, name, a, b)
-            if type(a) is LazyArray or isinstance(a, cupy.ndarray):
+            ta, tb = type(a), type(b)
+            if ta is LazyArray or ta is ndarray:
                 dtype = a.dtype
-                if type(b) is LazyArray or isinstance(b, cupy.ndarray):
+                if tb is LazyArray or tb is ndarray:
                     if b.dtype != dtype:
                         raise BackendError(
                             f"{name}: operands have dtypes {a.dtype} and {b.dtype}; the backend takes one "
@@ -408,10 +412,14 @@ class CupyBackend(ArrayBackend):
                         )
                 else:
                     b = self._scalar(b, dtype, name)
-            else:
+            elif tb is LazyArray or tb is ndarray:
                 dtype = b.dtype
                 a = self._scalar(a, dtype, name)
-            out_dtype = self._check_dtype(result_dtype(name, dtype), name)
+            else:
+                raise BackendError(f"{name}: needs at least one CUDA array, got {ta.__name__} and {tb.__name__}")
+            out_dtype = out_dtypes.get(dtype)
+            if out_dtype is None:
+                out_dtype = out_dtypes[dtype] = self._check_dtype(result_dtype(name, dtype), name)
             return self._node(name, (a, b), out_dtype)
 
         op.__name__ = name
