@@ -73,23 +73,41 @@ class Module:
                 f"{type(self).__name__}.__init__"
             )
         params, modules, buffers = self._parameters, self._modules, self._buffers
-        for store in (params, modules, buffers):
-            if name in store and not (
-                (store is params and isinstance(value, Parameter))
-                or (store is modules and isinstance(value, Module))
-                or (store is buffers and (value is None or isinstance(value, Tensor)))
-            ):
-                if store is params and value is None:
-                    params[name] = None
-                    return
-                del store[name]
+        # PyTorch's rules: a Parameter or Module takes the name over from any other kind; a registered name
+        # only accepts its own kind (or None), so a plain tensor can never silently replace a parameter.
         if isinstance(value, Parameter):
             self.__dict__.pop(name, None)
+            modules.pop(name, None)
+            buffers.pop(name, None)
+            self._non_persistent.discard(name)
             params[name] = value
+        elif name in params:
+            if value is not None:
+                raise FlowError(
+                    f"cannot assign a {type(value).__name__} as parameter {name!r} of {type(self).__name__}: "
+                    f"an nn.Parameter or None is expected (wrap it: nn.Parameter(value), or copy into the "
+                    f"parameter under fg.no_grad())"
+                )
+            params[name] = None
         elif isinstance(value, Module):
             self.__dict__.pop(name, None)
+            params.pop(name, None)
+            buffers.pop(name, None)
+            self._non_persistent.discard(name)
             modules[name] = value
+        elif name in modules:
+            if value is not None:
+                raise FlowError(
+                    f"cannot assign a {type(value).__name__} as child module {name!r} of {type(self).__name__}: "
+                    "an nn.Module or None is expected"
+                )
+            modules[name] = None
         elif name in buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise FlowError(
+                    f"cannot assign a {type(value).__name__} as buffer {name!r} of {type(self).__name__}: "
+                    "a Tensor or None is expected"
+                )
             buffers[name] = value
         else:
             object.__setattr__(self, name, value)
@@ -338,7 +356,7 @@ class Module:
         """Replace every parameter's and buffer's storage by ``fn(t)``, keeping the Python objects."""
         for m in self.modules():
             for store in (m._parameters, m._buffers):
-                for name, t in store.items():
+                for t in store.values():
                     if t is None or (floating_only and not t.dtype.is_floating_point):
                         continue
                     new = fn(t.detach())
