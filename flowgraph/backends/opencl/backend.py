@@ -36,6 +36,21 @@ def _scalar_args(program: FusedProgram) -> list[Any]:
     return [int(s.value) if s.dtype.kind == "b" else s.value for s in program.scalars]
 
 
+_REDUCE_DTYPES: dict[tuple[str, np.dtype], np.dtype] = {}
+
+
+def _reduce_dtype(op: str, dtype: np.dtype) -> np.dtype:
+    """NumPy's result dtype of ``sum``/``prod`` as the NumPy backend calls them (floats keep their dtype)."""
+    found = _REDUCE_DTYPES.get((op, dtype))
+    if found is None:
+        if dtype.kind == "f":
+            found = dtype
+        else:
+            found = getattr(np, op)(np.zeros(1, dtype)).dtype
+        _REDUCE_DTYPES[(op, dtype)] = found
+    return found
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -56,6 +71,11 @@ class OpenCLBackend(Backend):
     name = "opencl"
     #: Work-group size cap for reductions (a power of two).
     REDUCE_GROUP = 256
+    #: Reductions with fewer outputs than this and more inputs per output than SPLIT_ABOVE_INPUTS are
+    #: split over up to MAX_PARTS work-groups per output, then the partial results are folded.
+    SPLIT_BELOW_OUTPUTS = 64
+    SPLIT_ABOVE_INPUTS = 16384
+    MAX_PARTS = 256
     #: Work-group size of elementwise and line kernels.
     ELEMENTWISE_GROUP = 128
 
@@ -69,6 +89,7 @@ class OpenCLBackend(Backend):
         self.supports_float64 = "cl_khr_fp64" in extensions
         self.supports_float16 = "cl_khr_fp16" in extensions
         self.device_name = self.cl_device.name.strip()
+        self._dtypes: set[np.dtype] = set()  # dtypes check_dtype has accepted on this device
         self._max_group = int(self.cl_device.max_work_group_size)
         # matmul work-groups of threads x threads work-items, each computing work x work outputs
         self._matmul_threads = 16 if self._max_group >= 256 else 8
@@ -104,6 +125,8 @@ class OpenCLBackend(Backend):
     # ----------------------------------------------------------------- dtype checks and allocation
     def check_dtype(self, dtype: Any, where: str) -> np.dtype:
         """``dtype`` as a numpy dtype this device computes, or a BackendError saying why not."""
+        if dtype in self._dtypes:  # the hot path: one set lookup
+            return dtype
         dtype = np.dtype(dtype)
         if dtype.name == "bfloat16":
             raise BackendError(
@@ -125,6 +148,7 @@ class OpenCLBackend(Backend):
                 f"{where}: dtype {dtype} is not supported on OpenCL; supported: bool, (u)int8-64, float16, "
                 "float32, float64"
             )
+        self._dtypes.add(dtype)
         return dtype
 
     def _allocate(self, nbytes: int) -> Any:
@@ -457,25 +481,33 @@ class OpenCLBackend(Backend):
                 "reduce a non-empty axis"
             )
         out_shape = tuple(1 if d in axes else n for d, n in enumerate(a.shape)) if keepdims else kept_shape
-        out = self.empty(out_shape, out_dtype)
         if n_out == 0:
-            return out
+            return self.empty(out_shape, out_dtype)
+        # Few outputs over many inputs: split each output over several work-groups, then fold the parts.
+        parts = 1
+        if n_out < self.SPLIT_BELOW_OUTPUTS and n_in > self.SPLIT_ABOVE_INPUTS and op not in ("argmax", "argmin"):
+            parts = min(self.MAX_PARTS, -(-n_in // self.SPLIT_ABOVE_INPUTS))
+        out = self.empty(out_shape if parts == 1 else (n_out, parts), out_dtype if parts == 1 else acc_dtype)
         program = linearize(a)
         leaves = program.leaves
         kdims, kstrides = K.collapse(kept_shape, [tuple(leaf.strides[d] for d in kept) for leaf in leaves])
         rdims, rstrides = K.collapse(red_shape, [tuple(leaf.strides[d] for d in axes) for leaf in leaves])
         kr, rr = len(kdims), len(rdims)
-        key = ("reduce", op, program.key, acc_dtype.str, out_dtype.str, kr, rr)
-        kernel = self._kernel(key, lambda: K.reduce_source(program, kr, rr, op, acc_dtype, out_dtype))
-        group = min(self._group_limit(kernel), _next_pow2(max(n_in, 1)))
-        args: list[Any] = [n_in, *kdims, *rdims, out.buffer]
+        written = out.dtype  # out_dtype, or acc_dtype for partial results
+        key = ("reduce", op, program.key, acc_dtype.str, written.str, kr, rr)
+        kernel = self._kernel(key, lambda: K.reduce_source(program, kr, rr, op, acc_dtype, written))
+        group = min(self._group_limit(kernel), _next_pow2(max(-(-n_in // parts), 1)))
+        args: list[Any] = [n_in, parts, *kdims, *rdims, out.buffer]
         for leaf, ks, rs in zip(leaves, kstrides, rstrides):
             args += [leaf.buffer, leaf.offset, *ks, *rs]
         args += _scalar_args(program)
         args.append(cl.LocalMemory(group * acc_dtype.itemsize))
         if op in ("argmax", "argmin"):
             args.append(cl.LocalMemory(group * 8))
-        kernel(self.queue, (n_out * group,), (group,), *args)
+        kernel(self.queue, (n_out * parts * group,), (group,), *args)
+        if parts > 1:
+            folded = self._reduce(op, out, (1,), False, out_dtype, acc_dtype)
+            return self._view(folded, out_shape, contiguous_strides(out_shape), 0)
         return out
 
     def _accumulator(self, dtype: np.dtype) -> np.dtype:
@@ -484,11 +516,11 @@ class OpenCLBackend(Backend):
         return dtype
 
     def sum(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
-        out_dtype = np.dtype(a.dtype if a.dtype.kind == "f" else np.sum(np.zeros(1, a.dtype)).dtype)
+        out_dtype = _reduce_dtype("sum", a.dtype)
         return self._reduce("sum", a, axes, keepdims, out_dtype, self._accumulator(out_dtype))
 
     def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
-        out_dtype = np.prod(np.zeros(1, a.dtype)).dtype
+        out_dtype = _reduce_dtype("prod", a.dtype)
         return self._reduce("prod", a, axes, keepdims, out_dtype, self._accumulator(out_dtype))
 
     def max(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:

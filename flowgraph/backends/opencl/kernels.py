@@ -256,7 +256,10 @@ def _arg_better(op: str, dtype: np.dtype, v: str, i: str, bv: str, bi: str) -> s
 def reduce_source(
     program: FusedProgram, kept_rank: int, red_rank: int, op: str, acc_dtype: np.dtype, out_dtype: np.dtype
 ) -> KernelSource:
-    """A work-group per output element: strided partial folds, then a tree in local memory.
+    """``parts`` work-groups per output element: strided partial folds, then a tree in local memory.
+
+    Group ``g`` folds part ``g % parts`` of output ``g / parts`` and writes ``out[g]``; with ``parts > 1``
+    the caller folds the partial results with a second reduction (not for argmax/argmin).
 
     The input is a fused program (so ``sum(x * y)`` is one kernel). Leaves are addressed by ``kept_rank``
     strides (``in{i}_k*``) over the kept axes and ``red_rank`` strides (``in{i}_r*``) over the reduced ones.
@@ -266,7 +269,7 @@ def reduce_source(
     arg = op in ("argmax", "argmin")
     acc_t = ctype(acc_dtype)
     params = Params()
-    params.long("n_in", *[f"k{i}" for i in range(kept_rank)], *[f"r{i}" for i in range(red_rank)])
+    params.long("n_in", "parts", *[f"k{i}" for i in range(kept_rank)], *[f"r{i}" for i in range(red_rank)])
     params.buffer(out_dtype, "out", const=False)
     for i, leaf in enumerate(program.leaves):
         params.buffer(leaf.dtype, f"in{i}", const=True)
@@ -281,8 +284,13 @@ def reduce_source(
     if arg:
         params.local("long", "sidx")
     expr_lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
-    lines = ["long g = get_group_id(0);", "int t = get_local_id(0);", "int L = get_local_size(0);"]
-    lines += decompose("g", "k", "kc", kept_rank)
+    lines = [
+        "long g = get_group_id(0);",
+        "long o = g / parts, part = g % parts;",
+        "int t = get_local_id(0);",
+        "int L = get_local_size(0);",
+    ]
+    lines += decompose("o", "k", "kc", kept_rank)
     lines += [
         f"long in{i}_b = {offset_expr(f'in{i}_off', f'in{i}', 'kc', kept_rank, 'k')};"
         for i in range(len(program.leaves))
@@ -290,7 +298,7 @@ def reduce_source(
     lines += [f"{acc_t} acc = {reduce_identity(op, acc_dtype)};"]
     if arg:
         lines.append("long bi = LONG_MAX;")
-    lines.append("for (long j = t; j < n_in; j += L) {")
+    lines.append("for (long j = part * L + t; j < n_in; j += L * parts) {")
     inner = decompose("j", "r", "rc", red_rank)
     inner += [
         f"long in{i}_p = {offset_expr(f'in{i}_b', f'in{i}', 'rc', red_rank, 'r')};" for i in range(len(program.leaves))
