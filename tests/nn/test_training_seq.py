@@ -1,8 +1,8 @@
 """A small real training run: a GRU learns the sign of the sum of a sequence of +-1 tokens.
 
 Plain SGD written here (``p -= lr * p.grad`` under ``no_grad``) so the test depends only on nn and autograd.
-Pass criterion: training loss (BCE with logits) of the last 20 steps below 0.05 (seen: 0.003 after 300 steps, ~3 s on CPU) and accuracy >= 95% on
-fresh sequences. Chance level is a loss of 0.693 and 50% accuracy.
+Pass criterion: training loss (BCE with logits) of the last 20 steps below 0.05 (seen: 0.003 after 300
+steps, ~3 s on CPU) and accuracy >= 95% on fresh sequences. Chance level is a loss of 0.693 and 50% accuracy.
 """
 
 from __future__ import annotations
