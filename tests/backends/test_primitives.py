@@ -301,6 +301,20 @@ def test_reduce_large_sum(device):
     assert_matches(be, be.sum(be.from_host(host), (0,), False), host.sum(dtype=F64).astype(F32), rtol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["sum", "max", "any"])
+def test_reduce_few_outputs_many_inputs(device, op):
+    # Few outputs over many inputs: the OpenCL backend splits each output over several work-groups.
+    be = backend_for(device)
+    rng = np.random.default_rng(15)
+    host = rng.random((3, 50_000)).astype(F32) if op != "any" else np.zeros((3, 50_000), BOOL)
+    if op == "any":
+        host[1, 49_999] = True
+    for axes, keepdims in (((1,), True), ((0, 1), False)):
+        kwargs = {"dtype": F64} if op == "sum" else {}
+        expected = np.asarray(getattr(np, op)(host, axis=axes, keepdims=keepdims, **kwargs)).astype(host.dtype)
+        assert_matches(be, getattr(be, op)(be.from_host(host), axes, keepdims), expected, rtol=1e-5)
+
+
 def test_max_of_empty_axis_raises(device):
     be = backend_for(device)
     with pytest.raises((BackendError, ValueError)):
@@ -349,6 +363,28 @@ def test_views(device):
         be, be.slice(be.flip(x, (2,)), (slice(0, 2), slice(0, 3), slice(1, 4, 2))), host[:2, :, ::-1][:, :, 1::2]
     )
     assert len(x) == 2 and x.ndim == 3 and x.shape == (2, 3, 4) and x.dtype == np.float32
+
+
+@HYPOTHESIS
+@given(data=st.data())
+def test_movement_property(device, data):
+    be = backend_for(device)
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4), label="shape"))
+    host = np.arange(int(np.prod(shape)), dtype=F32).reshape(shape)
+    x, ref = be.from_host(host), host
+    axes = tuple(data.draw(st.permutations(range(len(shape))), label="axes"))
+    x, ref = be.permute(x, axes), ref.transpose(axes)
+    index = []
+    for n in ref.shape:
+        start = data.draw(st.integers(0, n - 1))
+        stop = data.draw(st.integers(start, n))
+        index.append(slice(start, stop, data.draw(st.integers(1, 2))))
+    x, ref = be.slice(x, tuple(index)), ref[tuple(index)]
+    flips = tuple(d for d in range(ref.ndim) if data.draw(st.booleans()))
+    x, ref = be.flip(x, flips), np.flip(ref, flips)
+    assert_matches(be, x, ref)
+    assert_matches(be, be.reshape(x, (ref.size,)), ref.reshape(-1))
+    assert_matches(be, be.add(x, be.contiguous(x)), ref * 2)
 
 
 def test_views_share_storage_on_opencl(device):

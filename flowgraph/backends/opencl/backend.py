@@ -99,9 +99,8 @@ class OpenCLBackend(Backend):
         self._pool = MemoryPool(ImmediateAllocator(self.queue))
         self._peak = 0
         self._kernels: dict[tuple, tuple[Any, K.KernelSource]] = {}
-        # Lazy arrays not yet realized (synchronize runs them) and, per buffer id, the lazy arrays that
-        # read that buffer directly: assign realizes those before it overwrites the buffer.
-        self._pending: weakref.WeakSet[CLArray] = weakref.WeakSet()
+        # Per buffer id, the lazy arrays that read that buffer directly: assign realizes those before it
+        # overwrites the buffer.
         self._readers: dict[int, weakref.WeakSet[CLArray]] = {}
         self._seed = 0
         self._counter = 0
@@ -205,7 +204,6 @@ class OpenCLBackend(Backend):
         strides = contiguous_strides(a.shape)
         self._run_program(program, a.shape, buffer, 0, strides, a.dtype)
         a.buffer, a.strides, a.offset, a.lazy = buffer, strides, 0, None
-        self._pending.discard(a)
         if a.consumers:
             # Whoever read this lazy array now reads its buffer.
             self._add_readers(buffer, a.consumers)
@@ -313,7 +311,6 @@ class OpenCLBackend(Backend):
                 if x.consumers is None:
                     x.consumers = weakref.WeakSet()
                 x.consumers.add(out)
-        self._pending.add(out)
         return out
 
     def _unary(self, op: str, a: Array) -> CLArray:
@@ -859,8 +856,11 @@ class OpenCLBackend(Backend):
 
     # ----------------------------------------------------------------- runtime
     def synchronize(self) -> None:
-        for pending in list(self._pending):
-            self.realize(pending)
+        """Wait for every queued kernel and copy.
+
+        Lazy arrays nobody has asked for stay lazy: they are expressions, not queued work, and computing
+        them later gives the same values (``assign`` realizes the ones a write would change).
+        """
         self.queue.finish()
 
     def memory_stats(self) -> dict[str, int]:
