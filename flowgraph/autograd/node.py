@@ -121,6 +121,8 @@ def run_backward(
                 capture_leaves[id(t)] = i
 
     def route(t: Tensor, g: Tensor) -> None:
+        if g._data.dtype != t._data.dtype:  # a promoted op's gradient takes its input's dtype, as in PyTorch
+            g = g.to(t.dtype)
         fn = t._grad_fn
         if fn is not None:
             prev = pending.get(fn)
