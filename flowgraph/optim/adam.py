@@ -6,18 +6,44 @@ import math
 from typing import Any
 
 from ..tensor import Tensor, maximum, zeros_like
-from .optimizer import Optimizer, ParamsT, check_betas, check_range, lerp, write_
+from .optimizer import Optimizer, ParamsT, check_betas, check_range, write_
 
 
 def adam_scalars(group: dict[str, Any], step: float) -> tuple[float, float]:
-    """Adam's per-step scalars: ``(step_size, sqrt(bias_correction2))``.
+    """Adam's per-step scalars ``(step_size, eps_hat)``: all the host-side math of one Adam step.
 
-    ``step_size = lr / (1 - beta1**step)``; all the host-side math of one Adam step lives here.
+    ``p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)`` is computed as ``p -= m * step_size / (sqrt(v) + eps_hat)``
+    with ``step_size = lr * sqrt(bc2) / bc1`` and ``eps_hat = eps * sqrt(bc2)`` (``bc = 1 - beta**step``):
+    one array pass fewer.
     """
     beta1, beta2 = group["betas"]
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2 = 1 - beta2 ** step
-    return group["lr"] / bias_correction1, math.sqrt(bias_correction2)
+    sqrt_bc2 = math.sqrt(1 - beta2 ** step)
+    return group["lr"] * sqrt_bc2 / (1 - beta1 ** step), group["eps"] * sqrt_bc2
+
+
+def decayed_grad(p: Tensor, grad: Tensor, group: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """``(g, p_base)`` for the Adam family: ``g`` with maximize and L2 decay applied, ``p_base`` the parameter
+    after decoupled decay (``p * (1 - lr * wd)``, an expression folded into the final write, not written)."""
+    g = -grad if group["maximize"] else grad
+    wd = group["weight_decay"]
+    if wd == 0:
+        return g, p
+    if group.get("decoupled_weight_decay", False):
+        return g, p * (1 - group["lr"] * wd)
+    return g + p * wd, p
+
+
+def update_moments(state: dict[str, Any], g: Tensor, betas: tuple[float, float]) -> tuple[Tensor, Tensor]:
+    """Write the new first and second moments in place and return them::
+
+        exp_avg    = beta1 * exp_avg    + (1 - beta1) * g
+        exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g
+    """
+    beta1, beta2 = betas
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    m = write_(exp_avg, exp_avg * beta1 + g * (1 - beta1))
+    v = write_(exp_avg_sq, exp_avg_sq * beta2 + (g * (1 - beta2)) * g)
+    return m, v
 
 
 class Adam(Optimizer):
@@ -29,7 +55,8 @@ class Adam(Optimizer):
         v = beta2 * v + (1 - beta2) * g * g        (v_max = max(v_max, v) with amsgrad)
         p -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
 
-    Each line is one fused-friendly expression ending in one in-place write.
+    Each line is one fused-friendly expression ending in one in-place write (the decoupled decay is folded
+    into the parameter's single write).
 
     >>> opt = optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
     """
@@ -61,21 +88,12 @@ class Adam(Optimizer):
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] += 1
-        step_size, sqrt_bc2 = adam_scalars(group, state["step"])
-        beta1, beta2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        g = -grad if group["maximize"] else grad
-        if wd != 0:
-            if group["decoupled_weight_decay"]:
-                write_(p, p * (1 - lr * wd))
-            else:
-                g = g + p * wd
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        m = write_(exp_avg, lerp(exp_avg, g, 1 - beta1))
-        v = write_(exp_avg_sq, exp_avg_sq * beta2 + (g * (1 - beta2)) * g)
+        step_size, eps_hat = adam_scalars(group, state["step"])
+        g, p_base = decayed_grad(p, grad, group)
+        m, v = update_moments(state, g, group["betas"])
         if group["amsgrad"]:
             v = write_(state["max_exp_avg_sq"], maximum(state["max_exp_avg_sq"], v))
-        write_(p, p - (m * step_size) / (v.sqrt() / sqrt_bc2 + group["eps"]))
+        write_(p, p_base - (m * step_size) / (v.sqrt() + eps_hat))
 
 
 class AdamW(Adam):

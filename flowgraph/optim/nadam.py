@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..tensor import Tensor, zeros_like
-from .optimizer import Optimizer, ParamsT, check_betas, check_range, lerp, write_
+from .adam import decayed_grad, update_moments
+from .optimizer import Optimizer, ParamsT, check_betas, check_range, write_
 
 
 def nadam_scalars(group: dict[str, Any], step: float, mu_product: float) -> tuple[float, float, float, float]:
@@ -59,16 +60,7 @@ class NAdam(Optimizer):
         state["step"] += 1
         state["mu_product"], grad_coef, avg_coef, inv_bc2 = nadam_scalars(group, state["step"],
                                                                           state["mu_product"])
-        beta1, beta2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        g = -grad if group["maximize"] else grad
-        if wd != 0:
-            if group["decoupled_weight_decay"]:
-                write_(p, p * (1 - lr * wd))
-            else:
-                g = g + p * wd
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        m = write_(exp_avg, lerp(exp_avg, g, 1 - beta1))
-        v = write_(exp_avg_sq, exp_avg_sq * beta2 + (g * (1 - beta2)) * g)
+        g, p_base = decayed_grad(p, grad, group)
+        m, v = update_moments(state, g, group["betas"])
         denom = (v * inv_bc2).sqrt() + group["eps"]
-        write_(p, p + (g * grad_coef + m * avg_coef) / denom)
+        write_(p, p_base + (g * grad_coef + m * avg_coef) / denom)

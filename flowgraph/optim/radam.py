@@ -6,7 +6,8 @@ import math
 from typing import Any
 
 from ..tensor import Tensor, zeros_like
-from .optimizer import Optimizer, ParamsT, check_betas, check_range, lerp, write_
+from .adam import decayed_grad, update_moments
+from .optimizer import Optimizer, ParamsT, check_betas, check_range, write_
 
 
 def radam_scalars(group: dict[str, Any], step: float) -> tuple[float, float | None]:
@@ -58,18 +59,9 @@ class RAdam(Optimizer):
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] += 1
         step_size, adaptive = radam_scalars(group, state["step"])
-        beta1, beta2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        g = -grad if group["maximize"] else grad
-        if wd != 0:
-            if group["decoupled_weight_decay"]:
-                write_(p, p * (1 - lr * wd))
-            else:
-                g = g + p * wd
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        m = write_(exp_avg, lerp(exp_avg, g, 1 - beta1))
-        v = write_(exp_avg_sq, exp_avg_sq * beta2 + (g * (1 - beta2)) * g)
+        g, p_base = decayed_grad(p, grad, group)
+        m, v = update_moments(state, g, group["betas"])
         if adaptive is None:
-            write_(p, p - m * step_size)
+            write_(p, p_base - m * step_size)
         else:
-            write_(p, p - (m * (step_size * adaptive)) / (v.sqrt() + group["eps"]))
+            write_(p, p_base - (m * (step_size * adaptive)) / (v.sqrt() + group["eps"]))
