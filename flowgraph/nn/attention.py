@@ -5,7 +5,10 @@
 
 Masks follow PyTorch: for ``MultiheadAttention`` a boolean ``attn_mask``/``key_padding_mask`` marks
 positions that may *not* be attended (True = masked); for ``scaled_dot_product_attention`` a boolean
-mask marks positions that *may* be attended (True = keep). Float masks are added to the scores.
+mask marks positions that *may* be attended (True = keep). Float masks are added to the scores. A query
+whose every key is masked gets zeros from ``scaled_dot_product_attention`` (and from ``MultiheadAttention``
+with ``need_weights=False``, which runs on it) but NaN from ``MultiheadAttention`` with ``need_weights=True``:
+both as PyTorch does.
 
     mha = nn.MultiheadAttention(embed_dim=16, num_heads=4, batch_first=True)
     out, weights = mha(x, x, x, key_padding_mask=pad)     # x (N, L, 16), pad (N, L) bool
@@ -50,13 +53,22 @@ def _causal_mask(L: int, S: int, like: Tensor) -> Tensor:
     return where(cols <= rows, 0.0, float("-inf")).to(like.dtype)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, scale: float
-            ) -> tuple[Tensor, Tensor]:
-    """``softmax(q k^T * scale + bias)``, dropout, times ``v``; returns (output, attention weights)."""
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, scale: float,
+            safe: bool = False) -> tuple[Tensor, Tensor]:
+    """``softmax(q k^T * scale + bias)``, dropout, times ``v``; returns (output, attention weights).
+
+    With ``safe`` a query whose every key is masked (-inf) gets all-zero weights (PyTorch's
+    ``scaled_dot_product_attention``), with a zero gradient; otherwise its row is NaN (PyTorch's
+    ``MultiheadAttention`` with ``need_weights=True``).
+    """
     scores = (q * scale).matmul(k.transpose(-2, -1))
     if bias is not None:
         scores = scores + bias
-    weights = scores.softmax(-1)
+    if safe and bias is not None:
+        blocked = (bias == float("-inf")).all(-1, keepdim=True)
+        weights = where(blocked, 0.0, where(blocked, 0.0, scores).softmax(-1))
+    else:
+        weights = scores.softmax(-1)
     if dropout_p > 0.0:
         weights = _dropout(weights, dropout_p, True)
     return weights.matmul(v), weights
@@ -91,7 +103,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     L, S = query.shape[-2], key.shape[-2]
     bias = _causal_mask(L, S, query) if is_causal else _additive_mask(attn_mask, query.dtype, False, "attn_mask")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    return _attend(query, key, value, bias, dropout_p, scale)[0]
+    return _attend(query, key, value, bias, dropout_p, scale, safe=True)[0]
 
 
 def multi_head_attention_forward(
@@ -183,7 +195,8 @@ def multi_head_attention_forward(
         kpm = kpm.reshape(bsz, 1, 1, src_len).expand(bsz, num_heads, 1, src_len).reshape(bsz * num_heads, 1, src_len)
         mask = kpm if mask is None else mask + kpm
 
-    out, weights = _attend(q, k, v, mask, dropout_p if training else 0.0, 1.0 / math.sqrt(head_dim))
+    out, weights = _attend(q, k, v, mask, dropout_p if training else 0.0, 1.0 / math.sqrt(head_dim),
+                           safe=not need_weights)
     out = out.transpose(0, 1).reshape(tgt_len * bsz, embed_dim)
     out = linear(out, out_proj_weight, out_proj_bias).reshape(tgt_len, bsz, embed_dim)
     if not need_weights:

@@ -228,6 +228,33 @@ def test_scaled_dot_product_attention_matches_torch(device, cid, kwargs, mask):
     _check_grads([out], [ref], f_in, t_in)
 
 
+def test_fully_masked_rows_like_torch(device):
+    # sdpa (and MHA without weights, which runs on it) gives a fully masked query zeros and a zero gradient;
+    # MHA with need_weights=True gives NaN there, as PyTorch does
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    mask = np.ones((3, 3), bool)
+    mask[1] = False
+    f_in, t_in = _pair_tensors([q, q.copy(), q.copy()], device)
+    out = F.scaled_dot_product_attention(*f_in, attn_mask=fg.tensor(mask, device=device))
+    ref = TF.scaled_dot_product_attention(*t_in, attn_mask=torch.tensor(mask))
+    _check_grads([out], [ref], f_in, t_in)
+    assert not _np(out)[:, 1].any()
+    torch.manual_seed(0)
+    t_module = torch.nn.MultiheadAttention(E, H)
+    module = nn.MultiheadAttention(E, H).to(device)
+    _load_from_torch(module, t_module)
+    x = rng.standard_normal((L, N, E)).astype(np.float32)
+    kpm = np.zeros((N, L), bool)
+    kpm[0] = True
+    for need_weights in (False, True):
+        f_out = module(*[fg.tensor(x, device=device)] * 3, key_padding_mask=fg.tensor(kpm, device=device),
+                       need_weights=need_weights)[0]
+        t_out = t_module(*[torch.tensor(x)] * 3, key_padding_mask=torch.tensor(kpm), need_weights=need_weights)[0]
+        np.testing.assert_allclose(_np(f_out), t_out.detach().numpy(), rtol=TOL, atol=TOL, equal_nan=True)
+        assert np.isnan(_np(f_out)[:, 0]).all() == need_weights
+
+
 def test_scaled_dot_product_attention_dropout_one_gives_zeros(device):
     q = fg.randn(2, 3, 4, device=device)
     assert not _np(F.scaled_dot_product_attention(q, q, q, dropout_p=1.0)).any()
