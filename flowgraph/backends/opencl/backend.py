@@ -91,6 +91,8 @@ class OpenCLBackend(Backend):
         self.device_name = self.cl_device.name.strip()
         self._dtypes: set[np.dtype] = set()  # dtypes check_dtype has accepted on this device
         self._max_group = int(self.cl_device.max_work_group_size)
+        self._group = _floor_pow2(min(self.ELEMENTWISE_GROUP, self._max_group))
+        self._group_limits: dict[int, int] = {}  # id(kernel) -> reduction work-group size; kernels live on
         # matmul work-groups of threads x threads work-items, each computing work x work outputs
         self._matmul_threads = 16 if self._max_group >= 256 else 8
         self._matmul_work = 4
@@ -102,6 +104,7 @@ class OpenCLBackend(Backend):
         # Per buffer id, the lazy arrays that read that buffer directly: assign realizes those before it
         # overwrites the buffer.
         self._readers: dict[int, weakref.WeakSet[CLArray]] = {}
+        self._readers_limit = 4096
         self._seed = 0
         self._counter = 0
 
@@ -180,12 +183,16 @@ class OpenCLBackend(Backend):
         return found[1].source if found else None
 
     def _launch(self, kernel: Any, n: int, args: Sequence[Any]) -> None:
-        group = self.ELEMENTWISE_GROUP
+        group = self._group
         kernel(self.queue, (-(-n // group) * group,), (group,), *args)
 
     def _group_limit(self, kernel: Any) -> int:
-        size = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device)
-        return _floor_pow2(min(int(size), self.REDUCE_GROUP))
+        """The largest power-of-two work-group (at most REDUCE_GROUP) this kernel can run with."""
+        found = self._group_limits.get(id(kernel))
+        if found is None:
+            size = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device)
+            found = self._group_limits[id(kernel)] = _floor_pow2(min(int(size), self.REDUCE_GROUP))
+        return found
 
     # ----------------------------------------------------------------- realization (fusion boundary)
     def _own(self, a: Any, where: str) -> CLArray:
@@ -213,9 +220,10 @@ class OpenCLBackend(Backend):
     def _add_readers(self, buffer: Any, readers: Any) -> None:
         found = self._readers.get(id(buffer))
         if found is None:
-            if len(self._readers) > 4096:
+            if len(self._readers) > self._readers_limit:
                 # Entries of freed buffers are empty (a live reader keeps its buffer alive): drop them.
                 self._readers = {k: v for k, v in self._readers.items() if len(v)}
+                self._readers_limit = max(4096, 2 * len(self._readers))
             found = self._readers[id(buffer)] = weakref.WeakSet()
         found.update(readers)
 

@@ -52,9 +52,12 @@ class OpenCLEmitter(CEmitter):
 EMITTER_TYPES = OpenCLEmitter.CTYPES
 
 
+_TYPE_NAMES = OpenCLEmitter()  # stateless use only: ctype lookups
+
+
 def ctype(dtype: np.dtype) -> str:
     """OpenCL C type storing ``dtype``."""
-    return OpenCLEmitter().ctype(dtype)
+    return _TYPE_NAMES.ctype(dtype)
 
 
 class KernelSource:
@@ -148,8 +151,15 @@ def offset_expr(base: str, name: str, coords: str, rank: int, suffix: str = "s")
     return " + ".join(terms)
 
 
-def _header(emitter: OpenCLEmitter, dtypes: set[np.dtype]) -> str:
-    return emitter.pragmas(dtypes)
+def assemble(
+    name: str, emitter: OpenCLEmitter, dtypes: set[np.dtype], params: Params, lines: Sequence[str], preamble: str = ""
+) -> KernelSource:
+    """One kernel's source: extension pragmas, helper functions, ``preamble``, then the kernel itself."""
+    body = "".join(f"  {line}\n" for line in lines)
+    source = (
+        emitter.pragmas(dtypes) + emitter.helper_source() + preamble + params.signature(name) + " {\n" + body + "}\n"
+    )
+    return KernelSource(source, name, params.dtypes)
 
 
 def strided_kernel(
@@ -178,15 +188,7 @@ def strided_kernel(
     lines += [f"long {op_name}_p = {offset_expr(f'{op_name}_off', op_name, 'c', rank)};" for op_name, _, _ in operands]
     lines += list(body)
     dtypes = {dt for _, dt, _ in operands} | (extra_dtypes or set())
-    source = (
-        _header(emitter, dtypes)
-        + emitter.helper_source()
-        + params.signature(name)
-        + " {\n"
-        + "".join(f"  {line}\n" for line in lines)
-        + "}\n"
-    )
-    return KernelSource(source, name, params.dtypes)
+    return assemble(name, emitter, dtypes, params, lines)
 
 
 # ----------------------------------------------------------------------------------------- elementwise
@@ -322,15 +324,7 @@ def reduce_source(
     final = "(long)sidx[0]" if arg else emitter.convert("sacc[0]", acc_dtype, out_dtype)
     lines.append(f"if (t == 0) out[g] = {final};")
     dtypes = program.dtypes() | {acc_dtype, out_dtype}
-    source = (
-        _header(emitter, dtypes)
-        + emitter.helper_source()
-        + params.signature("fg_reduce")
-        + " {\n"
-        + "".join(f"  {line}\n" for line in lines)
-        + "}\n"
-    )
-    return KernelSource(source, "fg_reduce", params.dtypes)
+    return assemble("fg_reduce", emitter, dtypes, params, lines)
 
 
 # ----------------------------------------------------------------------------------------- line kernels
@@ -469,14 +463,7 @@ def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, threads
         "  }",
         "}",
     ]
-    source = (
-        _header(emitter, {dtype, acc_dtype})
-        + params.signature("fg_matmul")
-        + " {\n"
-        + "".join(f"  {line}\n" for line in lines)
-        + "}\n"
-    )
-    return KernelSource(source, "fg_matmul", params.dtypes)
+    return assemble("fg_matmul", emitter, {dtype, acc_dtype}, params, lines)
 
 
 # ----------------------------------------------------------------------------------------- random
@@ -562,12 +549,4 @@ def rng_source(dist: str, dtype: np.dtype) -> KernelSource:
     ]
     for k, value in enumerate(values):
         lines.append(f"if (base + {k} < n) out[base + {k}] = {emitter.convert(value, acc, dtype)};")
-    source = (
-        _header(emitter, {dtype, acc})
-        + _PHILOX
-        + params.signature("fg_random")
-        + " {\n"
-        + "".join(f"  {line}\n" for line in lines)
-        + "}\n"
-    )
-    return KernelSource(source, "fg_random", params.dtypes)
+    return assemble("fg_random", emitter, {dtype, acc}, params, lines, preamble=_PHILOX)
