@@ -176,7 +176,7 @@ class CupyBackend(ArrayBackend):
         self._device.use()
         _install_peak_allocator()
         self._kernels: dict[tuple, Any] = {}
-        self._readers: dict[int, list[weakref.ref]] = {}
+        self._readers: dict[Any, list[weakref.ref]] = {}
         self._reader_count = 0
         self._rng_state: Any = None
         self._rng: Any = None
@@ -229,7 +229,14 @@ class CupyBackend(ArrayBackend):
         self._run(x, out, fresh=True)
         x.value = out
         x.lazy = None
+        self._move_readers(x, out)
         return x
+
+    def _move_readers(self, x: LazyArray, buffer: Any) -> None:
+        """Pending expressions that read ``x`` while it was lazy now read ``buffer``: register them there."""
+        parents = self._readers.pop(("n", id(x)), None)
+        if parents:
+            self._readers.setdefault(_memory_key(buffer), []).extend(parents)
 
     def _kernel(self, root: LazyArray, key: tuple, out_dtype: np.dtype) -> Any:
         kernel = self._kernels.get(key)
@@ -269,12 +276,17 @@ class CupyBackend(ArrayBackend):
         stats["fused_ops"] += len(key[0][0])
 
     def _register_reader(self, node: LazyArray, inputs: Sequence[Any]) -> None:
-        """Remember that ``node`` reads the allocations of its realized inputs (see ``assign``)."""
+        """Remember which allocations ``node`` reads (see ``assign``).
+
+        A realized input registers ``node`` under its allocation; a pending one under ``("n", id(input))``,
+        moved to the input's buffer when it is realized (``_move_readers``).
+        """
         ref = weakref.ref(node)
         readers = self._readers
         for x in inputs:
-            if type(x) is LazyArray and x.lazy is None:
-                readers.setdefault(_memory_key(x.value), []).append(ref)
+            if type(x) is LazyArray:
+                key = _memory_key(x.value) if x.lazy is None else ("n", id(x))
+                readers.setdefault(key, []).append(ref)
         self._reader_count += 1
         if self._reader_count > 8192:
             self._prune_readers()
@@ -398,9 +410,16 @@ class CupyBackend(ArrayBackend):
         out_dtypes: dict[np.dtype, np.dtype] = {}
         enabled = fusion.is_enabled
 
+        # CuPy's float floor_divide/remainder differ from NumPy at infinities: keep the generated kernel.
+        own_kernel_always = name in ("floor_divide", "remainder")
+
         def op(a: Array, b: Array) -> Array:
             if not enabled():
-                return self._eager_binary(eager, name, a, b)
+                dtype = getattr(a, "dtype", None)
+                if dtype is None:
+                    dtype = getattr(b, "dtype", None)
+                if not (own_kernel_always and dtype is not None and dtype.kind == "f"):
+                    return self._eager_binary(eager, name, a, b)
             ta, tb = type(a), type(b)
             if ta is LazyArray or ta is ndarray:
                 dtype = a.dtype
@@ -420,7 +439,8 @@ class CupyBackend(ArrayBackend):
             out_dtype = out_dtypes.get(dtype)
             if out_dtype is None:
                 out_dtype = out_dtypes[dtype] = self._check_dtype(result_dtype(name, dtype), name)
-            return self._node(name, (a, b), out_dtype)
+            out = self._node(name, (a, b), out_dtype)
+            return out if enabled() else self.realize(out).value
 
         op.__name__ = name
         op.__doc__ = f"Elementwise ``{name}(a, b)`` with broadcasting (lazy; fused with its neighbours)."
@@ -733,6 +753,7 @@ class CupyBackend(ArrayBackend):
                 self._run(src, dst, flat=flat)
                 src.value, src.lazy = dst, None
                 self._readers.setdefault(_memory_key(dst), []).append(weakref.ref(src))
+                self._move_readers(src, dst)
                 return
         value = self._arr(src)
         if value.shape != dst.shape:
