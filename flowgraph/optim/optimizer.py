@@ -111,6 +111,14 @@ class Optimizer:
         for group in param_groups:
             self.add_param_group(group)
 
+    def __repr__(self) -> str:
+        lines = [type(self).__name__ + " ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines.extend(f"    {key}: {group[key]}" for key in sorted(group) if key != "params")
+        lines.append(")")
+        return "\n".join(lines)
+
     # ------------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group of parameters with its own options (e.g. a part of the model thawed later)."""

@@ -139,3 +139,9 @@ def test_load_state_dict_errors():
     other = optim.SGD([{"params": [_p()]}, {"params": [_p()]}], lr=0.1)
     with pytest.raises(fg.FlowError, match="2 parameter groups"):
         opt.load_state_dict(other.state_dict())
+
+
+def test_repr_lists_groups():
+    opt = optim.SGD([{"params": [_p()]}, {"params": [_p()], "lr": 0.5}], lr=0.1, momentum=0.9)
+    text = repr(opt)
+    assert text.startswith("SGD (") and "Parameter Group 1" in text and "    lr: 0.5" in text
