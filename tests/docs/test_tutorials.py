@@ -29,6 +29,10 @@ KINDS = {"python": "run", "python no-run": "no-run", "python torch": "torch"}
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
+def _rel(path: pathlib.Path) -> pathlib.Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def blocks(path: pathlib.Path) -> list[tuple[str, int, str]]:
     """``(kind, first code line number, source)`` for every ```python fence of ``path``."""
     out, lines, i = [], path.read_text().splitlines(), 0
@@ -40,10 +44,10 @@ def blocks(path: pathlib.Path) -> list[tuple[str, int, str]]:
             while j < len(lines) and lines[j].strip() != "```":
                 j += 1
             if j == len(lines):
-                raise AssertionError(f"{path.relative_to(ROOT)}:{i + 1}: unclosed ``` fence")
+                raise AssertionError(f"{_rel(path)}:{i + 1}: unclosed ``` fence")
             if info.startswith("python"):
                 if info not in KINDS:
-                    raise AssertionError(f"{path.relative_to(ROOT)}:{i + 1}: unknown fence {info!r}; "
+                    raise AssertionError(f"{_rel(path)}:{i + 1}: unknown fence {info!r}; "
                                          f"use one of {sorted(KINDS)}")
                 out.append((KINDS[info], start + 1, "\n".join(lines[start:j])))
             i = j + 1
@@ -54,7 +58,7 @@ def blocks(path: pathlib.Path) -> list[tuple[str, int, str]]:
 
 def run_blocks(path: pathlib.Path, selected: list[tuple[int, str]]) -> list[tuple[int, float]]:
     """Run ``selected`` blocks in order in one namespace; returns ``(line, seconds)`` per block."""
-    rel = path.relative_to(ROOT)
+    rel = _rel(path)
     namespace: dict = {"__name__": f"docs_{path.stem.replace('-', '_')}"}
     times = []
     for line, source in selected:
@@ -85,7 +89,7 @@ def test_doc_blocks_run(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     found = blocks(path)
     runnable = [(line, src) for kind, line, src in found if kind == "run"]
-    assert runnable, f"{path.relative_to(ROOT)} has no runnable ```python block"
+    assert runnable, f"{_rel(path)} has no runnable ```python block"
     import flowgraph as fg
 
     fg.manual_seed(0)
@@ -102,3 +106,23 @@ def test_doc_torch_blocks_run(path, tmp_path, monkeypatch):
         pytest.skip("torch is not installed: the PyTorch side of the migration pairs is not run")
     monkeypatch.chdir(tmp_path)
     run_blocks(path, [(line, src) for kind, line, src in blocks(path) if kind == "torch"])
+
+
+def test_harness_names_the_failing_block_and_keeps_one_namespace(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("text\n```python\nvalue = 41\n```\n\n```python no-run\nraise SystemExit\n```\n"
+                   "```python\nvalue += 1\nassert value == 41, 'boom'\n```\n")
+    found = blocks(doc)
+    assert [(kind, line) for kind, line, _ in found] == [("run", 3), ("no-run", 7), ("run", 10)]
+    with pytest.raises(pytest.fail.Exception) as info:
+        run_blocks(doc, [(line, src) for kind, line, src in found if kind == "run"])
+    message = str(info.value)
+    assert "the block at line 10 failed" in message and "AssertionError: boom" in message
+    assert f'"{doc}", line 11' in message                    # the traceback points into the markdown file
+
+
+def test_harness_rejects_unknown_fences(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("```python no_run\nx = 1\n```\n")
+    with pytest.raises(AssertionError, match="unknown fence 'python no_run'"):
+        blocks(doc)
