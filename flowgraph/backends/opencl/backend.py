@@ -381,6 +381,8 @@ class OpenCLBackend(Backend):
     # ----------------------------------------------------------------- host exchange and creation
     def from_host(self, array: np.ndarray) -> Array:
         host = np.asarray(array, order="C")
+        if not host.dtype.isnative:
+            host = host.astype(host.dtype.newbyteorder("="))
         dtype = self.check_dtype(host.dtype, "from_host")
         out = self.empty(host.shape, dtype)
         if host.size:
