@@ -68,42 +68,45 @@ def _offset_slices(offset: Sequence[int], stride, dilation, out) -> tuple[slice,
 
 
 # ---------------------------------------------------------------------- the shared window primitive
-def _windows(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple) -> Tensor:
-    """``(N, C, *S) -> (N, C, K, *out)``: every kernel offset's strided slice of an (already padded) input.
+def _windows(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, axis: int = 2) -> Tensor:
+    """``(A, B, *S) -> (A, B, K, *out)`` (``axis=2``) or ``(A, K, B, *out)`` (``axis=1``): every kernel
+    offset's strided slice of an (already padded) input, stacked along a new dim at ``axis``.
 
     ``out`` must satisfy ``out[i] == (S[i] - dilation[i]*(kernel[i]-1) - 1) // stride[i] + 1`` or be smaller.
     """
     bk = x._backend
     d = x._data
-    n, c = d.shape[:2]
-    piece_shape = (n, c, 1) + tuple(out)
+    lead = list(d.shape[:2])
+    lead.insert(axis, 1)
+    piece_shape = tuple(lead) + tuple(out)
     pieces = [
         bk.reshape(bk.slice(d, _offset_slices(off, stride, dilation, out)), piece_shape)
         for off in itertools.product(*(range(k) for k in kernel))
     ]
-    result = _wrap(pieces[0] if len(pieces) == 1 else bk.concatenate(pieces, 2), bk)
+    result = _wrap(pieces[0] if len(pieces) == 1 else bk.concatenate(pieces, axis), bk)
     if x.requires_grad and STATE.enabled:
         shape = x.shape
-        _attach(result, lambda g: (_fold_windows(g, shape, kernel, stride, dilation),), (x,), "Windows")
+        _attach(result, lambda g: (_fold_windows(g, shape, kernel, stride, dilation, axis),), (x,), "Windows")
     return result
 
 
-def _fold_windows(cols: Tensor, shape: tuple, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
-    """The adjoint of ``_windows``: ``(N, C, K, *out) -> (N, C, *shape[2:])``, overlapping slices summed."""
+def _fold_windows(cols: Tensor, shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, axis: int = 2) -> Tensor:
+    """The adjoint of ``_windows``: the ``K`` slices along ``axis`` added back into zeros of ``shape``
+    ``(A, B, *S)`` (overlapping windows sum)."""
     bk = cols._backend
     g = cols._data
     out = tuple(cols.shape[3:])
     base = bk.full(tuple(shape), 0, g.dtype)
+    piece_shape = tuple(shape[:2]) + out
     for k, off in enumerate(itertools.product(*(range(kk) for kk in kernel))):
-        piece = bk.reshape(
-            bk.slice(g, (slice(None), slice(None), slice(k, k + 1)) + (slice(None),) * len(out)),
-            tuple(shape[:2]) + out,
-        )
+        index = [slice(None)] * (3 + len(out))
+        index[axis] = slice(k, k + 1)
+        piece = bk.reshape(bk.slice(g, tuple(index)), piece_shape)
         view = bk.slice(base, _offset_slices(off, stride, dilation, out))
         bk.assign(view, bk.add(view, piece))
     result = _wrap(base, bk)
     if cols.requires_grad and STATE.enabled:
-        _attach(result, lambda gg: (_windows(gg, kernel, stride, dilation, out),), (cols,), "FoldWindows")
+        _attach(result, lambda gg: (_windows(gg, kernel, stride, dilation, out, axis),), (cols,), "FoldWindows")
     return result
 
 
@@ -116,9 +119,7 @@ def _padding_widths(
             return [(0, 0)] * nd
         if padding == "same":
             if any(s != 1 for s in stride):
-                raise FlowError(
-                    f"{where}: padding='same' is not supported for strided convolutions (stride={stride})"
-                )
+                raise FlowError(f"{where}: padding='same' is not supported for strided convolutions (stride={stride})")
             widths = []
             for k, d in zip(kernel, dilation):
                 total = d * (k - 1)
@@ -128,9 +129,7 @@ def _padding_widths(
     return [(p, p) for p in _ntuple(padding, nd, "padding", where)]
 
 
-def _pad_spatial(
-    x: Tensor, widths: list[tuple[int, int]], mode: str = "constant", value: float = 0.0
-) -> Tensor:
+def _pad_spatial(x: Tensor, widths: list[tuple[int, int]], mode: str = "constant", value: float = 0.0) -> Tensor:
     """Pad the trailing spatial dims of ``(N, C, *S)`` by per-dim (left, right) widths."""
     if not any(lo or hi for lo, hi in widths):
         return x
@@ -149,8 +148,10 @@ def _im2col(
     mode: str = "constant",
     value: float = 0.0,
     where: str = "conv",
+    axis: int = 2,
 ) -> tuple[Tensor, tuple[int, ...]]:
-    """Pad ``x`` and return its windows ``(N, C, K, *out)`` and ``out``."""
+    """Pad ``x`` and return its windows (``(A, B, K, *out)``, or ``(A, K, B, *out)`` with ``axis=1``) and
+    ``out``."""
     xp = _pad_spatial(x, widths, mode, value)
     out = tuple(_window_out(n, k, s, d) for n, k, s, d in zip(xp.shape[2:], kernel, stride, dilation))
     if any(o <= 0 for o in out):
@@ -159,7 +160,7 @@ def _im2col(
             "is smaller than "
             f"the kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
         )
-    return _windows(xp, kernel, stride, dilation, out), out
+    return _windows(xp, kernel, stride, dilation, out, axis), out
 
 
 # ---------------------------------------------------------------------- functional convolution
@@ -177,16 +178,12 @@ def _convnd(
     where = f"conv{nd}d"
     x, unbatched = _check_input(x, nd, where)
     if weight.ndim != nd + 2:
-        raise ShapeError(
-            f"{where}: weight must be {nd + 2}-d (out, in/groups, *kernel), got shape {weight.shape}"
-        )
+        raise ShapeError(f"{where}: weight must be {nd + 2}-d (out, in/groups, *kernel), got shape {weight.shape}")
     c_out, c_in_g = weight.shape[:2]
     kernel = tuple(weight.shape[2:])
     n, c_in = x.shape[:2]
     if groups < 1 or c_in % groups or c_out % groups:
-        raise FlowError(
-            f"{where}: groups={groups} must divide both in_channels ({c_in}) and out_channels ({c_out})"
-        )
+        raise FlowError(f"{where}: groups={groups} must divide both in_channels ({c_in}) and out_channels ({c_out})")
     if c_in_g * groups != c_in:
         raise ShapeError(
             f"{where}: input has {c_in} channels but the weight {tuple(weight.shape)} with groups={groups} "
@@ -201,23 +198,25 @@ def _convnd(
     )
     if mode is None:
         raise FlowError(
-            f"{where}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
-            f"got {padding_mode!r}"
+            f"{where}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', got {padding_mode!r}"
         )
     k = math.prod(kernel)
+    # Channels first, batch second: the windows then stack to (C, K, N, *out), which is (C*K, N*L) with
+    # no copy, and the whole convolution is one GEMM per group (BLAS-sized, not N small ones).
+    xt = x.transpose(0, 1)
     if k == 1 and all(s == 1 for s in stride) and not any(lo or hi for lo, hi in widths):
         out_size = tuple(x.shape[2:])
-        cols = x  # a 1x1 convolution is a plain matmul over channels
+        cols = xt  # a 1x1 convolution is a plain matmul over channels
     else:
-        cols, out_size = _im2col(x, kernel, stride, dilation, widths, mode, where=where)
-    length = math.prod(out_size)
-    cols = cols.reshape(n, groups, c_in_g * k, length) if groups > 1 else cols.reshape(n, c_in_g * k, length)
-    w = (
-        weight.reshape(groups, c_out // groups, c_in_g * k)
-        if groups > 1
-        else weight.reshape(c_out, c_in_g * k)
-    )
-    out = w.matmul(cols).reshape((n, c_out) + out_size)
+        cols, out_size = _im2col(xt, kernel, stride, dilation, widths, mode, where=where, axis=1)
+    length = n * math.prod(out_size)
+    if groups > 1:
+        cols = cols.reshape(groups, c_in_g * k, length)
+        w = weight.reshape(groups, c_out // groups, c_in_g * k)
+    else:
+        cols = cols.reshape(c_in_g * k, length)
+        w = weight.reshape(c_out, c_in_g * k)
+    out = w.matmul(cols).reshape((c_out, n) + out_size).transpose(0, 1)
     if bias is not None:
         out = out + bias.reshape((1, c_out) + (1,) * nd)
     return out.squeeze(0) if unbatched else out
@@ -237,16 +236,12 @@ def _conv_transposend(
     where = f"conv_transpose{nd}d"
     x, unbatched = _check_input(x, nd, where)
     if weight.ndim != nd + 2:
-        raise ShapeError(
-            f"{where}: weight must be {nd + 2}-d (in, out/groups, *kernel), got shape {weight.shape}"
-        )
+        raise ShapeError(f"{where}: weight must be {nd + 2}-d (in, out/groups, *kernel), got shape {weight.shape}")
     c_in, c_out_g = weight.shape[:2]
     kernel = tuple(weight.shape[2:])
     n = x.shape[0]
     if x.shape[1] != c_in:
-        raise ShapeError(
-            f"{where}: input has {x.shape[1]} channels, the weight {tuple(weight.shape)} expects {c_in}"
-        )
+        raise ShapeError(f"{where}: input has {x.shape[1]} channels, the weight {tuple(weight.shape)} expects {c_in}")
     if groups < 1 or c_in % groups:
         raise FlowError(f"{where}: groups={groups} must divide in_channels ({c_in})")
     stride = _ntuple(stride, nd, "stride", where)
@@ -256,19 +251,23 @@ def _conv_transposend(
     for op, s, d in zip(output_padding, stride, dilation):
         if op >= max(s, d):
             raise FlowError(
-                f"{where}: output_padding {output_padding} must be smaller than stride {stride} "
-                f"or dilation {dilation}"
+                f"{where}: output_padding {output_padding} must be smaller than stride {stride} or dilation {dilation}"
             )
     k = math.prod(kernel)
     c_in_g = c_in // groups
     in_size = tuple(x.shape[2:])
-    length = math.prod(in_size)
+    length = n * math.prod(in_size)
     c_out = c_out_g * groups
-    xr = x.reshape(n, groups, c_in_g, length) if groups > 1 else x.reshape(n, c_in, length)
-    w = weight.reshape(groups, c_in_g, c_out_g * k) if groups > 1 else weight.reshape(c_in, c_out_g * k)
-    cols = w.transpose(-1, -2).matmul(xr).reshape((n, c_out, k) + in_size)
+    xt = x.transpose(0, 1)  # (C_in, N, *in): one GEMM per group, as in _convnd
+    if groups > 1:
+        xr = xt.reshape(groups, c_in_g, length)
+        w = weight.reshape(groups, c_in_g, c_out_g * k)
+    else:
+        xr = xt.reshape(c_in, length)
+        w = weight.reshape(c_in, c_out_g * k)
+    cols = w.transpose(-1, -2).matmul(xr).reshape((c_out, k, n) + in_size)
     full = tuple((i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(in_size, stride, dilation, kernel))
-    out = _fold_windows(cols, (n, c_out) + full, kernel, stride, dilation)
+    out = _fold_windows(cols, (c_out, n) + full, kernel, stride, dilation, axis=1).transpose(0, 1)
     out = _pad_spatial(out, [(-p, op - p) for p, op in zip(padding, output_padding)])
     if bias is not None:
         out = out + bias.reshape((1, c_out) + (1,) * nd)
@@ -392,8 +391,7 @@ class _ConvNd(Module):
             raise FlowError(f"{name}: out_channels ({out_channels}) must be divisible by groups ({groups})")
         if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
             raise FlowError(
-                f"{name}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
-                f"got {padding_mode!r}"
+                f"{name}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', got {padding_mode!r}"
             )
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -537,9 +535,7 @@ class _ConvTranspose(_ConvNd):
         dtype=None,
     ):
         if padding_mode != "zeros":
-            raise FlowError(
-                f"{type(self).__name__}: only padding_mode='zeros' is supported, got {padding_mode!r}"
-            )
+            raise FlowError(f"{type(self).__name__}: only padding_mode='zeros' is supported, got {padding_mode!r}")
         super().__init__(
             in_channels,
             out_channels,
