@@ -58,6 +58,17 @@ def test_mixed_precision_bfloat16_trains_like_float32():
     assert mixed["skipped_steps"] == 0
 
 
+def test_gradients_keep_their_inputs_dtype_under_type_promotion():
+    # What the float16 example relies on (as in PyTorch): the gradient reaching a float16 tensor through a
+    # promoting op (float16 - float32 -> float32) is float16, so autocast's backward runs in float16 and an
+    # overflow shows up as inf for GradScaler. The cast lives in flowgraph/autograd/node.py (run_backward).
+    a = fg.ones(3, requires_grad=True).to(fg.float16)
+    a.retain_grad()
+    ((a - fg.zeros(3)) * 1e30).sum().backward()
+    assert a.grad.dtype is fg.float16, "the gradient of a float16 input came back as " + a.grad.dtype.name
+    assert not bool(a.grad.isfinite().any())
+
+
 def test_mixed_precision_float16_scaler_skips_overflowing_steps_and_recovers():
     # A first loss scale of 2**30 overflows float16 gradients: the scaler must skip those steps, lower the
     # scale, and then train normally.
