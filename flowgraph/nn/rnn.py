@@ -181,6 +181,9 @@ class RNNBase(Module):
         for p in self.parameters():
             init.uniform_(p, -stdv, stdv)
 
+    def flatten_parameters(self) -> None:
+        """No-op kept for PyTorch compatibility (cuDNN's packed weight buffer has no counterpart here)."""
+
     @property
     def all_weights(self) -> list[list[Parameter]]:
         """Parameters grouped per layer and direction, in PyTorch's order."""
