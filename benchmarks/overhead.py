@@ -95,14 +95,25 @@ def _chain_torch(n_ops: int, size: int, threads: int):
     return run
 
 
-def _median_us_per_op(run, n_ops: int, repeats: int) -> float:
-    run()  # warm-up
-    times = []
+_CLOCK = [time.perf_counter]
+
+
+def _interleaved_us_per_op(runs: dict, n_ops: int, repeats: int) -> tuple[dict, list]:
+    """Time each run once per round, rounds interleaved so load changes hit all runs alike.
+
+    Returns the median microseconds per op of each run and the per-round flowgraph/torch ratios.
+    """
+    clock = _CLOCK[0]
+    for run in runs.values():
+        run()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / n_ops * 1e6
+        for name, run in runs.items():
+            t0 = clock()
+            run()
+            times[name].append((clock() - t0) / n_ops * 1e6)
+    ratios = [f / t for f, t in zip(times["flowgraph"], times["torch"])] if "torch" in times else []
+    return {name: statistics.median(v) for name, v in times.items()}, ratios
 
 
 def main() -> None:
@@ -114,7 +125,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: CPU count)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
     parser.add_argument("--profile", action="store_true", help="cProfile the flowgraph chain instead")
+    parser.add_argument("--clock", choices=["wall", "process"], default="wall",
+                        help="wall time, or this process's CPU time (steadier on a busy machine)")
     args = parser.parse_args()
+    if args.clock == "process":
+        _CLOCK[0] = time.process_time
 
     threads = args.threads or os.cpu_count() or 1
     fg_run = _chain_flowgraph(args.ops, args.size, args.device)
@@ -131,15 +146,18 @@ def main() -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         return
 
-    np_us = _median_us_per_op(_chain_numpy(args.ops, args.size), args.ops, args.repeats)
-    fg_us = _median_us_per_op(fg_run, args.ops, args.repeats)
-    print(f"chain of {args.ops} ops on {args.size} float32 elements, median of {args.repeats}, {threads} threads")
-    print(f"  numpy forward only (floor) : {np_us:7.2f} us/op")
-    print(f"  flowgraph {args.device:<8} fwd+bwd : {fg_us:7.2f} us/op")
+    runs = {"numpy": _chain_numpy(args.ops, args.size), "flowgraph": fg_run}
     if not args.no_torch:
-        torch_us = _median_us_per_op(_chain_torch(args.ops, args.size, threads), args.ops, args.repeats)
-        print(f"  torch cpu fwd+bwd          : {torch_us:7.2f} us/op")
-        print(f"  ratio flowgraph/torch      : {fg_us / torch_us:7.2f}  (goal <= 1.0)")
+        runs["torch"] = _chain_torch(args.ops, args.size, threads)
+    med, ratios = _interleaved_us_per_op(runs, args.ops, args.repeats)
+    print(f"chain of {args.ops} ops on {args.size} float32 elements, median of {args.repeats} interleaved rounds, "
+          f"{threads} torch threads, {args.clock} clock")
+    print(f"  numpy forward only (floor) : {med['numpy']:7.2f} us/op")
+    print(f"  flowgraph {args.device:<8} fwd+bwd : {med['flowgraph']:7.2f} us/op")
+    if ratios:
+        print(f"  torch cpu fwd+bwd          : {med['torch']:7.2f} us/op")
+        print(f"  ratio flowgraph/torch      : {statistics.median(ratios):7.2f}  (median of per-round ratios; "
+              f"goal <= 1.0)")
 
 
 if __name__ == "__main__":

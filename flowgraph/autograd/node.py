@@ -72,7 +72,8 @@ def _collect(roots: Sequence[Node]) -> list[Node]:
 
 def _check_versions(node: Node) -> None:
     for t, version in node.saved:
-        if t._version != version:
+        vc = t._vc
+        if (0 if vc is None else vc[0]) != version:
             raise FlowError(
                 f"a tensor saved by {node.name} for its backward was modified in place afterwards "
                 f"(version {version} when saved, {t._version} now); use an out-of-place op "
@@ -120,35 +121,45 @@ def run_backward(
             else:
                 capture_leaves[id(t)] = i
 
-    def route(t: Tensor, g: Tensor) -> None:
-        if g._data.dtype != t._data.dtype:  # a promoted op's gradient takes its input's dtype, as in PyTorch
-            g = g.to(t.dtype)
-        fn = t._grad_fn
-        if fn is not None:
-            prev = pending.get(fn)
-            pending[fn] = g if prev is None else prev + g
-        elif t.requires_grad:
-            entry = leaf_grads.get(id(t))
-            if entry is None:
-                leaf_grads[id(t)] = [t, g]
-            else:
-                entry[1] = entry[1] + g
+    from ..tensor.tensor import _wrap
+
+    def accumulate(prev: Tensor, g: Tensor) -> Tensor:
+        # the common case runs on the arrays directly: same dtype, no graph to record for the sum
+        pd, gd = prev._data, g._data
+        if not create_graph and pd.dtype == gd.dtype and prev._backend is g._backend and pd.shape == gd.shape:
+            return _wrap(prev._backend.add(pd, gd), prev._backend)
+        return prev + g
+
+    def route_leaf(t: Tensor, g: Tensor) -> None:
+        entry = leaf_grads.get(id(t))
+        if entry is None:
+            leaf_grads[id(t)] = [t, g]
+        else:
+            entry[1] = accumulate(entry[1], g)
 
     grad_ctx = enable_grad() if create_graph else no_grad()
     with grad_ctx:
         for t, g in zip(roots, grads):
-            route(t, g)
+            fn = t._grad_fn
+            if fn is not None:
+                prev = pending.get(fn)
+                pending[fn] = g if prev is None else accumulate(prev, g)
+            elif t.requires_grad:
+                route_leaf(t, g)
         anomaly = STATE.anomaly
+        pending_pop = pending.pop
+        pending_get = pending.get
         for node in _collect([t._grad_fn for t in roots if t._grad_fn is not None]):
-            g = pending.pop(node, None)
+            g = pending_pop(node, None)
             if g is None:
                 continue
-            g = _apply_hooks(node.hooks, g)
+            if node.hooks:
+                g = _apply_hooks(node.hooks, g)
             if node.retain is not None:
                 out = node.retain()
                 if out is not None:
                     out.grad = g if out.grad is None else out.grad + g
-            if node in capture_nodes:
+            if capture_nodes and node in capture_nodes:
                 captured[capture_nodes[node]] = g
             backward = node.backward
             if backward is None:
@@ -163,11 +174,16 @@ def run_backward(
                 node.backward = None
                 node.saved = ()
             for t, gi in zip(node.inputs, in_grads):
-                if t is None or gi is None:
+                if gi is None or t is None:
                     continue
                 if anomaly:
                     _check_finite(gi, f"the backward of {node.name}")
-                route(t, gi)
+                fn = t._grad_fn
+                if fn is not None:
+                    prev = pending_get(fn)
+                    pending[fn] = gi if prev is None else accumulate(prev, gi)
+                elif t.requires_grad:
+                    route_leaf(t, gi)
         for t, g in leaf_grads.values():
             g = _apply_hooks(t._hooks, g)
             if g.shape != t.shape:

@@ -60,7 +60,7 @@ def _shape_error(name: str, a, b) -> ShapeError:
 
 def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Reduce a broadcast gradient back to ``shape`` (the adjoint of broadcasting)."""
-    gshape = g.shape
+    gshape = g._data.shape
     if gshape == shape:
         return g
     lead = len(gshape) - len(shape)
@@ -72,6 +72,20 @@ def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     if lead:
         g = g.reshape(shape)
     return g
+
+
+def _sum_to_array(bk, g, shape: tuple[int, ...]) -> Tensor:
+    """``sum_to`` on a native gradient array, wrapped as a tensor (backward without create_graph)."""
+    gshape = g.shape
+    if gshape == shape:
+        return _wrap(g, bk)
+    lead = len(gshape) - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and gshape[i + lead] != 1)
+    if axes:
+        g = bk.sum(g, axes, True)
+    if lead:
+        g = bk.reshape(g, shape)
+    return _wrap(g, bk)
 
 
 def _to_tensor_like(value, like: Tensor) -> Tensor:
@@ -146,8 +160,13 @@ def _operands(a, b, name: str):
     raise FlowError(f"{name}: expected at least one Tensor operand, got {type(a).__name__} and {type(b).__name__}")
 
 
-def _shape(t: Tensor | None):
-    return None if t is None else t._data.shape
+def _saved_pair(at, bt) -> tuple:
+    """The tensors among an op's two operands (either may be None for a scalar), for version checks."""
+    if at is None:
+        return (bt,)
+    if bt is None:
+        return (at,)
+    return (at, bt)
 
 
 def _grads(ga, gb, at, bt):
@@ -172,7 +191,8 @@ def add(a, b, alpha: float = 1) -> Tensor:
     except ValueError:
         raise _shape_error("add", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        sa, sb = _shape(at), _shape(bt)
+        sa = None if at is None else at._data.shape
+        sb = None if bt is None else bt._data.shape
 
         def bw(g):
             return (None if sa is None else sum_to(g, sa), None if sb is None else sum_to(g, sb))
@@ -196,7 +216,8 @@ def sub(a, b, alpha: float = 1) -> Tensor:
     except ValueError:
         raise _shape_error("sub", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        sa, sb = _shape(at), _shape(bt)
+        sa = None if at is None else at._data.shape
+        sb = None if bt is None else bt._data.shape
 
         def bw(g):
             return (None if sa is None else sum_to(g, sa), None if sb is None else sum_to(-g, sb))
@@ -213,13 +234,20 @@ def mul(a, b) -> Tensor:
     except ValueError:
         raise _shape_error("mul", a, b) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca, cb = a, b
+        need_a = at is not None and at.requires_grad
+        need_b = bt is not None and bt.requires_grad
+        out_dtype = out._data.dtype
 
         def bw(g):
-            return _grads(g * cb if at is not None and at.requires_grad else None,
-                          g * ca if bt is not None and bt.requires_grad else None, at, bt)
+            gd = g._data
+            if STATE.enabled or gd.dtype != out_dtype:  # create_graph (or an odd dtype): differentiable tensor ops
+                return (sum_to(g * b, at._data.shape) if need_a else None,
+                        sum_to(g * a, bt._data.shape) if need_b else None)
+            # the common case on the arrays directly: the forward's (promoted) operands times g
+            return (_sum_to_array(bk, bk.mul(gd, bd), at._data.shape) if need_a else None,
+                    _sum_to_array(bk, bk.mul(gd, ad), bt._data.shape) if need_b else None)
 
-        _attach(out, bw, (at, bt), "Mul", tuple(t for t in (at, bt) if t is not None))
+        _attach(out, bw, (at, bt), "Mul", _saved_pair(at, bt))
     return out
 
 
@@ -249,7 +277,7 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
             gb = -g * ca / (cb * cb) if bt is not None and bt.requires_grad else None
             return _grads(ga, gb, at, bt)
 
-        _attach(out, bw, (at, bt), "Div", tuple(t for t in (at, bt) if t is not None))
+        _attach(out, bw, (at, bt), "Div", _saved_pair(at, bt))
     return out
 
 
@@ -290,7 +318,7 @@ def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
                 gb = where(base > 0, gb, where(base == 0, 0.0, float("nan")).to(gb.dtype))
             return _grads(ga, gb, at, bt)
 
-        _attach(out, bw, (at, bt), "Pow", tuple(t for t in (at, bt, out) if t is not None))
+        _attach(out, bw, (at, bt), "Pow", _saved_pair(at, bt) + (out,))
     return out
 
 
@@ -327,7 +355,7 @@ def _minmax(prim: str, name: str):
                 wa = where(pick_a, 1.0, where(tie, 0.5, 0.0)).to(g.dtype)
                 return _grads(g * wa, g * (1.0 - wa), at, bt)
 
-            _attach(out, bw, (at, bt), name.capitalize(), tuple(t for t in (at, bt) if t is not None))
+            _attach(out, bw, (at, bt), name.capitalize(), _saved_pair(at, bt))
         return out
 
     op.__name__ = name
@@ -350,7 +378,7 @@ def atan2(a, b) -> Tensor:
             den = ca * ca + cb * cb
             return _grads(g * cb / den, -g * ca / den, at, bt)
 
-        _attach(out, bw, (at, bt), "Atan2", tuple(t for t in (at, bt) if t is not None))
+        _attach(out, bw, (at, bt), "Atan2", _saved_pair(at, bt))
     return out
 
 

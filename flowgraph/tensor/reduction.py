@@ -158,18 +158,27 @@ def _amaxmin(a: Tensor, dim, keepdim: bool, prim: str) -> Tensor:
 
 def argmax(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """Index of the first maximum (over the flattened tensor when ``dim`` is None)."""
+    return _arg_extreme(a, dim, keepdim, "argmax")
+
+
+def _arg_extreme(a: Tensor, dim, keepdim: bool, prim: str) -> Tensor:
     bk = a._backend
+    if dim is not None:
+        ax = _norm_dim(dim, a.ndim, prim)
+    if a.ndim == 0:  # a 0-d tensor has no axis to search: its only element is at index 0
+        return _wrap(bk.full((), 0, as_dtype("int64").np), bk)
     if dim is None:
-        return _wrap(bk.argmax(bk.reshape(bk.contiguous(a._data), (-1,) if a.numel() else (0,)), 0, False), bk)
-    return _wrap(bk.argmax(a._data, _norm_dim(dim, a.ndim, "argmax"), keepdim), bk)
+        if a.numel() == 0:
+            raise FlowError(f"{prim}() of an empty tensor has no result; check the input")
+        return _wrap(getattr(bk, prim)(bk.reshape(bk.contiguous(a._data), (-1,)), 0, False), bk)
+    if a.shape[ax] == 0:
+        raise FlowError(f"{prim}(dim={dim}) over an empty dimension of shape {a.shape}")
+    return _wrap(getattr(bk, prim)(a._data, ax, keepdim), bk)
 
 
 def argmin(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """Index of the first minimum (over the flattened tensor when ``dim`` is None)."""
-    bk = a._backend
-    if dim is None:
-        return _wrap(bk.argmin(bk.reshape(bk.contiguous(a._data), (-1,)), 0, False), bk)
-    return _wrap(bk.argmin(a._data, _norm_dim(dim, a.ndim, "argmin"), keepdim), bk)
+    return _arg_extreme(a, dim, keepdim, "argmin")
 
 
 def prod(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:

@@ -293,8 +293,14 @@ def _wrap(data, backend) -> Tensor:
 
 
 def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) -> Tensor:
-    """Record ``out`` as produced by an op. ``inputs`` are the op's tensor inputs (None for constants)."""
-    out._grad_fn = Node(backward, inputs, name, tuple([(t, t._version) for t in saved]) if saved else ())
+    """Record ``out`` as produced by an op. ``inputs`` are the op's tensor inputs (None for constants).
+
+    ``saved`` lists the tensors ``backward`` reads; their versions are recorded so an in-place change
+    before backward raises instead of giving a silently wrong gradient.
+    """
+    if saved:
+        saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
+    out._grad_fn = Node(backward, inputs, name, saved)
     out.requires_grad = True
     if STATE.anomaly:
         if out._data.dtype.kind == "f" and not bool(out._backend.to_host(

@@ -96,3 +96,30 @@ def skip_if_no_float64(device: str) -> None:
 
     if not fg.get_backend(device).supports_float64:
         pytest.skip(f"{device} does not support float64")
+
+
+_DTYPE_SUPPORT: dict[tuple[str, str], str | None] = {}
+
+
+def unsupported_dtype(device: str, *names: str) -> str | None:
+    """The reason one of these dtypes cannot live on ``device`` (the backend's BackendError), or None."""
+    for name in names:
+        key = (device, name)
+        if key not in _DTYPE_SUPPORT:
+            try:
+                fg.zeros(1, dtype=FG_DTYPES[name], device=device).to(fg.float32).tolist()
+                _DTYPE_SUPPORT[key] = None
+            except fg.BackendError as exc:
+                _DTYPE_SUPPORT[key] = str(exc)
+        if _DTYPE_SUPPORT[key] is not None:
+            return _DTYPE_SUPPORT[key]
+    return None
+
+
+def skip_unless_dtypes(device: str, *names: str) -> None:
+    """Skip (with the backend's reason) unless ``device`` supports every named dtype."""
+    import pytest
+
+    reason = unsupported_dtype(device, *names)
+    if reason is not None:
+        pytest.skip(reason)

@@ -10,7 +10,7 @@ import torch
 
 import flowgraph as fg
 
-from .strategies import FG_DTYPES, TORCH_DTYPES, close
+from .strategies import FG_DTYPES, TORCH_DTYPES, close, skip_unless_dtypes
 
 NAMES = list(FG_DTYPES)
 
@@ -22,8 +22,7 @@ def _pair(device, name, shape):
 
 
 def _ok(device, *names):
-    if "float64" in names and not fg.get_backend(device).supports_float64:
-        pytest.skip(f"{device} does not support float64")
+    skip_unless_dtypes(device, *names)
 
 
 @pytest.mark.parametrize("a,b", list(itertools.product(NAMES, NAMES)))
@@ -86,6 +85,7 @@ def test_cast_matches_torch(device, src, dst):
 
 
 def test_dtype_objects_and_shortcuts(device):
+    skip_unless_dtypes(device, "float16", "bfloat16")
     x = fg.tensor([1.5, -2.5], device=device)
     assert x.double().dtype is fg.float64 if fg.get_backend(device).supports_float64 else True
     assert x.half().dtype is fg.float16 and x.bfloat16().dtype is fg.bfloat16

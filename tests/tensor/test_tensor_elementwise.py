@@ -23,6 +23,7 @@ from .strategies import (
     seeds,
     shapes,
     skip_if_no_float64,
+    skip_unless_dtypes,
     tt,
 )
 
@@ -190,6 +191,7 @@ def test_logical_operators_and_not(device):
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "radd", "rsub", "rmul", "rdiv", "pow", "rpow"])
 @pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "float16"])
 def test_scalar_arithmetic(device, op, scalar, dtype):
+    skip_unless_dtypes(device, dtype)
     x = np.array([[1, 2, 3], [0, 1, 2]]).astype({"float32": np.float32, "int64": np.int64, "bool": np.bool_,
                                                    "float16": np.float16}[dtype])
     ft, tr = fgt(x, device), tt(x)

@@ -110,8 +110,9 @@ def test_getitem_errors(device):
     x = fg.zeros(2, 3, device=device)
     with pytest.raises(fg.FlowError, match="out of bounds"):
         x[2]
-    with pytest.raises(fg.FlowError, match="out of bounds"):
-        x[fg.tensor([0, 5], device=device)]
+    if device == "cpu":  # elsewhere the check would need a host sync per index; the cpu checks for free
+        with pytest.raises(fg.FlowError, match="out of bounds"):
+            x[fg.tensor([0, 5], device=device)]
     with pytest.raises(fg.FlowError, match="too many"):
         x[0, 0, 0]
     with pytest.raises(fg.FlowError):
