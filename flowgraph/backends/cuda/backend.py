@@ -513,6 +513,8 @@ class CupyBackend(ArrayBackend):
         self._no_capture("copying host data to the device")
         self._use()
         array = np.asarray(array)
+        if not array.dtype.isnative:  # a foreign byte order (e.g. read from a big-endian file)
+            array = array.astype(array.dtype.newbyteorder("="))
         self._check_dtype(array.dtype, "from_host")
         try:
             return cupy.asarray(array)
