@@ -1,21 +1,25 @@
 """Pooling: ``MaxPool1d/2d/3d``, ``AvgPool1d/2d/3d``, ``AdaptiveAvgPool1d/2d/3d``,
 ``AdaptiveMaxPool1d/2d/3d``.
 
-Fixed-window pooling reuses convolution's window primitive (``conv._windows``): pad (with ``-inf`` for max,
-zeros for average), take the ``(N, C, K, *out)`` windows, reduce over ``K``. Max pooling picks the first
-maximum of each window (``argmax`` + ``gather``), so its gradient goes to one element as in PyTorch.
+Fixed-window pooling uses convolution's window geometry (``conv._offset_slices``): after padding (with
+``-inf`` for max, zeros for average) it reduces the ``K = prod(kernel)`` strided slices of the input one by
+one, so the ``(N, C, K, *out)`` window stack is never built. Max pooling keeps the first maximum of each
+window (and propagates NaN), so its gradient goes to one element as in PyTorch; the backward adds each
+slice's share into a zero buffer (the adjoint, ``conv._fold_windows``'s loop).
 Adaptive pooling works one spatial dim at a time: average pooling is a product with a constant ``(out, in)``
 averaging matrix, max pooling gathers each output's (padded-to-equal-length) index range and reduces it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
-from ..autograd.grad_mode import no_grad
+from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError
-from ..tensor import Tensor, arange, ones, tensor
-from .conv import _check_input, _ntuple, _pad_spatial, _windows
+from ..tensor import Tensor, arange, ones, tensor, where
+from ..tensor.tensor import _attach, _wrap
+from .conv import _check_input, _fold_windows, _ntuple, _offset_slices, _pad_spatial
 from .module import Module
 
 __all__ = [
@@ -36,9 +40,7 @@ def _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode: bool, 
     out, widths = [], []
     for n, k, s, p, d in zip(in_size, kernel, stride, padding, dilation):
         if p < 0 or 2 * p > k:
-            raise FlowError(
-                f"{where}: padding ({p}) must be at least 0 and at most half of the kernel size ({k})"
-            )
+            raise FlowError(f"{where}: padding ({p}) must be at least 0 and at most half of the kernel size ({k})")
         if s < 1 or d < 1:
             raise FlowError(f"{where}: stride ({s}) and dilation ({d}) must be positive")
         span = n + 2 * p - d * (k - 1) - 1
@@ -61,10 +63,71 @@ def _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode: bool, 
 
 def _pool_args(kernel_size, stride, padding, dilation, nd: int, where: str):
     kernel = _ntuple(kernel_size, nd, "kernel_size", where)
-    stride = (
-        kernel if stride is None or stride == [] or stride == () else _ntuple(stride, nd, "stride", where)
-    )
+    stride = kernel if stride is None or stride == [] or stride == () else _ntuple(stride, nd, "stride", where)
     return kernel, stride, _ntuple(padding, nd, "padding", where), _ntuple(dilation, nd, "dilation", where)
+
+
+# ---------------------------------------------------------------------- window reductions
+def _offsets(kernel: tuple) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(k) for k in kernel)))
+
+
+def _window_sum(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple) -> Tensor:
+    """Sum of each window of a padded ``(N, C, *S)`` input: ``(N, C, *out)``."""
+    bk = x._backend
+    d = x._data
+    slices = [bk.slice(d, _offset_slices(off, stride, dilation, out)) for off in _offsets(kernel)]
+    total = bk.add(slices[0], 0) if len(slices) == 1 else bk.add(slices[0], slices[1])
+    for piece in slices[2:]:
+        total = bk.add(total, piece)
+    result = _wrap(total, bk)
+    if x.requires_grad and STATE.enabled:
+        shape = x.shape
+        k = len(slices)
+
+        def bw(g: Tensor):  # every window element receives its window's gradient
+            spread = g.unsqueeze(2).expand(g.shape[:2] + (k,) + g.shape[2:])
+            return (_fold_windows(spread, shape, kernel, stride, dilation),)
+
+        _attach(result, bw, (x,), "WindowSum")
+    return result
+
+
+def _window_max(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple) -> tuple[Tensor, Tensor]:
+    """Maximum of each window of a padded input and its (first) position ``0..K-1`` in the window."""
+    bk = x._backend
+    d = x._data
+    offsets = _offsets(kernel)
+    best = bk.add(bk.slice(d, _offset_slices(offsets[0], stride, dilation, out)), 0)
+    index_dtype = arange(1).dtype.np
+    where_k = bk.full(best.shape, 0, index_dtype)
+    for k, off in enumerate(offsets[1:], 1):
+        piece = bk.slice(d, _offset_slices(off, stride, dilation, out))
+        better = bk.logical_or(bk.gt(piece, best), bk.isnan(piece))  # strict: the first maximum wins
+        best = bk.where(better, piece, best)
+        where_k = bk.where(better, bk.full((), k, index_dtype), where_k)
+    values = _wrap(best, bk)
+    kidx = _wrap(where_k, bk)
+    if x.requires_grad and STATE.enabled:
+        shape = x.shape
+
+        def bw(g: Tensor):
+            if STATE.enabled:  # create_graph: the differentiable (materialised) form
+                onehot = kidx.unsqueeze(2) == arange(len(offsets), device=g.device).reshape(
+                    (1, 1, len(offsets)) + (1,) * len(out)
+                )
+                return (_fold_windows(where(onehot, g.unsqueeze(2), 0.0), shape, kernel, stride, dilation),)
+            gd = g._data
+            zero = bk.full((), 0, gd.dtype)
+            base = bk.full(tuple(shape), 0, gd.dtype)
+            for k, off in enumerate(offsets):
+                view = bk.slice(base, _offset_slices(off, stride, dilation, out))
+                picked = bk.where(bk.eq(where_k, bk.full((), k, index_dtype)), gd, zero)
+                bk.assign(view, bk.add(view, picked))
+            return (_wrap(base, bk),)
+
+        _attach(values, bw, (x,), "WindowMax")
+    return values, kidx
 
 
 # ---------------------------------------------------------------------- max pooling
@@ -74,12 +137,10 @@ def _max_poolnd(x, kernel_size, stride, padding, dilation, ceil_mode, return_ind
     kernel, stride, padding, dilation = _pool_args(kernel_size, stride, padding, dilation, nd, where)
     in_size = tuple(x.shape[2:])
     out, widths = _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode, where)
-    cols = _windows(_pad_spatial(x, widths, "constant", -math.inf), kernel, stride, dilation, out)
-    idx = cols.argmax(2, keepdim=True)
-    values = cols.gather(2, idx).squeeze(2)
+    values, kidx = _window_max(_pad_spatial(x, widths, "constant", -math.inf), kernel, stride, dilation, out)
     if not return_indices:
         return values.squeeze(0) if unbatched else values
-    indices = _flat_indices(idx.squeeze(2), in_size, kernel, stride, padding, dilation, out)
+    indices = _flat_indices(kidx, in_size, kernel, stride, padding, dilation, out)
     if unbatched:
         return values.squeeze(0), indices.squeeze(0)
     return values, indices
@@ -151,7 +212,7 @@ def _avg_poolnd(x, kernel_size, stride, padding, ceil_mode, count_include_pad, d
     kernel, stride, padding, dilation = _pool_args(kernel_size, stride, padding, 1, nd, where)
     in_size = tuple(x.shape[2:])
     out, widths = _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode, where)
-    total = _windows(_pad_spatial(x, widths), kernel, stride, dilation, out).sum(2)
+    total = _window_sum(_pad_spatial(x, widths), kernel, stride, dilation, out)
     if divisor_override is not None:
         if divisor_override == 0:
             raise FlowError(f"{where}: divisor_override must be non-zero")
@@ -166,7 +227,7 @@ def _avg_poolnd(x, kernel_size, stride, padding, ceil_mode, count_include_pad, d
             else:
                 size, cover = in_size, widths
             one = ones((1, 1) + size, dtype=x.dtype, device=x.device)
-            count = _windows(_pad_spatial(one, cover), kernel, stride, dilation, out).sum(2)
+            count = _window_sum(_pad_spatial(one, cover), kernel, stride, dilation, out)
         result = total / count
     return result.squeeze(0) if unbatched else result
 
@@ -215,9 +276,7 @@ def _adaptive_sizes(x: Tensor, output_size, nd: int, where: str) -> tuple[int, .
         output_size = (output_size,) * nd
     output_size = tuple(output_size)
     if len(output_size) != nd:
-        raise FlowError(
-            f"{where}: output_size must be an int or a tuple of {nd} (int or None), got {output_size}"
-        )
+        raise FlowError(f"{where}: output_size must be an int or a tuple of {nd} (int or None), got {output_size}")
     sizes = tuple(n if o is None else int(o) for o, n in zip(output_size, x.shape[-nd:]))
     if any(o <= 0 for o in sizes):
         raise FlowError(f"{where}: output sizes must be positive, got {sizes}")
@@ -262,7 +321,8 @@ def _adaptive_max_poolnd(x: Tensor, output_size, return_indices: bool, nd: int):
     x, unbatched = _check_input(x, nd, where)
     sizes = _adaptive_sizes(x, output_size, nd, where)
     out = x
-    for i, o in enumerate(sizes):
+    # last dim first: the separable maximum then picks the first maximum in row-major order, as PyTorch does
+    for i, o in reversed(list(enumerate(sizes))):
         dim = 2 + i
         n = x.shape[dim]
         ranges = _ranges(n, o)
@@ -357,7 +417,7 @@ class MaxPool1d(_MaxPoolNd):
 class MaxPool2d(_MaxPoolNd):
     """2-d max pooling with PyTorch's arguments::
 
-        nn.MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False)
+    nn.MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False)
     """
 
     _nd = 2
@@ -411,9 +471,7 @@ class AvgPool1d(_AvgPoolNd):
 
     _nd = 1
 
-    def __init__(
-        self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True
-    ):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True):
         super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
         # PyTorch keeps 1-tuples here (its repr shows kernel_size=(3,))
         self.kernel_size = _ntuple(kernel_size, 1, "kernel_size", "AvgPool1d")

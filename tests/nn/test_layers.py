@@ -35,6 +35,11 @@ from .test_layers_support import (
 LOOSE = {"rtol": 1e-4, "atol": 1e-5}
 
 
+def ties(*shape: int):
+    """Rounded, ReLU'd values: many equal maxima per window (PyTorch sends the gradient to the first)."""
+    return lambda rng: [np.maximum(np.round(rng.standard_normal(shape)), 0).astype(np.float32)]
+
+
 def bags(num: int, ids: list[int], offsets: list[int], weights: bool = False):
     """EmbeddingBag inputs: 1-d ids, offsets and (optionally) per-sample weights."""
 
@@ -114,6 +119,11 @@ CASES = [
     Case("maxpool2d-ceil", "MaxPool2d", (3, 2), {"ceil_mode": True}, floats(2, 3, 7, 8)),
     Case("maxpool2d-dilation", "MaxPool2d", ((2, 3), (1, 2)), {"dilation": 2, "padding": 1}, floats(2, 3, 7, 8)),
     Case("maxpool2d-indices", "MaxPool2d", (3, 2, 1), {"return_indices": True, "ceil_mode": True}, floats(2, 3, 7, 8)),
+    Case("maxpool2d-ties", "MaxPool2d", (3, 2, 1), {}, ties(2, 3, 7, 8)),
+    Case("maxpool1d-ties", "MaxPool1d", (4, 1), {}, ties(2, 3, 9)),
+    Case("adaptivemax2d-ties", "AdaptiveMaxPool2d", ((2, 3),), {}, ties(2, 3, 5, 7)),
+    Case("adaptivemax3d-ties", "AdaptiveMaxPool3d", ((2, 3, 2),), {}, ties(1, 2, 5, 4, 3)),
+    Case("maxpool3d-ties", "MaxPool3d", (2,), {}, ties(1, 2, 4, 4, 4)),
     Case("maxpool3d", "MaxPool3d", (2,), {}, floats(1, 2, 4, 4, 4)),
     Case("maxpool3d-ceil-pad", "MaxPool3d", (3, 2, 1), {"ceil_mode": True}, floats(1, 2, 5, 5, 4)),
     Case("avgpool1d", "AvgPool1d", (3, 2, 1), {}, floats(2, 3, 9)),
