@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import struct
+
 from typing import Any
 
 from ..tensor import Tensor, zeros_like
 from .adam import decayed_grad, update_moments
 from .optimizer import Optimizer, ParamsT, check_betas, check_range, write_
+
+
+def _as_float32(x: float) -> float:
+    """``x`` rounded to the nearest float32, as a Python float."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def nadam_scalars(group: dict[str, Any], step: float, mu_product: float) -> tuple[float, float, float, float]:
@@ -18,7 +25,7 @@ def nadam_scalars(group: dict[str, Any], step: float, mu_product: float) -> tupl
     lr, decay = group["lr"], group["momentum_decay"]
     mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * decay)))
     mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * decay)))
-    mu_product = mu_product * mu
+    mu_product = _as_float32(_as_float32(mu_product) * _as_float32(mu))  # PyTorch keeps it in a float32 tensor
     grad_coef = -lr * (1.0 - mu) / (1.0 - mu_product)
     avg_coef = -lr * mu_next / (1.0 - mu_product * mu_next)
     return mu_product, grad_coef, avg_coef, 1.0 / (1 - beta2 ** step)
