@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-
 from typing import Any
 
 from ..tensor import Tensor, zeros_like
