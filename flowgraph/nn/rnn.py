@@ -19,7 +19,7 @@ import math
 import warnings
 from collections.abc import Sequence
 
-from ..autograd.grad_mode import STATE
+from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, cat, empty, stack, zeros
 from ..tensor.indexing import _slice_backward
@@ -91,21 +91,95 @@ def _rnn_step(xp: Tensor, h: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, relu: 
     return pre.relu() if relu else pre.tanh()
 
 
+def _lstm_pieces(gates: Tensor, c: Tensor, hidden: int):
+    """The LSTM pointwise values (i, f, g, o, tanh(c'), c', h') from the pre-activation gates (i, f, g, o)."""
+    H = hidden
+    s = gates[..., : 2 * H].sigmoid()
+    i, f = s[..., :H], s[..., H:]
+    g = gates[..., 2 * H: 3 * H].tanh()
+    o = gates[..., 3 * H:].sigmoid()
+    c_new = f * c + i * g
+    tc = c_new.tanh()
+    return i, f, g, o, tc, c_new, o * tc
+
+
+def _lstm_pointwise(gates: Tensor, c: Tensor, hidden: int) -> tuple[Tensor, Tensor]:
+    """``(h', c')`` of an LSTM step from its gates, as ONE autograd node with a closed-form backward.
+
+    The forward runs without recording; the backward applies the LSTM derivative formulas to the saved
+    gate values (under ``create_graph`` it recomputes them from the inputs, so the gradient stays
+    differentiable). ``h'`` and ``c'`` come out through ``_split_views``.
+    """
+    if not (STATE.enabled and (gates.requires_grad or c.requires_grad)):
+        *_, c_new, h_new = _lstm_pieces(gates, c, hidden)
+        return h_new, c_new
+    with no_grad():
+        i, f, g, o, tc, c_new, h_new = _lstm_pieces(gates, c, hidden)
+        hc = cat([h_new, c_new], -1)
+    need_gates, need_c = gates.requires_grad, c.requires_grad
+
+    def bw(grad: Tensor):
+        if grad.requires_grad:  # create_graph: the same formulas on recorded values
+            i_, f_, g_, o_, tc_, _, _ = _lstm_pieces(gates, c, hidden)
+            c_prev = c
+        else:
+            i_, f_, g_, o_, tc_, c_prev = i, f, g, o, tc, c.detach()
+        gh, gc = grad[..., :hidden], grad[..., hidden:]
+        dc = gc + gh * o_ * (1.0 - tc_ * tc_)
+        dgates = cat([dc * g_ * i_ * (1.0 - i_), dc * c_prev * f_ * (1.0 - f_), dc * i_ * (1.0 - g_ * g_),
+                      gh * tc_ * o_ * (1.0 - o_)], -1) if need_gates else None
+        return dgates, (dc * f_ if need_c else None)
+
+    hc = _attach(hc, bw, (gates, c), "LSTMCell")
+    h_new, c_new = _split_views(hc, -1, (hidden, hidden))
+    return h_new, c_new
+
+
 def _lstm_step(xp: Tensor, h: Tensor, c: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, w_hr_t: Tensor | None,
                hidden: int) -> tuple[Tensor, Tensor]:
     """PyTorch's LSTM cell, gates in the order i, f, g, o; ``h' = (o * tanh(c')) @ W_hr.T`` with a projection."""
     gates = xp + h.matmul(w_hh_t)
     if b_hh is not None:
         gates = gates + b_hh
-    ifo_g = _split_views(gates, -1, (2 * hidden, hidden, hidden))
-    i, f = _split_views(ifo_g[0].sigmoid(), -1, (hidden, hidden))
-    g = ifo_g[1].tanh()
-    o = ifo_g[2].sigmoid()
-    c_new = f * c + i * g
-    h_new = o * c_new.tanh()
+    h_new, c_new = _lstm_pointwise(gates, c, hidden)
     if w_hr_t is not None:
         h_new = h_new.matmul(w_hr_t)
     return h_new, c_new
+
+
+def _gru_pieces(xp: Tensor, hp: Tensor, h: Tensor, hidden: int):
+    """The GRU pointwise values (r, z, n, W_hn h + b_hn, h') from the input and hidden projections."""
+    H = hidden
+    rz = (xp[..., : 2 * H] + hp[..., : 2 * H]).sigmoid()
+    r, z = rz[..., :H], rz[..., H:]
+    h_n = hp[..., 2 * H:]
+    n = (xp[..., 2 * H:] + r * h_n).tanh()
+    return r, z, n, h_n, n + z * (h - n)
+
+
+def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
+    """``h'`` of a GRU step from the projections, as ONE autograd node with a closed-form backward
+    (recomputed from the inputs under ``create_graph``, like ``_lstm_pointwise``)."""
+    if not (STATE.enabled and (xp.requires_grad or hp.requires_grad or h.requires_grad)):
+        return _gru_pieces(xp, hp, h, hidden)[-1]
+    with no_grad():
+        r, z, n, h_n, h_new = _gru_pieces(xp, hp, h, hidden)
+    needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
+
+    def bw(grad: Tensor):
+        if grad.requires_grad:
+            r_, z_, n_, hn_, _ = _gru_pieces(xp, hp, h, hidden)
+            h_prev = h
+        else:
+            r_, z_, n_, hn_, h_prev = r, z, n, h_n, h.detach()
+        dn = grad * (1.0 - z_) * (1.0 - n_ * n_)
+        dr = dn * hn_ * r_ * (1.0 - r_)
+        dz = grad * (h_prev - n_) * z_ * (1.0 - z_)
+        return (cat([dr, dz, dn], -1) if needs[0] else None,
+                cat([dr, dz, dn * r_], -1) if needs[1] else None,
+                grad * z_ if needs[2] else None)
+
+    return _attach(h_new, bw, (xp, hp, h), "GRUCell")
 
 
 def _gru_step(xp: Tensor, h: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, hidden: int) -> Tensor:
@@ -113,11 +187,7 @@ def _gru_step(xp: Tensor, h: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, hidden
     hp = h.matmul(w_hh_t)
     if b_hh is not None:
         hp = hp + b_hh
-    x_rz, x_n = _split_views(xp, -1, (2 * hidden, hidden))
-    h_rz, h_n = _split_views(hp, -1, (2 * hidden, hidden))
-    r, z = _split_views((x_rz + h_rz).sigmoid(), -1, (hidden, hidden))
-    n = (x_n + r * h_n).tanh()
-    return n + z * (h - n)
+    return _gru_pointwise(xp, hp, h, hidden)
 
 
 # ---------------------------------------------------------------------- multi-layer recurrent layers

@@ -233,20 +233,28 @@ def test_errors_say_what_is_wrong():
         nn.GRU(4, 5, dropout=0.3)
 
 
-def test_split_views_supports_double_backward(device):
+@pytest.mark.parametrize("cls", ["GRUCell", "LSTMCell"])
+def test_fused_cells_support_double_backward(device, cls):
+    # the fused pointwise nodes recompute their values under create_graph, so second derivatives match torch
     if not fg.get_backend(device).supports_float64:
         pytest.skip(f"{device} has no float64")
-    cell = nn.GRUCell(3, 2).double().to(device)
-    x = fg.randn(2, 3, dtype=fg.float64, device=device, requires_grad=True)
-    (gx,) = fg.autograd.grad(cell(x).pow(2).sum(), [x], create_graph=True)
-    (ggx,) = fg.autograd.grad(gx.sum(), [x])
-    tc = torch.nn.GRUCell(3, 2).double()
-    tc.load_state_dict({k: torch.tensor(_np(v)) for k, v in cell.state_dict().items()})
-    tx = torch.tensor(_np(x), requires_grad=True)
-    (tgx,) = torch.autograd.grad(tc(tx).pow(2).sum(), [tx], create_graph=True)
-    (tggx,) = torch.autograd.grad(tgx.sum(), [tx])
+    cell = getattr(nn, cls)(3, 2).double().to(device)
+    t_cell = getattr(torch.nn, cls)(3, 2).double()
+    t_cell.load_state_dict({k: torch.tensor(_np(v)) for k, v in cell.state_dict().items()})
+    x0 = np.random.default_rng(0).standard_normal((2, 3))
+    x = fg.tensor(x0, dtype=fg.float64, device=device, requires_grad=True)
+    tx = torch.tensor(x0, requires_grad=True)
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    (gx,) = fg.autograd.grad((first(cell(x)) ** 2).sum(), [x], create_graph=True)
+    ggx, ggw = fg.autograd.grad((gx * gx).sum(), [x, cell.weight_ih])
+    (tgx,) = torch.autograd.grad((first(t_cell(tx)) ** 2).sum(), [tx], create_graph=True)
+    tggx, tggw = torch.autograd.grad((tgx * tgx).sum(), [tx, t_cell.weight_ih])
     np.testing.assert_allclose(_np(gx), tgx.detach().numpy(), rtol=1e-10)
-    np.testing.assert_allclose(_np(ggx), tggx.numpy(), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(_np(ggx), tggx.numpy(), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(_np(ggw), tggw.numpy(), rtol=1e-8, atol=1e-12)
 
 
 # ---------------------------------------------------------------------- float64 gradchecks
