@@ -126,3 +126,20 @@ def test_harness_rejects_unknown_fences(tmp_path):
     doc.write_text("```python no_run\nx = 1\n```\n")
     with pytest.raises(AssertionError, match="unknown fence 'python no_run'"):
         blocks(doc)
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_relative_links_resolve(path):
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)   # code blocks
+    text = re.sub(r"`[^`\n]*`", "", text)                                     # inline code
+    broken = []
+    for target in LINK.findall(text):
+        if "://" in target or target.startswith(("#", "mailto:")):
+            continue
+        file = target.split("#", 1)[0]
+        if file and not (path.parent / file).exists():
+            broken.append(target)
+    assert not broken, f"{_rel(path)}: links to missing files: {broken}"
