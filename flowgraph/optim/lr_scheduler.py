@@ -28,8 +28,9 @@ from ..errors import FlowError
 from .optimizer import Optimizer
 
 __all__ = [
-    "ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CyclicLR", "ExponentialLR", "LRScheduler",
-    "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR", "PolynomialLR",
+    "ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CyclicLR",
+    "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR",
+    "PolynomialLR",
     "ReduceLROnPlateau", "SequentialLR", "StepLR",
 ]
 
@@ -361,6 +362,63 @@ class CosineAnnealingLR(LRScheduler):
     def _get_closed_form_lr(self) -> list[float]:
         return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
                 for base_lr in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing with warm restarts (SGDR): the cosine restarts every ``T_i`` epochs, with
+    ``T_0`` the first period and each next one ``T_mult`` times longer. ``step(epoch)`` accepts fractional
+    epochs (e.g. ``epoch + i / iters_per_epoch``), as PyTorch's does.
+
+    >>> sched = lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=10, T_mult=2, eta_min=1e-5)
+    """
+
+    def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0,  # noqa: N803
+                 last_epoch: int = -1) -> None:
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise FlowError(f"CosineAnnealingWarmRestarts: T_0 must be a positive int, got {T_0!r}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise FlowError(f"CosineAnnealingWarmRestarts: T_mult must be an int >= 1, got {T_mult!r}")
+        if not isinstance(eta_min, (float, int)):
+            raise FlowError(f"CosineAnnealingWarmRestarts: eta_min must be a number, got {type(eta_min).__name__}")
+        self.T_0 = T_0
+        self.T_i = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        """``eta_min + (base_lr - eta_min) * (1 + cos(pi * T_cur / T_i)) / 2``."""
+        return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base_lr in self.base_lrs]
+
+    def step(self, epoch: float | None = None) -> None:
+        """Advance one epoch, or jump to a (possibly fractional) ``epoch``."""
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur = self.T_cur % self.T_i
+                self.T_i = self.T_i * self.T_mult
+        else:
+            if epoch < 0:
+                raise FlowError(f"CosineAnnealingWarmRestarts.step: epoch must be >= 0, got {epoch}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:
+                    n = int(math.log((epoch / self.T_0 * (self.T_mult - 1) + 1), self.T_mult))
+                    self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+                    self.T_i = self.T_0 * self.T_mult ** n
+            else:
+                self.T_i = self.T_0
+                self.T_cur = epoch
+        self.last_epoch = math.floor(epoch)
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = _lrs(self.optimizer)
 
 
 def _undo_one_step(scheduler: Any) -> None:

@@ -55,6 +55,8 @@ CASES = [
      "SGD", STEPS),
     ("CyclicLR", dict(base_lr=0.01, max_lr=0.1, step_size_up=6, mode="exp_range", gamma=0.98), "Adam", STEPS),
     ("CyclicLR", dict(base_lr=0.01, max_lr=0.1, step_size_up=6, cycle_momentum=False), "Adagrad", STEPS),
+    ("CosineAnnealingWarmRestarts", dict(T_0=10), "SGD", STEPS),
+    ("CosineAnnealingWarmRestarts", dict(T_0=3, T_mult=2, eta_min=0.001), "SGD", STEPS),
     ("LambdaLR", dict(lr_lambda=lambda e: 0.95 ** e + (e % 3) * 0.01), "SGD", STEPS),
     ("MultiplicativeLR", dict(lr_lambda=lambda e: 0.99 if e % 2 else 0.97), "SGD", STEPS),
 ]
@@ -147,7 +149,7 @@ def test_reduce_on_plateau_matches_torch(kwargs):
     assert reductions > 0
 
 
-@pytest.mark.parametrize("case", [CASES[3], CASES[9], CASES[14], CASES[17]], ids=_case_id)
+@pytest.mark.parametrize("case", [CASES[3], CASES[9], CASES[14], CASES[17], CASES[19]], ids=_case_id)
 def test_state_dict_round_trip(case):
     name, kwargs, kind, _ = case
     straight, _ = _optimizers(kind)
@@ -198,3 +200,14 @@ def test_scheduler_errors():
         fls.StepLR(optim.SGD([fg.zeros(1, requires_grad=True)]), step_size=2, last_epoch=4)
     with pytest.raises(fg.FlowError, match="expected a flowgraph optimizer"):
         fls.StepLR(object(), step_size=2)
+
+
+def test_warm_restarts_fractional_epochs():
+    fopt, topt = _optimizers()
+    fs = fls.CosineAnnealingWarmRestarts(fopt, T_0=4, T_mult=2)
+    ts = tls.CosineAnnealingWarmRestarts(topt, T_0=4, T_mult=2)
+    for i in range(60):
+        epoch = i / 5
+        fs.step(epoch)
+        ts.step(epoch)
+        assert fs.get_last_lr() == ts.get_last_lr()

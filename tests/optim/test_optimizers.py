@@ -186,3 +186,30 @@ def test_matches_torch_float64(device, case):
     fopt = getattr(optim, name)(pair.fp, **opts)
     topt = getattr(torch.optim, name)(pair.tp, **opts)
     run_pair(pair, fopt, topt, STEPS, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, sched, kwargs", [
+    ("Adam", "OneCycleLR", dict(max_lr=0.05, total_steps=STEPS)),                 # cycles lr and beta1
+    ("SGD", "CyclicLR", dict(base_lr=0.01, max_lr=0.1, step_size_up=4)),           # cycles lr and momentum
+    ("RMSprop", "CosineAnnealingLR", dict(T_max=7)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_training_with_scheduler_matches_torch(device, name, sched, kwargs):
+    """Schedulers change lr/betas/momentum between steps; the optimizers pick them up as torch's do."""
+    from flowgraph.optim import lr_scheduler
+
+    pair = Pair(device)
+    extra = {"momentum": 0.9} if name == "SGD" else {}
+    fopt = getattr(optim, name)(pair.fp, lr=0.01, **extra)
+    topt = getattr(torch.optim, name)(pair.tp, lr=0.01, **extra)
+    fs = getattr(lr_scheduler, sched)(fopt, **kwargs)
+    ts = getattr(torch.optim.lr_scheduler, sched)(topt, **kwargs)
+    for step in range(STEPS):
+        fopt.zero_grad()
+        topt.zero_grad()
+        pair.fg_backward()
+        pair.torch_backward()
+        fopt.step()
+        topt.step()
+        fs.step()
+        ts.step()
+        assert_close_params(pair.fp, pair.tp, RTOL, ATOL, f"after step {step + 1}")
