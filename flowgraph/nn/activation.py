@@ -7,6 +7,7 @@ one PyTorch uses: e.g. ``hardtanh``'s gradient is 0 at its limits, ``leaky_relu`
 
 from __future__ import annotations
 
+from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, where
 from ..tensor import gelu as _gelu
@@ -18,6 +19,7 @@ from ..tensor import softmax as _softmax
 from ..tensor import softplus as _softplus
 from ..tensor import tanh as _tanh
 from ..tensor.indexing import apply_inplace
+from ..tensor.tensor import _attach
 from .module import Module, Parameter
 
 __all__ = [
@@ -35,6 +37,18 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
+def _pointwise(x: Tensor, forward, derivative, name: str) -> Tensor:
+    """One graph node for a pointwise function: ``forward(x)`` runs without recording (no intermediate
+    nodes), the backward is ``g * derivative(x)``; both are written in tensor ops, so every backend has it.
+    ``derivative`` picks PyTorch's one-sided value at each kink."""
+    with no_grad():
+        out = forward(x)
+    if x.requires_grad and STATE.enabled:
+        saved = x.detach()
+        _attach(out, lambda g: (g * derivative(saved),), (x,), name, (x,))
+    return out
+
+
 def _maybe_inplace(x: Tensor, fn, inplace: bool, name: str) -> Tensor:
     # fn runs on a copy: the core's apply_inplace overwrites the storage its ops saved for backward
     # (e.g. silu saves its input), which would silently corrupt their gradients.
@@ -49,28 +63,43 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """``x`` for ``x > 0``, ``negative_slope * x`` otherwise."""
-    return _maybe_inplace(input, lambda x: where(x > 0, x, x * negative_slope), inplace, "leaky_relu")
+
+    def fn(x: Tensor) -> Tensor:
+        return _pointwise(
+            x, lambda v: where(v > 0, v, v * negative_slope), lambda v: where(v > 0, 1.0, negative_slope), "LeakyRelu"
+        )
+
+    return _maybe_inplace(input, fn, inplace, "leaky_relu")
+
+
+def _elu_like(x: Tensor, alpha: float, scale: float, input_scale: float, name: str) -> Tensor:
+    """``scale * x`` for ``x > 0``, ``scale * alpha * (exp(x * input_scale) - 1)`` otherwise."""
+
+    def forward(v: Tensor) -> Tensor:
+        neg = (v.clamp(max=0) * input_scale).expm1() * (alpha * scale)
+        return where(v > 0, v * scale if scale != 1.0 else v, neg)
+
+    def derivative(v: Tensor) -> Tensor:
+        return where(v > 0, scale, (v.clamp(max=0) * input_scale).exp() * (alpha * scale * input_scale))
+
+    return _pointwise(x, forward, derivative, name)
 
 
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """``x`` for ``x > 0``, ``alpha * (exp(x) - 1)`` otherwise."""
-    return _maybe_inplace(input, lambda x: where(x > 0, x, x.clamp(max=0).expm1() * alpha), inplace, "elu")
+    return _maybe_inplace(input, lambda x: _elu_like(x, alpha, 1.0, 1.0, "Elu"), inplace, "elu")
 
 
 def selu(input: Tensor, inplace: bool = False) -> Tensor:
     """Scaled ELU with the self-normalising constants (``scale * elu(x, alpha)``)."""
-    return _maybe_inplace(
-        input, lambda x: where(x > 0, x, x.clamp(max=0).expm1() * _SELU_ALPHA) * _SELU_SCALE, inplace, "selu"
-    )
+    return _maybe_inplace(input, lambda x: _elu_like(x, _SELU_ALPHA, _SELU_SCALE, 1.0, "Selu"), inplace, "selu")
 
 
 def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``."""
     if alpha == 0:
         raise FlowError("celu: alpha must be non-zero")
-    return _maybe_inplace(
-        input, lambda x: where(x > 0, x, (x.clamp(max=0) / alpha).expm1() * alpha), inplace, "celu"
-    )
+    return _maybe_inplace(input, lambda x: _elu_like(x, alpha, 1.0, 1.0 / alpha, "Celu"), inplace, "celu")
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
@@ -85,7 +114,14 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
 
 def mish(input: Tensor, inplace: bool = False) -> Tensor:
     """``x * tanh(softplus(x))``."""
-    return _maybe_inplace(input, lambda x: x * _softplus(x).tanh(), inplace, "mish")
+
+    def derivative(v: Tensor) -> Tensor:
+        t = _softplus(v).tanh()
+        return t + v * _sigmoid(v) * (1.0 - t * t)
+
+    return _maybe_inplace(
+        input, lambda x: _pointwise(x, lambda v: v * _softplus(v).tanh(), derivative, "Mish"), inplace, "mish"
+    )
 
 
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
@@ -95,7 +131,7 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
 
 def softsign(input: Tensor) -> Tensor:
     """``x / (1 + |x|)``."""
-    return input / (input.abs() + 1.0)
+    return _pointwise(input, lambda v: v / (v.abs() + 1.0), lambda v: (v.abs() + 1.0).square().reciprocal(), "Softsign")
 
 
 def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
@@ -104,8 +140,9 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace
         raise FlowError(f"hardtanh: min_val ({min_val}) must not exceed max_val ({max_val})")
 
     def fn(x: Tensor) -> Tensor:
-        inside = (x > min_val) & (x < max_val)
-        return where(inside, x, x.detach().clamp(min_val, max_val))
+        return _pointwise(
+            x, lambda v: v.clamp(min_val, max_val), lambda v: ((v > min_val) & (v < max_val)).to(v.dtype), "Hardtanh"
+        )
 
     return _maybe_inplace(input, fn, inplace, "hardtanh")
 
@@ -117,15 +154,26 @@ def relu6(input: Tensor, inplace: bool = False) -> Tensor:
 
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
     """``relu6(x + 3) / 6``: 0 below -3, 1 above 3, linear between."""
-    return _maybe_inplace(input, lambda x: hardtanh(x / 6.0 + 0.5, 0.0, 1.0), inplace, "hardsigmoid")
+
+    def fn(x: Tensor) -> Tensor:
+        return _pointwise(
+            x,
+            lambda v: (v / 6.0 + 0.5).clamp(0.0, 1.0),
+            lambda v: ((v > -3.0) & (v < 3.0)).to(v.dtype) / 6.0,
+            "Hardsigmoid",
+        )
+
+    return _maybe_inplace(input, fn, inplace, "hardsigmoid")
 
 
 def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
     """``x * relu6(x + 3) / 6``."""
 
+    def derivative(v: Tensor) -> Tensor:  # PyTorch's one-sided values: 0 at -3, 1.5 at 3
+        return where(v <= -3.0, 0.0, where(v < 3.0, v / 3.0 + 0.5, 1.0))
+
     def fn(x: Tensor) -> Tensor:
-        gate = (x / 6.0 + 0.5).clamp(0.0, 1.0)
-        return where(x <= -3.0, x * 0.0, where(x < 3.0, x * gate, x))  # PyTorch's one-sided gradients
+        return _pointwise(x, lambda v: v * (v / 6.0 + 0.5).clamp(0.0, 1.0), derivative, "Hardswish")
 
     return _maybe_inplace(input, fn, inplace, "hardswish")
 
@@ -187,7 +235,7 @@ def glu(input: Tensor, dim: int = -1) -> Tensor:
 
 def logsigmoid(input: Tensor) -> Tensor:
     """``log(sigmoid(x)) = -softplus(-x)``."""
-    return -_softplus(-input)
+    return _pointwise(input, lambda v: -_softplus(-v), lambda v: _sigmoid(-v), "LogSigmoid")
 
 
 def tanhshrink(input: Tensor) -> Tensor:
@@ -197,19 +245,29 @@ def tanhshrink(input: Tensor) -> Tensor:
 
 def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
     """``x - lambd`` above ``lambd``, ``x + lambd`` below ``-lambd``, 0 between."""
-    return where(input > lambd, input - lambd, where(input < -lambd, input + lambd, input * 0.0))
+    return _pointwise(
+        input, lambda v: v - v.clamp(-lambd, lambd), lambda v: ((v > lambd) | (v < -lambd)).to(v.dtype), "Softshrink"
+    )
 
 
 def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
     """``x`` where ``|x| > lambd``, else 0."""
-    return where((input > lambd) | (input < -lambd), input, input * 0.0)
+
+    def mask(v: Tensor) -> Tensor:
+        return ((v > lambd) | (v < -lambd)).to(v.dtype)
+
+    return _pointwise(input, lambda v: v * mask(v), mask, "Hardshrink")
 
 
 def threshold(input: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
     """``x`` where ``x > threshold``, else ``value``."""
-    return _maybe_inplace(
-        input, lambda x: where(x > threshold, x, x.detach() * 0.0 + value), inplace, "threshold"
-    )
+
+    def fn(x: Tensor) -> Tensor:
+        return _pointwise(
+            x, lambda v: where(v > threshold, v, value), lambda v: (v > threshold).to(v.dtype), "Threshold"
+        )
+
+    return _maybe_inplace(input, fn, inplace, "threshold")
 
 
 # ---------------------------------------------------------------------- modules
