@@ -109,3 +109,25 @@ def test_errors():
     opt = optim.SGD([fg.zeros(1, requires_grad=True)], lr=0.1)
     with pytest.raises(fg.FlowError, match="no scale yet"):
         scaler.step(opt)
+
+
+def test_two_optimizers_one_overflow_backs_off_both(device):
+    """An inf in one optimizer's gradients skips only that optimizer's step, and update() backs off once."""
+    fa, fb = fg.tensor([1.0], device=device, requires_grad=True), fg.tensor([2.0], device=device, requires_grad=True)
+    ta, tb = torch.tensor([1.0], requires_grad=True), torch.tensor([2.0], requires_grad=True)
+    fo = [optim.SGD([fa], lr=0.5), optim.SGD([fb], lr=0.5)]
+    to = [torch.optim.SGD([ta], lr=0.5), torch.optim.SGD([tb], lr=0.5)]
+    fs, ts = optim.GradScaler(init_scale=16.0, growth_interval=1), torch.amp.GradScaler("cpu", init_scale=16.0,
+                                                                                       growth_interval=1)
+    fs.scale(fg.tensor(1.0, device=device))
+    ts.scale(torch.tensor(1.0))
+    for grads in ([4.0, math.inf], [8.0, 16.0], [math.nan, 32.0]):
+        fa.grad, fb.grad = fg.tensor([grads[0]], device=device), fg.tensor([grads[1]], device=device)
+        ta.grad, tb.grad = torch.tensor([grads[0]]), torch.tensor([grads[1]])
+        for f, t in zip(fo, to):
+            fs.step(f)
+            ts.step(t)
+        fs.update()
+        ts.update()
+        assert fs.get_scale() == ts.get_scale()
+        assert fa.item() == ta.item() and fb.item() == tb.item()
