@@ -167,8 +167,10 @@ def run_backward(
                     f"backward through {node.name} a second time: its saved values were freed after the first "
                     "backward; pass retain_graph=True to the first backward() if you need to run it twice"
                 )
-            if node.saved:
-                _check_versions(node)
+            for t, version in node.saved:
+                vc = t._vc
+                if (0 if vc is None else vc[0]) != version:
+                    _check_versions(node)  # raises, naming the op and both versions
             in_grads = backward(g)
             if not retain_graph:
                 node.backward = None

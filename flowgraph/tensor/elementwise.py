@@ -195,7 +195,9 @@ def add(a, b, alpha: float = 1) -> Tensor:
         sb = None if bt is None else bt._data.shape
 
         def bw(g):
-            return (None if sa is None else sum_to(g, sa), None if sb is None else sum_to(g, sb))
+            gs = g._data.shape
+            return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
+                    None if sb is None else (g if gs == sb else sum_to(g, sb)))
 
         _attach(out, bw, (at, bt), "Add")
     return out
@@ -220,7 +222,9 @@ def sub(a, b, alpha: float = 1) -> Tensor:
         sb = None if bt is None else bt._data.shape
 
         def bw(g):
-            return (None if sa is None else sum_to(g, sa), None if sb is None else sum_to(-g, sb))
+            gs = g._data.shape
+            return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
+                    None if sb is None else (-g if gs == sb else sum_to(-g, sb)))
 
         _attach(out, bw, (at, bt), "Sub")
     return out
@@ -244,10 +248,16 @@ def mul(a, b) -> Tensor:
                 return (sum_to(g * b, at._data.shape) if need_a else None,
                         sum_to(g * a, bt._data.shape) if need_b else None)
             # the common case on the arrays directly: the forward's (promoted) operands times g
-            return (_sum_to_array(bk, bk.mul(gd, bd), at._data.shape) if need_a else None,
-                    _sum_to_array(bk, bk.mul(gd, ad), bt._data.shape) if need_b else None)
+            ga = gb = None
+            if need_a:
+                ga = bk.mul(gd, bd)
+                ga = _wrap(ga, bk) if ga.shape == at._data.shape else _sum_to_array(bk, ga, at._data.shape)
+            if need_b:
+                gb = bk.mul(gd, ad)
+                gb = _wrap(gb, bk) if gb.shape == bt._data.shape else _sum_to_array(bk, gb, bt._data.shape)
+            return ga, gb
 
-        _attach(out, bw, (at, bt), "Mul", _saved_pair(at, bt))
+        _attach(out, bw, (at, bt), "Mul", (at, bt) if at is not None and bt is not None else _saved_pair(at, bt))
     return out
 
 

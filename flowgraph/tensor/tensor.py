@@ -299,7 +299,11 @@ def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) 
     before backward raises instead of giving a silently wrong gradient.
     """
     if saved:
-        saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
+        if len(saved) == 2:  # the binary ops: no comprehension
+            t0, t1 = saved
+            saved = ((t0, 0 if t0._vc is None else t0._vc[0]), (t1, 0 if t1._vc is None else t1._vc[0]))
+        else:
+            saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
     out._grad_fn = Node(backward, inputs, name, saved)
     out.requires_grad = True
     if STATE.anomaly:

@@ -1,0 +1,167 @@
+"""More of PyTorch's tensor API, composed from the core ops: triangular masks, diagonals, sorting and top-k,
+closeness tests, ``nan_to_num`` and ``inference_mode``.
+
+Sorting has no backend primitive: ``sort``/``argsort``/``topk`` compute the permutation on the host
+(one device-to-host copy of the keys) and then gather on the device, so values stay differentiable and
+the result lives where the input lives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd.grad_mode import no_grad
+from ..errors import FlowError
+from .creation import arange, tensor
+from .elementwise import where
+from .shape import pad
+from .tensor import Tensor, _norm_dim
+
+
+def _tri_mask(a: Tensor, diagonal: int, upper: bool) -> Tensor:
+    if a.ndim < 2:
+        raise FlowError(f"{'triu' if upper else 'tril'}: expected at least 2 dims, got shape {a.shape}")
+    rows, cols = a.shape[-2], a.shape[-1]
+    r = arange(rows, device=a.device).reshape(rows, 1)
+    c = arange(cols, device=a.device).reshape(1, cols)
+    return (c - r >= diagonal) if upper else (c - r <= diagonal)
+
+
+def tril(a: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (elements above ``diagonal`` set to 0)."""
+    return where(_tri_mask(a, diagonal, upper=False), a, 0)
+
+
+def triu(a: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (elements below ``diagonal`` set to 0)."""
+    return where(_tri_mask(a, diagonal, upper=True), a, 0)
+
+
+def diagonal(a: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal of ``a`` over ``dim1``/``dim2`` (moved to the last dim), as PyTorch's ``diagonal``."""
+    d1, d2 = _norm_dim(dim1, a.ndim, "diagonal"), _norm_dim(dim2, a.ndim, "diagonal")
+    if d1 == d2:
+        raise FlowError("diagonal: dim1 and dim2 must differ")
+    rest = [i for i in range(a.ndim) if i not in (d1, d2)]
+    m = a.permute(rest + [d1, d2])
+    n1, n2 = m.shape[-2], m.shape[-1]
+    start_r, start_c = (0, offset) if offset >= 0 else (-offset, 0)
+    length = max(0, min(n1 - start_r, n2 - start_c))
+    rows = arange(start_r, start_r + length, device=a.device)
+    cols = arange(start_c, start_c + length, device=a.device)
+    flat = m.reshape(m.shape[:-2] + (n1 * n2,))
+    return flat.index_select(-1, rows * n2 + cols)
+
+
+def diag(a: Tensor, diagonal: int = 0) -> Tensor:
+    """A 1-d input becomes a diagonal matrix; a 2-d input gives its diagonal."""
+    if a.ndim == 2:
+        return globals()["diagonal"](a, diagonal)
+    if a.ndim != 1:
+        raise FlowError(f"diag: expected a 1-d or 2-d tensor, got shape {a.shape}")
+    n = a.shape[0] + abs(diagonal)
+    r = arange(n, device=a.device).reshape(n, 1)
+    c = arange(n, device=a.device).reshape(1, n)
+    # k >= 0: row r holds a[r] at column r + k; k < 0: column c holds a[c] at row c - k.
+    v = pad(a, (0, diagonal)).reshape(n, 1) if diagonal >= 0 else pad(a, (0, -diagonal)).reshape(1, n)
+    return where(c - r == diagonal, v, 0)
+
+
+def trace(a: Tensor) -> Tensor:
+    """Sum of the main diagonal of a 2-d tensor."""
+    return diagonal(a).sum()
+
+
+def _sorted_indices(a: Tensor, dim: int, descending: bool, stable: bool) -> Tensor:
+    host = a.detach().numpy() if a._backend.device == "cpu" else a._backend.to_host(a._data)
+    if host.dtype.name == "bfloat16":
+        host = host.astype(np.float32)
+    order = np.argsort(-host if descending and host.dtype.kind != "b" else host, axis=dim, kind="stable")
+    if descending and host.dtype.kind == "b":
+        order = np.argsort(~host, axis=dim, kind="stable")
+    return tensor(order.astype(np.int64), device=a.device)
+
+
+def sort(a: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
+    """``(values, indices)`` sorted along ``dim`` (ties keep their order); values carry gradients."""
+    d = _norm_dim(dim, a.ndim, "sort")
+    if a.ndim == 0:
+        return a * 1, tensor(0, device=a.device)
+    idx = _sorted_indices(a, d, descending, stable)
+    from .reduction import MinMax
+
+    return MinMax(a.gather(d, idx), idx)
+
+
+def argsort(a: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """Indices that sort ``a`` along ``dim``."""
+    d = _norm_dim(dim, a.ndim, "argsort")
+    return _sorted_indices(a, d, descending, stable)
+
+
+def topk(a: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
+    """The ``k`` largest (or smallest) elements along ``dim`` as ``(values, indices)``."""
+    d = _norm_dim(dim, a.ndim, "topk")
+    if not 0 <= k <= a.shape[d]:
+        raise FlowError(f"topk: k={k} out of range for dim {d} of size {a.shape[d]}")
+    idx = _sorted_indices(a, d, largest, True).narrow(d, 0, k)
+    from .reduction import MinMax
+
+    return MinMax(a.gather(d, idx), idx)
+
+
+def isclose(a: Tensor, b, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
+    """Elementwise ``|a - b| <= atol + rtol * |b|`` (bool), PyTorch's definition."""
+    with no_grad():
+        close = (a - b).abs() <= atol + rtol * (b.abs() if isinstance(b, Tensor) else abs(b))
+        close = close | (a == b)
+        if equal_nan:
+            close = close | (a.isnan() & (b.isnan() if isinstance(b, Tensor) else False))
+    return close
+
+
+def allclose(a: Tensor, b, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> bool:
+    """Whether every element is close (see ``isclose``)."""
+    return bool(isclose(a, b, rtol, atol, equal_nan).all().item())
+
+
+def equal(a: Tensor, b: Tensor) -> bool:
+    """Same shape and same values."""
+    return a.shape == b.shape and bool((a == b).all().item())
+
+
+def nan_to_num(a: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    """Replace NaN, +inf and -inf with finite numbers (defaults: 0 and the dtype's extremes)."""
+    info = np.finfo(a.dtype.np) if a.dtype.is_floating_point and a.dtype.name != "bfloat16" else np.finfo(np.float32)
+    posinf = float(info.max) if posinf is None else posinf
+    neginf = float(info.min) if neginf is None else neginf
+    out = where(a.isnan(), nan, a)
+    out = where(out == float("inf"), posinf, out)
+    return where(out == float("-inf"), neginf, out)
+
+
+class inference_mode(no_grad):  # noqa: N801 - PyTorch's name
+    """Like ``no_grad``: no graph is recorded inside (PyTorch's ``inference_mode``)."""
+
+    def __init__(self, mode: bool = True):
+        self._value = not mode
+
+
+def _t_property(self: Tensor) -> Tensor:
+    """``x.T``: all dims reversed (a matrix transpose for 2-d)."""
+    return self.permute(tuple(range(self.ndim - 1, -1, -1))) if self.ndim > 1 else self
+
+
+def _mt_property(self: Tensor) -> Tensor:
+    """``x.mT``: the last two dims swapped."""
+    return self.transpose(-2, -1)
+
+
+def install(T: type) -> None:
+    """Attach these ops to ``Tensor``."""
+    for name, fn in (("tril", tril), ("triu", triu), ("diagonal", diagonal), ("diag", diag), ("trace", trace),
+                     ("sort", sort), ("argsort", argsort), ("topk", topk), ("isclose", isclose),
+                     ("allclose", allclose), ("equal", equal), ("nan_to_num", nan_to_num)):
+        setattr(T, name, fn)
+    T.T = property(_t_property)
+    T.mT = property(_mt_property)
