@@ -46,6 +46,7 @@ class SGD(Optimizer):
             if buf is None:
                 buf = state["momentum_buffer"] = g.detach().clone()
             else:
-                write_(buf, buf * momentum + g * (1 - group["dampening"]))
+                damped = g if group["dampening"] == 0 else g * (1 - group["dampening"])
+                write_(buf, buf * momentum + damped)
             g = g + buf * momentum if group["nesterov"] else buf
         write_(p, p - g * group["lr"])
