@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from . import creation, elementwise, indexing, linalg, reduction, shape
+from . import creation, elementwise, extra, indexing, linalg, reduction, shape
 from .amp import autocast, is_autocast_enabled
 from .creation import (
     arange,
@@ -105,6 +105,21 @@ from .elementwise import (
     tanh,
     trunc,
     where,
+)
+from .extra import (
+    allclose,
+    argsort,
+    diag,
+    diagonal,
+    equal,
+    inference_mode,
+    isclose,
+    nan_to_num,
+    sort,
+    topk,
+    trace,
+    tril,
+    triu,
 )
 from .indexing import (
     apply_inplace,
@@ -323,5 +338,6 @@ def _install() -> None:
 
 
 _install()
+extra.install(Tensor)
 
 __all__ = [name for name in dir() if not name.startswith("_")]
