@@ -1,4 +1,4 @@
-"""Micro-benchmarks of the CUDA backend: ``python -m flowgraph.backends.cuda.bench`` (needs a GPU).
+"""Micro-benchmarks of the CUDA backend: ``python -m benchmarks.cuda_micro`` (needs a GPU).
 
 Prints, per measurement, microseconds per call (median of 5 repeats): host cost of one add, a chain of
 ten elementwise ops fused and unfused, and one training step of a small MLP eager and as a CUDA graph.
