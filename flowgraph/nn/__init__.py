@@ -5,7 +5,9 @@ Each file holds one family; its ``__all__`` lists the module classes exported he
 ``__functional__`` the functions exported by ``nn.functional``.
 """
 
-from . import init
+# ruff: noqa: F401 - this module re-exports the families' classes
+
+from . import functional, init, utils  # noqa: E402,I001 - after the layers it re-exports
 from .activation import *  # noqa: F403
 from .attention import *  # noqa: F403
 from .containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
@@ -20,4 +22,3 @@ from .reshape import *  # noqa: F403
 from .rnn import *  # noqa: F403
 from .routing import *  # noqa: F403
 from .sparse import *  # noqa: F403
-from . import functional, utils  # noqa: E402,I001 - after the layers it re-exports

@@ -7,8 +7,8 @@ Every family module lists its functions in ``__functional__``; they are gathered
 from __future__ import annotations
 
 from ..tensor import gelu, log_softmax, relu, sigmoid, silu, softmax, softplus, tanh
-from . import activation, attention, conv, dropout, linear as _linear_module, loss, normalization, pooling
-from . import reshape, rnn, sparse
+from . import activation, attention, conv, dropout, loss, normalization, pooling, reshape, rnn, sparse
+from . import linear as _linear_module
 from .linear import linear
 
 for _family in (activation, attention, conv, dropout, loss, normalization, pooling, reshape, rnn, sparse):

@@ -133,7 +133,8 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0) -> Tensor:
     """A (semi-)orthogonal matrix from the QR decomposition of a normal sample (on the host)."""
     import numpy as np
 
-    from ..tensor import randn, tensor as make
+    from ..tensor import randn
+    from ..tensor import tensor as make
 
     if tensor.ndim < 2:
         raise FlowError(f"orthogonal_ needs at least 2 dims, got shape {tensor.shape}")
