@@ -82,10 +82,58 @@ def _split_views(x: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = Fals
     return outs
 
 
+# ---------------------------------------------------------------------- the per-step hidden projection
+class _HiddenProjection:
+    """``h @ W_hh.T`` for every step of one layer direction, with ONE weight-gradient matmul.
+
+    Each step's node returns the gradient for ``h`` and files its output gradient; a node made before
+    the loop (so autograd runs it after every step) turns all of them into ``dW = G^T H`` with one
+    matmul over the stacked steps, instead of one small matmul and one full-size addition per step.
+    Under ``create_graph`` the steps return ordinary differentiable gradients instead.
+    """
+
+    def __init__(self, w: Tensor) -> None:
+        self.w = w
+        self.w_t = w.t()
+        self.filed: list = []  # (output gradient, h) arrays of the steps, in backward order
+        self.anchor = None
+        if STATE.enabled and w.requires_grad:
+            bk = w._backend
+            self.token = _wrap(bk.full((), 0, w._data.dtype), bk)
+            self.anchor = _attach(_wrap(w._data, bk), self._weight_backward, (w,), "HiddenWeight")
+
+    def _weight_backward(self, g: Tensor):
+        if not self.filed:
+            return (None if g.ndim == 0 else g,)
+        bk = self.w._backend
+        grads = _wrap(bk.concatenate([gi for gi, _ in self.filed], 0), bk)
+        hs = _wrap(bk.concatenate([hi for _, hi in self.filed], 0), bk)
+        self.filed.clear()  # the steps' closures hold this same list
+        dw = grads.t().matmul(hs)
+        return (dw if g.ndim == 0 else g + dw,)
+
+    def __call__(self, h: Tensor) -> Tensor:
+        if self.anchor is None or not STATE.enabled:
+            return h.matmul(self.w_t)
+        bk = h._backend
+        out = _wrap(bk.matmul(h._data, self.w_t._data), bk)
+        need_h = h.requires_grad
+        w, filed, token = self.w, self.filed, self.token
+
+        def bw(g: Tensor):
+            if g.requires_grad:  # create_graph: differentiable gradients for both
+                return (g.matmul(w) if need_h else None, g.t().matmul(h))
+            filed.append((g._data, h._data))
+            return (g.matmul(w.detach()) if need_h else None, token)
+
+        return _attach(out, bw, (h if need_h else None, self.anchor), "HiddenProjection")
+
+
 # ---------------------------------------------------------------------- one time step of each cell type
-def _rnn_step(xp: Tensor, h: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, relu: bool) -> Tensor:
-    """``act(xp + h @ W_hh.T + b_hh)``; ``xp`` already holds ``x @ W_ih.T + b_ih``."""
-    pre = xp + h.matmul(w_hh_t)
+def _rnn_step(xp: Tensor, h: Tensor, project, b_hh: Tensor | None, relu: bool) -> Tensor:
+    """``act(xp + h @ W_hh.T + b_hh)``; ``xp`` already holds ``x @ W_ih.T + b_ih``, ``project(h)`` is
+    ``h @ W_hh.T``."""
+    pre = xp + project(h)
     if b_hh is not None:
         pre = pre + b_hh
     return pre.relu() if relu else pre.tanh()
@@ -135,10 +183,10 @@ def _lstm_pointwise(gates: Tensor, c: Tensor, hidden: int) -> tuple[Tensor, Tens
     return h_new, c_new
 
 
-def _lstm_step(xp: Tensor, h: Tensor, c: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, w_hr_t: Tensor | None,
+def _lstm_step(xp: Tensor, h: Tensor, c: Tensor, project, b_hh: Tensor | None, w_hr_t: Tensor | None,
                hidden: int) -> tuple[Tensor, Tensor]:
     """PyTorch's LSTM cell, gates in the order i, f, g, o; ``h' = (o * tanh(c')) @ W_hr.T`` with a projection."""
-    gates = xp + h.matmul(w_hh_t)
+    gates = xp + project(h)
     if b_hh is not None:
         gates = gates + b_hh
     h_new, c_new = _lstm_pointwise(gates, c, hidden)
@@ -182,9 +230,9 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
     return _attach(h_new, bw, (xp, hp, h), "GRUCell")
 
 
-def _gru_step(xp: Tensor, h: Tensor, w_hh_t: Tensor, b_hh: Tensor | None, hidden: int) -> Tensor:
+def _gru_step(xp: Tensor, h: Tensor, project, b_hh: Tensor | None, hidden: int) -> Tensor:
     """PyTorch's GRU cell, gates r, z, n: ``n = tanh(x_n + r * (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``."""
-    hp = h.matmul(w_hh_t)
+    hp = project(h)
     if b_hh is not None:
         hp = hp + b_hh
     return _gru_pointwise(xp, hp, h, hidden)
@@ -299,18 +347,18 @@ class RNNBase(Module):
             # b_hh adds linearly except inside GRU's n gate, so RNN/LSTM fold it into the hoisted projection
             xp = xp + (b_ih if mode == "GRU" else b_ih + b_hh)
         step_bias = b_hh if mode == "GRU" else None
-        w_hh_t = w_hh.t()
+        project = _HiddenProjection(w_hh)
         w_hr_t = None if w_hr is None else w_hr.t()
         steps = _split_views(xp, 0, [1] * x.shape[0], squeeze=True)
         order = range(len(steps) - 1, -1, -1) if direction == 1 else range(len(steps))
         outs: list = [None] * len(steps)
         for t in order:
             if mode == "LSTM":
-                h, c = _lstm_step(steps[t], h, c, w_hh_t, step_bias, w_hr_t, hidden)
+                h, c = _lstm_step(steps[t], h, c, project, step_bias, w_hr_t, hidden)
             elif mode == "GRU":
-                h = _gru_step(steps[t], h, w_hh_t, step_bias, hidden)
+                h = _gru_step(steps[t], h, project, step_bias, hidden)
             else:
-                h = _rnn_step(steps[t], h, w_hh_t, step_bias, mode == "RNN_RELU")
+                h = _rnn_step(steps[t], h, project, step_bias, mode == "RNN_RELU")
             outs[t] = h
         return stack(outs, 0), h, c
 
@@ -465,6 +513,9 @@ class RNNCellBase(Module):
         xp = x.matmul(self.weight_ih.t())
         return xp if self.bias_ih is None else xp + self.bias_ih
 
+    def _hidden(self, h: Tensor) -> Tensor:
+        return h.matmul(self.weight_hh.t())
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         return s if self.bias else s + ", bias=False"
@@ -484,7 +535,7 @@ class RNNCell(RNNCellBase):
         x, h, batched = self._prepare(input, hx)
         if h is None:
             h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
-        out = _rnn_step(self._projection(x), h, self.weight_hh.t(), self.bias_hh, self.nonlinearity == "relu")
+        out = _rnn_step(self._projection(x), h, self._hidden, self.bias_hh, self.nonlinearity == "relu")
         return out if batched else out.squeeze(0)
 
 
@@ -501,7 +552,7 @@ class LSTMCell(RNNCellBase):
             c = h
         else:
             c = hx[1] if batched else hx[1].unsqueeze(0)
-        h_new, c_new = _lstm_step(self._projection(x), h, c, self.weight_hh.t(), self.bias_hh, None,
+        h_new, c_new = _lstm_step(self._projection(x), h, c, self._hidden, self.bias_hh, None,
                                   self.hidden_size)
         return (h_new, c_new) if batched else (h_new.squeeze(0), c_new.squeeze(0))
 
@@ -516,5 +567,5 @@ class GRUCell(RNNCellBase):
         x, h, batched = self._prepare(input, hx)
         if h is None:
             h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
-        out = _gru_step(self._projection(x), h, self.weight_hh.t(), self.bias_hh, self.hidden_size)
+        out = _gru_step(self._projection(x), h, self._hidden, self.bias_hh, self.hidden_size)
         return out if batched else out.squeeze(0)

@@ -257,6 +257,31 @@ def test_fused_cells_support_double_backward(device, cls):
     np.testing.assert_allclose(_np(ggw), tggw.numpy(), rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.parametrize("cls", ["GRU", "LSTM", "RNN"])
+def test_layer_double_backward_and_retain_graph(device, cls):
+    # the per-direction hidden projection files step gradients for one weight matmul; under create_graph it
+    # returns differentiable gradients instead, and a retained graph can run backward twice
+    if not fg.get_backend(device).supports_float64:
+        pytest.skip(f"{device} has no float64")
+    layer = getattr(nn, cls)(3, 2, bidirectional=True).double().to(device)
+    t_layer = getattr(torch.nn, cls)(3, 2, bidirectional=True).double()
+    t_layer.load_state_dict({k: torch.tensor(_np(v)) for k, v in layer.state_dict().items()})
+    x0 = np.random.default_rng(1).standard_normal((4, 2, 3))
+    x = fg.tensor(x0, dtype=fg.float64, device=device, requires_grad=True)
+    tx = torch.tensor(x0, requires_grad=True)
+    (gx,) = fg.autograd.grad((layer(x)[0] ** 2).sum(), [x], create_graph=True)
+    ggx, ggw = fg.autograd.grad((gx * gx).sum(), [x, layer.weight_hh_l0])
+    (tgx,) = torch.autograd.grad((t_layer(tx)[0] ** 2).sum(), [tx], create_graph=True)
+    tggx, tggw = torch.autograd.grad((tgx * tgx).sum(), [tx, t_layer.weight_hh_l0])
+    np.testing.assert_allclose(_np(ggx), tggx.numpy(), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(_np(ggw), tggw.numpy(), rtol=1e-8, atol=1e-12)
+    loss = layer(x)[0].sum()
+    loss.backward(retain_graph=True)
+    once = _np(layer.weight_hh_l0_reverse.grad).copy()
+    loss.backward()
+    np.testing.assert_allclose(_np(layer.weight_hh_l0_reverse.grad), 2 * once, rtol=1e-12)
+
+
 # ---------------------------------------------------------------------- float64 gradchecks
 def _with_params(module, call):
     """A function of (inputs..., parameters...) that runs ``call(module, *inputs)`` with those parameters."""
