@@ -222,7 +222,9 @@ def load_checkpoint(module: Module, path: str | os.PathLike, strict: bool = True
         )
     own = module.state_dict(keep_vars=True)
     report = LoadReport()
-    model_keys = [k for k in tensors if not k.startswith("@optimizer/")]
+    # The model's order first (errors name the first mismatch in execution order), then extra file keys.
+    file_keys = [k for k in tensors if not k.startswith("@optimizer/")]
+    model_keys = [k for k in own if k in tensors] + [k for k in file_keys if k not in own]
     plan: list[tuple[str, np.ndarray, Tensor]] = []
     for key in model_keys:
         arr = tensors[key]
