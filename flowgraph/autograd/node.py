@@ -190,6 +190,8 @@ def run_backward(
             g = _apply_hooks(t._hooks, g)
             if g.shape != t.shape:
                 raise FlowError(f"internal: gradient of shape {g.shape} for a leaf of shape {t.shape}")
+            if g._data.dtype != t._data.dtype:  # e.g. a float16 leaf used in a float32 op: grad in float16
+                g = g.to(t.dtype)
             if capture is not None:
                 i = capture_leaves.get(id(t))
                 if i is not None:

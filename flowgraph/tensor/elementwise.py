@@ -47,15 +47,16 @@ def broadcast_shapes(*shapes) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _shape_error(name: str, a, b) -> ShapeError:
-    """The ShapeError for operands whose shapes do not broadcast (raised where the backend refused)."""
+def _shape_error(name: str, a, b, exc: ValueError | None = None) -> FlowError:
+    """The error for a ValueError the backend raised: ShapeError when the shapes do not broadcast,
+    otherwise a FlowError carrying the backend's message (e.g. integers to negative integer powers)."""
     sa = a.shape if isinstance(a, Tensor) else ()
     sb = b.shape if isinstance(b, Tensor) else ()
     try:
         broadcast_shapes(sa, sb)
-    except ShapeError as exc:
-        return ShapeError(f"{name}: {exc}")
-    return ShapeError(f"{name}: operands of shapes {sa} and {sb} do not fit")
+    except ShapeError as shape_exc:
+        return ShapeError(f"{name}: {shape_exc}")
+    return FlowError(f"{name}: {exc}" if exc is not None else f"{name}: invalid operands of shapes {sa} and {sb}")
 
 
 def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -188,8 +189,8 @@ def add(a, b, alpha: float = 1) -> Tensor:
     bk, ad, bd, at, bt = _operands(a, b, "add")
     try:
         out = _wrap(bk.add(ad, bd), bk)
-    except ValueError:
-        raise _shape_error("add", a, b) from None
+    except ValueError as exc:
+        raise _shape_error("add", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         sa = None if at is None else at._data.shape
         sb = None if bt is None else bt._data.shape
@@ -215,8 +216,8 @@ def sub(a, b, alpha: float = 1) -> Tensor:
     bk, ad, bd, at, bt = _operands(a, b, "sub")
     try:
         out = _wrap(bk.sub(ad, bd), bk)
-    except ValueError:
-        raise _shape_error("sub", a, b) from None
+    except ValueError as exc:
+        raise _shape_error("sub", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         sa = None if at is None else at._data.shape
         sb = None if bt is None else bt._data.shape
@@ -235,8 +236,8 @@ def mul(a, b) -> Tensor:
     bk, ad, bd, at, bt = _operands(a, b, "mul")
     try:
         out = _wrap(bk.mul(ad, bd), bk)
-    except ValueError:
-        raise _shape_error("mul", a, b) from None
+    except ValueError as exc:
+        raise _shape_error("mul", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         need_a = at is not None and at.requires_grad
         need_b = bt is not None and bt.requires_grad
@@ -277,8 +278,8 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
         bd = bk.cast(bd, dt) if not isinstance(bd, _SCALAR_TYPES) else bd
     try:
         out = _wrap(bk.div(ad, bd), bk)
-    except ValueError:
-        raise _shape_error("div", a, b) from None
+    except ValueError as exc:
+        raise _shape_error("div", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         ca, cb = a, b
 
@@ -306,8 +307,8 @@ def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
     bk, ad, bd, at, bt = _operands(a, b, "pow")
     try:
         out = _wrap(bk.pow(ad, bd), bk)
-    except ValueError:
-        raise _shape_error("pow", a, b) from None
+    except ValueError as exc:
+        raise _shape_error("pow", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
         ca, cb = a, b
         y = _alias(out)
@@ -335,6 +336,8 @@ def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
 def neg(a: Tensor) -> Tensor:
     """``-a``."""
     bk = a._backend
+    if a._data.dtype.kind == "b":
+        raise FlowError("neg: negation of a bool tensor is not supported (as in PyTorch); use ~mask or logical_not()")
     out = _wrap(bk.neg(a._data), bk)
     if a.requires_grad and STATE.enabled:
         _attach(out, lambda g: (-g,), (a,), "Neg")
@@ -345,8 +348,8 @@ def _binary_nograd(prim: str, a, b, name: str) -> Tensor:
     bk, ad, bd, _, _ = _operands(a, b, name)
     try:
         return _wrap(getattr(bk, prim)(ad, bd), bk)
-    except ValueError:
-        raise _shape_error(name, a, b) from None
+    except ValueError as exc:
+        raise _shape_error(name, a, b, exc) from None
 
 
 def _minmax(prim: str, name: str):
@@ -354,8 +357,8 @@ def _minmax(prim: str, name: str):
         bk, ad, bd, at, bt = _operands(a, b, name)
         try:
             out = _wrap(getattr(bk, prim)(ad, bd), bk)
-        except ValueError:
-            raise _shape_error(name, a, b) from None
+        except ValueError as exc:
+            raise _shape_error(name, a, b, exc) from None
         if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
             ca, cb = a, b
 

@@ -300,7 +300,7 @@ def unbind(a: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
 def flip(a: Tensor, dims) -> Tensor:
     """Reverse the order of elements along ``dims``."""
     dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    axes = tuple(sorted({_norm_dim(x, a.ndim, "flip") for x in dims}))
+    axes = tuple(sorted({_norm_dim(x, a.ndim, "flip") for x in dims})) if a.ndim else ()  # 0-d: nothing to flip
     bk = a._backend
     out = _wrap(bk.flip(a._data, axes), bk)
     if a.requires_grad and STATE.enabled:

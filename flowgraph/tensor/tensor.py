@@ -348,7 +348,7 @@ def _norm_dim(dim: int, ndim: int, where: str) -> int:
 
 
 def _norm_dims(dim, ndim: int, where: str) -> tuple[int, ...]:
-    if dim is None:
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):  # dim=() reduces everything, as in torch
         return tuple(range(ndim))
     if isinstance(dim, int):
         return (_norm_dim(dim, ndim, where),) if ndim else ()
