@@ -45,7 +45,12 @@ def _pointwise(x: Tensor, forward, derivative, name: str) -> Tensor:
         out = forward(x)
     if x.requires_grad and STATE.enabled:
         saved = x.detach()
-        _attach(out, lambda g: (g * derivative(saved),), (x,), name, (x,))
+
+        def bw(g: Tensor):
+            # under create_graph the derivative is taken of x itself, so second derivatives flow through it
+            return (g * derivative(x if STATE.enabled else saved),)
+
+        _attach(out, bw, (x,), name, (x,))
     return out
 
 

@@ -1,10 +1,11 @@
 """Normalization: ``BatchNorm1d/2d/3d``, ``LayerNorm``, ``GroupNorm``, ``InstanceNorm1d/2d/3d``, ``RMSNorm``.
 
 Batch, layer, group and instance norm all standardise over some axes; they share one graph node,
-``_standardize(x, axes, eps)``, whose forward runs on backend primitives (one mean, one variance, one
-scale) and whose backward is the closed form ``rstd * (g - mean(g) - xhat * mean(g * xhat))`` written in
-tensor ops. Under ``create_graph`` the backward rebuilds ``xhat`` from ``x`` with differentiable ops, so
-second derivatives are right too.
+``_standardize(x, axes, eps, weight, bias)``, whose forward runs on backend primitives (one mean, one
+variance, one scale, the affine) and whose backward is the closed form
+``rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with ``gy = g * weight`` (plus the weight and bias
+reductions), written in tensor ops. Under ``create_graph`` the backward rebuilds ``xhat`` from ``x`` with
+differentiable ops, so second derivatives are right too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, empty, ones, tensor, zeros
-from ..tensor.tensor import _attach, _wrap
+from ..tensor.elementwise import sum_to
+from ..tensor.tensor import _attach, _needs_grad, _wrap
 from . import init
 from .module import Module, Parameter
 
@@ -28,8 +30,14 @@ __functional__ = ["batch_norm", "layer_norm", "group_norm", "instance_norm", "rm
 
 
 # ---------------------------------------------------------------------- the shared node
-def _standardize(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """``((x - mean) / sqrt(var + eps), mean, var)`` over ``axes`` (biased variance; mean/var detached)."""
+def _standardize(
+    x: Tensor, axes: tuple[int, ...], eps: float, weight: Tensor | None = None, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``((x - mean) / sqrt(var + eps) * weight + bias, mean, var)`` over ``axes`` as one graph node.
+
+    The variance is biased; ``mean``/``var`` come back detached. ``weight``/``bias`` (optional) broadcast
+    against ``x`` (e.g. ``(C,)`` for layer norm, ``(1, C, 1, 1)`` for batch norm).
+    """
     bk = x._backend
     d = x._data
     count = math.prod(d.shape[a] for a in axes)
@@ -40,18 +48,33 @@ def _standardize(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tensor, 
     var = bk.mul(bk.sum(bk.mul(centred, centred), axes, True), 1.0 / count)
     rstd = bk.reciprocal(bk.sqrt(bk.add(var, eps)))
     xhat = bk.mul(centred, rstd)
-    out = _wrap(xhat, bk)
-    if x.requires_grad and STATE.enabled:
+    y = xhat
+    if weight is not None:
+        y = bk.mul(y, weight._data if weight.dtype == x.dtype else bk.cast(weight._data, d.dtype))
+    if bias is not None:
+        y = bk.add(y, bias._data if bias.dtype == x.dtype else bk.cast(bias._data, d.dtype))
+    out = _wrap(y, bk)
+    if _needs_grad(x, weight, bias):
         xhat_t, rstd_t = _wrap(xhat, bk), _wrap(rstd, bk)
+        w_t = None if weight is None else weight.detach()
 
         def bw(g: Tensor):
             if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
                 xh, rs = _standardize_composed(x, axes, eps)
+                w = weight
             else:
-                xh, rs = xhat_t, rstd_t
-            return ((g - g.mean(axes, keepdim=True) - xh * (g * xh).mean(axes, keepdim=True)) * rs,)
+                xh, rs, w = xhat_t, rstd_t, w_t
+            gx = gw = gb = None
+            if x.requires_grad:
+                gy = g if w is None else g * w
+                gx = (gy - gy.mean(axes, keepdim=True) - xh * (gy * xh).mean(axes, keepdim=True)) * rs
+            if weight is not None and weight.requires_grad:
+                gw = sum_to(g * xh, weight.shape)
+            if bias is not None and bias.requires_grad:
+                gb = sum_to(g, bias.shape)
+            return gx, gw, gb
 
-        _attach(out, bw, (x,), "Standardize")
+        _attach(out, bw, (x, weight, bias), "Standardize")
     return out, _wrap(mean, bk), _wrap(var, bk)
 
 
@@ -100,9 +123,7 @@ def batch_norm(
     variance unbiased). Otherwise the running statistics are used.
     """
     if input.ndim < 2:
-        raise ShapeError(
-            f"batch_norm: expected an input of at least 2 dims (N, C, ...), got shape {input.shape}"
-        )
+        raise ShapeError(f"batch_norm: expected an input of at least 2 dims (N, C, ...), got shape {input.shape}")
     nd = input.ndim
     c = input.shape[1]
     for name, t in (
@@ -120,14 +141,13 @@ def batch_norm(
         count = math.prod(input.shape[a] for a in axes)
         if training and count <= 1:
             raise FlowError(
-                "batch_norm: expected more than 1 value per channel when training, "
-                f"got input shape {input.shape}"
+                f"batch_norm: expected more than 1 value per channel when training, got input shape {input.shape}"
             )
-        y, mean, var = _standardize(input, axes, eps)
+        y, mean, var = _standardize(input, axes, eps, w, b)
         if training:
             _update_running(running_mean, mean, momentum)
             _update_running(running_var, var * (count / max(count - 1, 1)), momentum)
-        return _affine(y, w, b)
+        return y
     scale = _channel_view((running_var.detach() + eps).rsqrt(), nd)
     shift = _channel_view(running_mean.detach(), nd)
     if w is not None:
@@ -148,11 +168,10 @@ def layer_norm(
     k = len(shape)
     if k == 0 or tuple(input.shape[input.ndim - k :]) != shape:
         raise ShapeError(
-            f"layer_norm: normalized_shape {shape} does not match the trailing dims of the input "
-            f"{input.shape}"
+            f"layer_norm: normalized_shape {shape} does not match the trailing dims of the input {input.shape}"
         )
-    y, _, _ = _standardize(input, tuple(range(input.ndim - k, input.ndim)), eps)
-    return _affine(y, weight, bias)
+    y, _, _ = _standardize(input, tuple(range(input.ndim - k, input.ndim)), eps, weight, bias)
+    return y
 
 
 def group_norm(
@@ -164,9 +183,7 @@ def group_norm(
 ) -> Tensor:
     """Normalise each of ``num_groups`` channel groups over its channels and spatial dims."""
     if input.ndim < 2:
-        raise ShapeError(
-            f"group_norm: expected an input of at least 2 dims (N, C, ...), got shape {input.shape}"
-        )
+        raise ShapeError(f"group_norm: expected an input of at least 2 dims (N, C, ...), got shape {input.shape}")
     n, c = input.shape[:2]
     if num_groups < 1 or c % num_groups:
         raise FlowError(f"group_norm: num_groups ({num_groups}) must divide the number of channels ({c})")
@@ -205,21 +222,19 @@ def instance_norm(
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
     axes = tuple(range(2, nd))
     count = math.prod(input.shape[a] for a in axes)
-    y, mean, var = _standardize(input, axes, eps)
+    y, mean, var = _standardize(input, axes, eps, w, b)
     if running_mean is not None:
         _update_running(running_mean, mean.mean(0), momentum)
     if running_var is not None:
         _update_running(running_var, (var * (count / max(count - 1, 1))).mean(0), momentum)
-    return _affine(y, w, b)
+    return y
 
 
 def _finfo_eps(t: Tensor) -> float:
     return float(np.finfo(t.dtype.np).eps)
 
 
-def rms_norm(
-    input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None
-) -> Tensor:
+def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing dims (``eps=None``: the dtype's epsilon)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
@@ -474,9 +489,7 @@ class GroupNorm(Module):
     ):
         super().__init__()
         if num_groups < 1 or num_channels % num_groups:
-            raise FlowError(
-                f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
-            )
+            raise FlowError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
         self.num_groups = num_groups
         self.num_channels = num_channels
         self.eps = eps
