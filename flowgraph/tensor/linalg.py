@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..autograd.grad_mode import STATE
-from ..errors import FlowError, ShapeError
+from ..errors import BackendError, FlowError, ShapeError
 from .amp import low_precision_inputs
 from .elementwise import _promote_pair, broadcast_shapes, sum_to
 from .tensor import Tensor, _attach, _wrap
@@ -35,7 +35,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     broadcast_shapes(sa[:-2], sb[:-2])
     bk = a._backend
     if b._backend is not bk:
-        raise FlowError(f"matmul: tensors on different devices ({a.device} and {b.device})")
+        raise BackendError(
+            f"matmul: tensors on different devices ({a.device} and {b.device}); move one with .to('{a.device}')"
+        )
     ad, bd = a._data, b._data
     if ad.dtype != bd.dtype:
         ad, bd = _promote_pair(a, b)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ..autograd.grad_mode import STATE
 from ..backends.registry import get_backend
-from ..errors import FlowError, ShapeError
+from ..errors import BackendError, FlowError, ShapeError
 from .dtype import DType, as_dtype
 from .elementwise import broadcast_shapes, sum_to
 from .tensor import Tensor, _attach, _norm_dim, _share_version, _wrap
@@ -209,7 +209,9 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     dt = first.dtype
     for i, t in enumerate(tensors):
         if t._backend is not bk:
-            raise FlowError(f"cat: tensor {i} is on {t.device}, tensor 0 on {first.device}")
+            raise BackendError(
+                f"cat: tensor {i} is on {t.device}, tensor 0 on {first.device}; move them to one device with .to()"
+            )
         if t.ndim != nd or any(t.shape[j] != first.shape[j] for j in range(nd) if j != d):
             raise ShapeError(
                 f"cat: tensor {i} has shape {t.shape}, incompatible with tensor 0's {first.shape} "
@@ -447,8 +449,6 @@ def _to_device(a: Tensor, device) -> Tensor:
         return a
     host = src.to_host(a._data)
     if host.dtype.name == "float64" and not target.supports_float64:
-        from ..errors import BackendError
-
         raise BackendError(
             f"to({target.device!r}): the device does not support float64; cast first with .to(fg.float32)"
         )
