@@ -25,8 +25,10 @@ Rules a captured step must follow (flowgraph raises a FlowError where it can tel
 
 * No host reads or host data inside the step (``.item()``, ``.numpy()``, ``print(t)``, ``if t:``,
   ``fg.tensor(host_data)``): there is no value while recording.
-* Python runs once, at capture: Python numbers (a learning rate, Adam's step count held as a Python
-  float) are frozen into the graph. Keep what changes per step in device tensors, updated in place.
+* Python runs once, at capture: Python numbers are frozen into the graph. Keep what changes per step in
+  device tensors, updated in place. flowgraph's SGD, Adam, AdamW and RMSprop do that by themselves inside
+  ``capture``: step counts become device tensors and each group's ``lr`` a device scalar refreshed from
+  ``group["lr"]`` before every replay (so lr schedulers work); other optimizers raise a FlowError.
 * Parameters and optimizer state must be updated in place (``copy_``, ``add_``): the graph writes the
   addresses it saw while recording.
 * Shapes and dtypes of the inputs are fixed; a replay with other shapes raises.
@@ -43,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .autograd.grad_mode import STATE
 from .errors import FlowError
 from .tensor.tensor import Tensor, _wrap
 
@@ -99,10 +102,14 @@ class CapturedStep:
             for _ in range(warmup):
                 self.outputs = step_fn(*self.static_inputs)
             return
-        with self.session.warmup():
-            for _ in range(warmup):
-                step_fn(*self.static_inputs)
+        #: Callables run before every replay (optimizers refresh their device learning rates here).
+        self.pre_replay: list[Callable[[], None]] = []
+        previous_hooks = STATE.capture_hooks
+        STATE.capture_hooks = self.pre_replay
         try:
+            with self.session.warmup():
+                for _ in range(warmup):
+                    step_fn(*self.static_inputs)
             with self.session.capture():
                 outputs = step_fn(*self.static_inputs)
                 for t in _tensors_in(outputs):
@@ -114,6 +121,8 @@ class CapturedStep:
                 f"capture: the step failed while its CUDA graph was recorded ({type(exc).__name__}: {exc}); "
                 "the step must run on the device without host reads (see flowgraph.runtime)"
             ) from exc
+        finally:
+            STATE.capture_hooks = previous_hooks
         self.outputs = outputs
 
     def _copy_inputs(self, inputs: tuple[Any, ...]) -> None:
@@ -148,6 +157,8 @@ class CapturedStep:
         self._copy_inputs(inputs)
         if self.session is None:
             return self.step_fn(*self.static_inputs)
+        for hook in self.pre_replay:
+            hook()
         self.session.replay()
         return self.outputs
 

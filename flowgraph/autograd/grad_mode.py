@@ -17,6 +17,9 @@ class _GradState(threading.local):
         self.enabled = True
         self.anomaly = False
         self.autocast = None  # the low-precision DType inside fg.autocast(...), else None
+        # Inside fg.capture's warm-up and recording on a graph-capable device: a list collecting callables
+        # to run before every replay (optimizers register "copy this Python lr to its device scalar").
+        self.capture_hooks = None
 
 
 STATE = _GradState()

@@ -17,7 +17,10 @@ def adam_scalars(group: dict[str, Any], step: float) -> tuple[float, float]:
     one array pass fewer.
     """
     beta1, beta2 = group["betas"]
-    sqrt_bc2 = math.sqrt(1 - beta2 ** step)
+    if isinstance(step, Tensor):  # device scalars inside fg.capture: the same math as tensor ops
+        sqrt_bc2 = (1 - beta2 ** step).sqrt()
+    else:
+        sqrt_bc2 = math.sqrt(1 - beta2 ** step)
     return group["lr"] * sqrt_bc2 / (1 - beta1 ** step), group["eps"] * sqrt_bc2
 
 
@@ -62,6 +65,7 @@ class Adam(Optimizer):
     """
 
     _name = "Adam"
+    _capturable = True
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,

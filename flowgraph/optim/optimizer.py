@@ -7,7 +7,11 @@ short, fixed sequence of whole-tensor ops under ``fg.no_grad()`` ending in one i
 (:func:`write_`), so a fusing backend can turn one parameter's step into one kernel.
 
 Per-parameter scalars (step count, bias corrections) are Python floats computed in one small helper per
-optimizer (``_scalars``), so that a later change can move them to device tensors for CUDA-graph capture.
+optimizer (``_scalars``). Under ``fg.capture`` on a device with CUDA graphs, the optimizers that set
+``_capturable`` (SGD, Adam, AdamW, RMSprop) switch to device scalars instead: each parameter's step count
+becomes a 0-d device tensor incremented in place, and each group's learning rate a device scalar that the
+captured step refreshes from ``group["lr"]`` before every replay, so schedulers keep working on a captured
+step. The same helpers compute the bias corrections with tensor ops then.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..autograd.grad_mode import enable_grad, no_grad
+from ..autograd.grad_mode import STATE, enable_grad, no_grad
 from ..errors import FlowError
 from ..tensor import Tensor, tensor
 
@@ -184,16 +188,53 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        hooks = STATE.capture_hooks
         with no_grad():
             for group in self.param_groups:
+                view = group
                 for p in group["params"]:
                     if p.grad is None or not p.requires_grad:
                         continue
                     state = self.state[p]
                     if not state:
                         self._init_state(p, state, group)
-                    self._update(p, p.grad, state, group)
+                    if hooks is not None:
+                        view = self._device_scalars(group, state, p, hooks)
+                    self._update(p, p.grad, state, view)
         return loss
+
+    #: Whether ``_update`` works with device-tensor ``lr`` and step counts (needed inside ``fg.capture``).
+    _capturable = False
+
+    def _device_scalars(self, group: dict[str, Any], state: dict[str, Any], p: Tensor, hooks: list
+                        ) -> dict[str, Any]:
+        """For a captured step: move ``state["step"]`` to the device and give ``group`` a device ``lr``.
+
+        Returns a view of ``group`` whose ``"lr"`` is a 0-d device tensor; a hook registered with the capture
+        copies ``group["lr"]`` into it before every replay. Runs first during the capture's eager warm-up,
+        so no host data enters the recording.
+        """
+        if not self._capturable:
+            raise FlowError(
+                f"{type(self).__name__} cannot run inside fg.capture: its update branches on step-dependent "
+                "Python values; capture SGD, Adam, AdamW or RMSprop, or run this optimizer's step eagerly"
+            )
+        from ..tensor import full
+
+        if "step" in state and not isinstance(state["step"], Tensor):
+            state["step"] = full((), float(state["step"]), dtype="float32", device=p.device)
+        cache = self.__dict__.setdefault("_device_lr", {})
+        key = (id(group), p.device)
+        lr = cache.get(key)
+        if lr is None:
+            lr = full((), float(group["lr"]), dtype="float32", device=p.device)
+            cache[key] = lr
+
+            def refresh(lr=lr, group=group) -> None:
+                lr.fill_(float(group["lr"]))
+
+            hooks.append(refresh)
+        return {**group, "lr": lr}
 
     def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         """Fill ``state`` with the new parameter ``p``'s buffers."""

@@ -21,6 +21,8 @@ class RMSprop(Optimizer):
     >>> opt = optim.RMSprop(model.parameters(), lr=1e-2, alpha=0.99)
     """
 
+    _capturable = True
+
     def __init__(self, params: ParamsT, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
                  weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False, *,
                  maximize: bool = False, foreach: bool | None = None) -> None:

@@ -21,6 +21,8 @@ class SGD(Optimizer):
     >>> opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     """
 
+    _capturable = True
+
     def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, fused: bool | None = None) -> None:
