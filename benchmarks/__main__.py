@@ -91,7 +91,9 @@ class TorchRunner:
 
         self.torch = torch
         torch.manual_seed(0)
-        self.device = "cuda" if device.startswith("cuda") else "cpu"
+        # An OpenCL run compares with torch on the same machine's GPU when there is one (CPU otherwise).
+        accel = device.startswith("cuda") or (device.startswith("opencl") and torch.cuda.is_available())
+        self.device = "cuda" if accel else "cpu"
         self.model = build_torch(model_name, scale).to(self.device)
         fused = self.device == "cuda"
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3, fused=fused or None,
@@ -192,7 +194,8 @@ def loss_agreement(model_name: str, scale: float, device: str, steps: int = 20) 
     fm = build_flowgraph(model_name, scale)
     copy_torch_weights(fm, tm)
     fm = fm.to(device)
-    tdev = "cuda" if device.startswith("cuda") else "cpu"
+    tdev = "cuda" if device.startswith("cuda") or (device.startswith("opencl") and torch.cuda.is_available()) \
+        else "cpu"
     tm = tm.to(tdev)
     topt = torch.optim.Adam(tm.parameters(), lr=1e-3)
     fopt = optim.Adam(fm.parameters(), lr=1e-3)
