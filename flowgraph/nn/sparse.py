@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..autograd.grad_mode import no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, arange, empty, ones, tensor, where, zeros
@@ -89,18 +91,20 @@ def _bag_layout(input: Tensor, offsets: Tensor | None, include_last_offset: bool
         raise ShapeError(f"embedding_bag: input must be 1-d (with offsets) or 2-d, got shape {input.shape}")
     if offsets is None or offsets.ndim != 1:
         raise FlowError("embedding_bag: a 1-d input needs 1-d offsets (the start of each bag)")
-    starts = [int(v) for v in offsets.tolist()]
+    starts = offsets.to("cpu").numpy().astype(np.int64)  # the offsets decide the output's shape: host ints
     n = input.shape[0]
-    ends = starts[1:] + [n]
+    ends = np.append(starts[1:], n) if starts.size else starts
     if include_last_offset:
         starts, ends = starts[:-1], starts[1:]
-    if any(s < 0 or e > n or s > e for s, e in zip(starts, ends)):
+    if ((starts < 0) | (ends > n) | (starts > ends)).any():
         raise FlowError(
-            f"embedding_bag: offsets {starts} must be non-decreasing and within the input length {n}"
+            f"embedding_bag: offsets {starts.tolist()} must be non-decreasing and within the input length {n}"
         )
-    length = max([e - s for s, e in zip(starts, ends)] + [1])
-    pos = [[min(s + t, max(n - 1, 0)) for t in range(length)] for s in starts]
-    valid = [[s + t < e for t in range(length)] for s, e in zip(starts, ends)]
+    lengths = ends - starts
+    length = max(int(lengths.max()) if lengths.size else 0, 1)
+    steps = np.arange(length)
+    pos = np.minimum(starts[:, None] + steps[None, :], max(n - 1, 0))
+    valid = steps[None, :] < lengths[:, None]
     return tensor(pos, dtype="int64", device=device), tensor(valid, dtype="bool", device=device)
 
 
