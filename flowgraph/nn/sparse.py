@@ -142,7 +142,7 @@ def embedding_bag(
         if not -num <= padding_idx < num:
             raise FlowError(f"embedding_bag: padding_idx {padding_idx} out of range for {num} embeddings")
         valid = valid & (idx.reshape(b, length) != padding_idx % num)
-    rows = embedding(idx, weight, None, max_norm, norm_type, scale_grad_by_freq).reshape(b, length, -1)
+    rows = embedding(idx, weight, None, max_norm, norm_type, scale_grad_by_freq).reshape(b, length, weight.shape[1])
     mask = valid.unsqueeze(2)
     if mode == "max":
         filled = where(mask, rows, -math.inf)
@@ -219,8 +219,7 @@ class Embedding(Module):
         else:
             if tuple(_weight.shape) != (num_embeddings, embedding_dim):
                 raise ShapeError(
-                    f"Embedding: _weight has shape {tuple(_weight.shape)}, expected "
-                    f"{(num_embeddings, embedding_dim)}"
+                    f"Embedding: _weight has shape {tuple(_weight.shape)}, expected {(num_embeddings, embedding_dim)}"
                 )
             self.weight = Parameter(_weight.detach().clone(), requires_grad=not _freeze)
 
@@ -269,9 +268,7 @@ class Embedding(Module):
     ) -> Embedding:
         """An ``Embedding`` holding a copy of the 2-d ``embeddings`` (frozen by default)."""
         if embeddings.ndim != 2:
-            raise ShapeError(
-                f"Embedding.from_pretrained: embeddings must be 2-d, got shape {embeddings.shape}"
-            )
+            raise ShapeError(f"Embedding.from_pretrained: embeddings must be 2-d, got shape {embeddings.shape}")
         rows, cols = embeddings.shape
         return cls(
             rows,
@@ -322,8 +319,7 @@ class EmbeddingBag(Module):
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise FlowError(
-                    f"EmbeddingBag: padding_idx {padding_idx} must be within num_embeddings "
-                    f"({num_embeddings})"
+                    f"EmbeddingBag: padding_idx {padding_idx} must be within num_embeddings ({num_embeddings})"
                 )
             padding_idx %= num_embeddings
         self.padding_idx = padding_idx
@@ -340,9 +336,7 @@ class EmbeddingBag(Module):
             with no_grad():
                 self.weight[self.padding_idx] = 0.0
 
-    def forward(
-        self, input: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None
-    ) -> Tensor:
+    def forward(self, input: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
         return embedding_bag(
             input,
             self.weight,
@@ -385,9 +379,7 @@ class EmbeddingBag(Module):
     ) -> EmbeddingBag:
         """An ``EmbeddingBag`` holding a copy of the 2-d ``embeddings`` (frozen by default)."""
         if embeddings.ndim != 2:
-            raise ShapeError(
-                f"EmbeddingBag.from_pretrained: embeddings must be 2-d, got shape {embeddings.shape}"
-            )
+            raise ShapeError(f"EmbeddingBag.from_pretrained: embeddings must be 2-d, got shape {embeddings.shape}")
         rows, cols = embeddings.shape
         bag = cls(
             rows,

@@ -579,3 +579,10 @@ def test_one_hot_like_torch(device: str):
     assert out.shape == (2, 2, 6) and out.dtype == fg.int64
     with pytest.raises(fg.FlowError, match="range"):
         F.one_hot(fg.tensor([0, 5]), num_classes=3)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_without_bags(mode: str, device: str):
+    bag = nn.EmbeddingBag(5, 3, mode=mode).to(device)
+    out = bag(fg.tensor([1, 2, 3], device=device), fg.tensor([], dtype=fg.int64, device=device))
+    assert out.shape == (0, 3)  # torch gives (0, 3) for sum/mean (and crashes for max)
