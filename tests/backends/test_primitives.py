@@ -350,6 +350,8 @@ def test_views(device):
     host = np.arange(24, dtype=F32).reshape(2, 3, 4)
     x = be.from_host(host)
     assert_matches(be, be.reshape(x, (4, 6)), host.reshape(4, 6))
+    assert_matches(be, be.reshape(x, (-1,)), host.reshape(-1))
+    assert_matches(be, be.reshape(x, (3, -1, 2)), host.reshape(3, -1, 2))
     assert_matches(be, be.reshape(x, ()) if host.size == 1 else be.reshape(x, (24,)), host.reshape(24))
     p = be.permute(x, (2, 0, 1))
     assert_matches(be, p, host.transpose(2, 0, 1))

@@ -605,8 +605,12 @@ class OpenCLBackend(Backend):
 
     def reshape(self, a: Array, shape: Shape) -> Array:
         a = self.realize(self._own(a, "reshape"))
-        shape = tuple(shape)
-        if shape_size(shape) != a.size:
+        shape = tuple(int(n) for n in shape)
+        if shape.count(-1) == 1:  # one inferred axis, as NumPy allows
+            known = shape_size(tuple(n for n in shape if n != -1))
+            if known and a.size % known == 0:
+                shape = tuple(a.size // known if n == -1 else n for n in shape)
+        if shape_size(shape) != a.size or any(n < 0 for n in shape):
             raise ShapeError(f"reshape: cannot reshape an array of shape {a.shape} ({a.size} elements) to {shape}")
         if not is_contiguous(a.shape, a.strides):
             a = self.contiguous(a)
