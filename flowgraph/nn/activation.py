@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
-from ..tensor import Tensor, where
+from ..tensor import Tensor, rand, where
 from ..tensor import gelu as _gelu
 from ..tensor import log_softmax as _log_softmax
 from ..tensor import relu as _relu
@@ -25,12 +25,12 @@ from .module import Module, Parameter
 __all__ = [
     "ReLU", "LeakyReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Softplus", "Softsign", "Hardswish",
     "Hardsigmoid", "Hardtanh", "ReLU6", "PReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "Softmin", "GLU",
-    "LogSigmoid", "Tanhshrink", "Softshrink", "Hardshrink", "Threshold",
+    "LogSigmoid", "Tanhshrink", "Softshrink", "Hardshrink", "Threshold", "RReLU", "Softmax2d",
 ]  # fmt: skip
 __functional__ = [
     "relu", "leaky_relu", "elu", "selu", "celu", "gelu", "silu", "mish", "softplus", "softsign",
     "hardswish", "hardsigmoid", "hardtanh", "relu6", "prelu", "sigmoid", "tanh", "softmax", "log_softmax",
-    "softmin", "glu", "logsigmoid", "tanhshrink", "softshrink", "hardshrink", "threshold",
+    "softmin", "glu", "logsigmoid", "rrelu", "tanhshrink", "softshrink", "hardshrink", "threshold",
 ]  # fmt: skip
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -273,6 +273,23 @@ def threshold(input: Tensor, threshold: float, value: float, inplace: bool = Fal
         )
 
     return _maybe_inplace(input, fn, inplace, "threshold")
+
+
+def rrelu(
+    input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False, inplace: bool = False
+) -> Tensor:
+    """Randomized leaky ReLU: in training each non-positive element gets a slope drawn from
+    ``U(lower, upper)`` (``fg.rand`` on the input's device); otherwise the fixed slope ``(lower + upper) / 2``."""
+    if not 0 <= lower <= upper:
+        raise FlowError(f"rrelu: need 0 <= lower <= upper, got lower={lower}, upper={upper}")
+    if not training:
+        return leaky_relu(input, (lower + upper) / 2, inplace)
+
+    def fn(x: Tensor) -> Tensor:
+        slope = rand(*x.shape, dtype=x.dtype, device=x.device) * (upper - lower) + lower
+        return where(x > 0, x, x * slope)
+
+    return _maybe_inplace(input, fn, inplace, "rrelu")
 
 
 # ---------------------------------------------------------------------- modules
@@ -520,3 +537,28 @@ class PReLU(Module):
 
     def extra_repr(self) -> str:
         return f"num_parameters={self.num_parameters}"
+
+
+class RReLU(Module):
+    """Randomized leaky ReLU: ``nn.RReLU(lower=1/8, upper=1/3, inplace=False)`` (random slopes in training)."""
+
+    def __init__(self, lower: float = 1.0 / 8, upper: float = 1.0 / 3, inplace: bool = False):
+        super().__init__()
+        self.lower = lower
+        self.upper = upper
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return rrelu(input, self.lower, self.upper, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"lower={self.lower}, upper={self.upper}" + (", inplace=True" if self.inplace else "")
+
+
+class Softmax2d(Module):
+    """Softmax over the channels of ``(N, C, H, W)`` or ``(C, H, W)`` inputs (dim -3)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        if input.ndim not in (3, 4):
+            raise ShapeError(f"Softmax2d: expected a 3-d or 4-d input, got shape {input.shape}")
+        return _softmax(input, -3)

@@ -25,12 +25,14 @@ from .module import Module
 __all__ = [
     "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
-    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
+    "LPPool1d", "LPPool2d", "LPPool3d",
 ]  # fmt: skip
 __functional__ = [
     "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
     "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "max_unpool1d", "max_unpool2d",
+    "max_unpool3d", "lp_pool1d", "lp_pool2d", "lp_pool3d",
 ]  # fmt: skip
 
 
@@ -373,6 +375,79 @@ def adaptive_max_pool3d(input: Tensor, output_size, return_indices: bool = False
     return _adaptive_max_poolnd(input, output_size, return_indices, 3)
 
 
+# ---------------------------------------------------------------------- unpooling and power-average pooling
+def _max_unpoolnd(x: Tensor, indices: Tensor, kernel_size, stride, padding, output_size, nd: int) -> Tensor:
+    where = f"max_unpool{nd}d"
+    x, unbatched = _check_input(x, nd, where)
+    if unbatched:
+        indices = indices.unsqueeze(0)
+    if tuple(indices.shape) != tuple(x.shape):
+        raise FlowError(
+            f"{where}: indices have shape {tuple(indices.shape)}, the input {tuple(x.shape)}; "
+            "pass the indices max_pool returned with return_indices=True"
+        )
+    kernel, stride, padding, _ = _pool_args(kernel_size, stride, padding, 1, nd, where)
+    in_size = tuple(x.shape[2:])
+    default = tuple((i - 1) * s - 2 * p + k for i, s, p, k in zip(in_size, stride, padding, kernel))
+    if output_size is None:
+        size = default
+    else:
+        size = tuple(int(v) for v in tuple(output_size)[-nd:])
+        if len(size) != nd or any(not d - s <= o <= d + s for o, d, s in zip(size, default, stride)):
+            raise FlowError(
+                f"{where}: output_size {tuple(output_size)} is not within a stride of the default {default}"
+            )
+    n, c = x.shape[:2]
+    plane = math.prod(size)
+    flat = x.new_zeros((n, c, plane)).scatter(2, indices.reshape(n, c, -1).long(), x.reshape(n, c, -1))
+    out = flat.reshape((n, c) + size)
+    return out.squeeze(0) if unbatched else out
+
+
+def max_unpool1d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0, output_size=None) -> Tensor:
+    """The partial inverse of ``max_pool1d``: each value goes back to its index, zeros elsewhere."""
+    return _max_unpoolnd(input, indices, kernel_size, stride, padding, output_size, 1)
+
+
+def max_unpool2d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0, output_size=None) -> Tensor:
+    """The partial inverse of ``max_pool2d``::
+
+    y, idx = F.max_pool2d(x, 2, return_indices=True)
+    x_sparse = F.max_unpool2d(y, idx, 2)          # x's maxima in place, zeros elsewhere
+    """
+    return _max_unpoolnd(input, indices, kernel_size, stride, padding, output_size, 2)
+
+
+def max_unpool3d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0, output_size=None) -> Tensor:
+    """The partial inverse of ``max_pool3d``."""
+    return _max_unpoolnd(input, indices, kernel_size, stride, padding, output_size, 3)
+
+
+def _lp_poolnd(x: Tensor, norm_type: float, kernel_size, stride, ceil_mode: bool, nd: int) -> Tensor:
+    kernel = _ntuple(kernel_size, nd, "kernel_size", f"lp_pool{nd}d")
+    if norm_type == math.inf:
+        return _max_poolnd(x.abs(), kernel_size, stride, 0, 1, ceil_mode, False, nd)
+    if norm_type == -math.inf:
+        return -_max_poolnd(-x.abs(), kernel_size, stride, 0, 1, ceil_mode, False, nd)
+    out = _avg_poolnd(x.pow(norm_type), kernel_size, stride, 0, ceil_mode, True, None, nd)
+    return (out.sign() * out.abs().relu() * math.prod(kernel)).pow(1.0 / norm_type)  # PyTorch's formula
+
+
+def lp_pool1d(input: Tensor, norm_type: float, kernel_size, stride=None, ceil_mode: bool = False) -> Tensor:
+    """Power-average pooling: ``(sum over the window of x**p) ** (1/p)``."""
+    return _lp_poolnd(input, norm_type, kernel_size, stride, ceil_mode, 1)
+
+
+def lp_pool2d(input: Tensor, norm_type: float, kernel_size, stride=None, ceil_mode: bool = False) -> Tensor:
+    """2-d power-average pooling (``norm_type=inf`` is max pooling of ``|x|``)."""
+    return _lp_poolnd(input, norm_type, kernel_size, stride, ceil_mode, 2)
+
+
+def lp_pool3d(input: Tensor, norm_type: float, kernel_size, stride=None, ceil_mode: bool = False) -> Tensor:
+    """3-d power-average pooling."""
+    return _lp_poolnd(input, norm_type, kernel_size, stride, ceil_mode, 3)
+
+
 # ---------------------------------------------------------------------- modules
 class _MaxPoolNd(Module):
     _nd = 0
@@ -562,3 +637,77 @@ class AdaptiveMaxPool3d(_AdaptivePool):
 
     _nd = 3
     _max = True
+
+
+class _MaxUnpoolNd(Module):
+    _nd = 0
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        nd = self._nd
+        name = type(self).__name__
+        self.kernel_size = _ntuple(kernel_size, nd, "kernel_size", name)
+        self.stride = _ntuple(stride if stride is not None else kernel_size, nd, "stride", name)
+        self.padding = _ntuple(padding, nd, "padding", name)
+
+    def forward(self, input: Tensor, indices: Tensor, output_size=None) -> Tensor:
+        return _max_unpoolnd(input, indices, self.kernel_size, self.stride, self.padding, output_size, self._nd)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    """Put ``MaxPool1d``'s maxima back at their indices (zeros elsewhere)."""
+
+    _nd = 1
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    """Put ``MaxPool2d``'s maxima back at their indices: ``unpool(y, indices, output_size=None)``."""
+
+    _nd = 2
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    """Put ``MaxPool3d``'s maxima back at their indices."""
+
+    _nd = 3
+
+
+class _LPPoolNd(Module):
+    _nd = 0
+
+    def __init__(self, norm_type: float, kernel_size, stride=None, ceil_mode: bool = False):
+        super().__init__()
+        self.norm_type = norm_type
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.ceil_mode = ceil_mode
+
+    def forward(self, input: Tensor) -> Tensor:
+        return _lp_poolnd(input, self.norm_type, self.kernel_size, self.stride, self.ceil_mode, self._nd)
+
+    def extra_repr(self) -> str:
+        return (
+            f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"ceil_mode={self.ceil_mode}"
+        )
+
+
+class LPPool1d(_LPPoolNd):
+    """1-d power-average pooling: ``nn.LPPool1d(norm_type, kernel_size, stride=None, ceil_mode=False)``."""
+
+    _nd = 1
+
+
+class LPPool2d(_LPPoolNd):
+    """2-d power-average pooling."""
+
+    _nd = 2
+
+
+class LPPool3d(_LPPoolNd):
+    """3-d power-average pooling."""
+
+    _nd = 3

@@ -60,6 +60,8 @@ MODULES = [
     Case("softshrink", "Softshrink", (0.7,), {}, WIDE),
     Case("hardshrink", "Hardshrink", (), {}, WIDE),
     Case("threshold", "Threshold", (0.1, -2.0), {}, WIDE),
+    Case("rrelu-eval", "RReLU", (0.1, 0.3), {}, WIDE, steps=0, eval_step=True),  # training is random
+    Case("softmax2d", "Softmax2d", (), {}, WIDE),
 ]
 
 
@@ -74,7 +76,7 @@ def test_activation_module_matches_torch(case: Case, device: str):
     t_mod = case.build(torch.nn)
     f_mod = case.build(nn)
     assert repr(f_mod) == repr(t_mod)
-    compare_with_torch(f_mod, t_mod, case.inputs, device, RTOL, ATOL)
+    compare_with_torch(f_mod, t_mod, case.inputs, device, RTOL, ATOL, case.steps, case.eval_step)
 
 
 @pytest.mark.parametrize("case", MODULES, ids=[c.id for c in MODULES])
@@ -85,8 +87,8 @@ def test_activation_gradcheck(case: Case, device: str):
     x[np.abs(x) < 0.05] += 0.2  # keep finite differences away from the kink at 0
     for kink in (-3.0, -1.0, -0.5, 0.1, 0.5, 0.7, 1.0, 2.0, 3.0, 6.0):
         x[np.abs(x - kink) < 0.05] += 0.15
-    mod = case.build(nn).to(device).double()
-    assert gradcheck_module(mod, [fg.tensor(x, device=device, requires_grad=True)])
+    mod = case.build(nn).to(device).double()  # RReLU trains with random slopes: reseeded per evaluation
+    assert gradcheck_module(mod, [fg.tensor(x, device=device, requires_grad=True)], lambda: fg.manual_seed(3))
 
 
 # name -> kwargs; torch.nn.functional has the same function with the same arguments
@@ -101,7 +103,24 @@ FUNCTIONAL = {
 
 
 def test_every_functional_is_covered():
-    assert sorted(set(activation.__functional__) - set(FUNCTIONAL) - {"prelu"}) == []
+    assert sorted(set(activation.__functional__) - set(FUNCTIONAL) - {"prelu", "rrelu"}) == []
+
+
+def test_rrelu_training_slopes(device: str):
+    """In training each non-positive element gets its own slope in [lower, upper]; the gradient is it."""
+    fg.manual_seed(0)
+    x = fg.tensor(np.linspace(-3, 3, 2001).astype(np.float32), device=device, requires_grad=True)
+    y = F.rrelu(x, 0.1, 0.3, training=True)
+    y.sum().backward()
+    xs, ys, gs = host(x.detach()), host(y.detach()), host(x.grad)
+    neg = xs < 0
+    slopes = ys[neg] / xs[neg]
+    assert slopes.min() >= 0.1 - 1e-6 and slopes.max() <= 0.3 + 1e-6 and slopes.std() > 0.04
+    np.testing.assert_allclose(gs[neg], slopes, rtol=1e-5)
+    np.testing.assert_array_equal(ys[xs > 0], xs[xs > 0])
+    np.testing.assert_array_equal(gs[xs > 0], 1.0)
+    module = nn.RReLU(0.1, 0.3).eval()
+    np.testing.assert_allclose(host(module(x.detach())), host(F.leaky_relu(x.detach(), 0.2)), rtol=1e-6)
 
 
 def _pair(x: np.ndarray, device: str):

@@ -40,6 +40,18 @@ def ties(*shape: int):
     return lambda rng: [np.maximum(np.round(rng.standard_normal(shape)), 0).astype(np.float32)]
 
 
+def unpool_inputs(nd: int, shape, *pool_args):
+    """MaxUnpool inputs: the values and indices torch's max pooling returns for a random input."""
+    pool = getattr(torch.nn.functional, f"max_pool{nd}d")
+
+    def make(rng):
+        x = torch.tensor(rng.standard_normal(shape).astype(np.float32))
+        values, indices = pool(x, *pool_args, return_indices=True)
+        return [values.numpy(), indices.numpy()]
+
+    return make
+
+
 def bags(num: int, ids: list[int], offsets: list[int], weights: bool = False):
     """EmbeddingBag inputs: 1-d ids, offsets and (optionally) per-sample weights."""
 
@@ -156,6 +168,15 @@ CASES = [
     Case("adaptivemax1d", "AdaptiveMaxPool1d", (3,), {}, floats(2, 3, 8)),
     Case("adaptivemax2d", "AdaptiveMaxPool2d", ((3, 4),), {}, floats(2, 3, 7, 9)),
     Case("adaptivemax3d", "AdaptiveMaxPool3d", (2,), {}, floats(1, 2, 5, 4, 3)),
+    Case("maxunpool1d", "MaxUnpool1d", (2,), {}, unpool_inputs(1, (2, 3, 8), 2)),
+    Case("maxunpool2d", "MaxUnpool2d", (2,), {}, unpool_inputs(2, (2, 3, 6, 6), 2)),
+    Case("maxunpool2d-stride-pad", "MaxUnpool2d", (3, 2, 1), {}, unpool_inputs(2, (2, 3, 7, 7), 3, 2, 1)),
+    Case("maxunpool3d", "MaxUnpool3d", (2,), {}, unpool_inputs(3, (1, 2, 4, 4, 4), 2)),
+    Case("lppool1d", "LPPool1d", (2, 3, 2), {}, floats(2, 3, 9)),
+    Case("lppool2d", "LPPool2d", (1.5, (2, 3)), {"stride": 1}, floats(2, 3, 5, 6, scale=0.5, offset=2)),
+    Case("lppool2d-ceil", "LPPool2d", (2, 3, 2), {"ceil_mode": True}, floats(2, 3, 8, 8)),
+    Case("lppool2d-inf", "LPPool2d", (float("inf"), 2), {}, floats(2, 3, 6, 6)),
+    Case("lppool3d", "LPPool3d", (2, 2), {}, floats(1, 2, 4, 4, 4)),
     # ---------------------------------------------------------------- normalization (train steps, then eval)
     Case("bn1d", "BatchNorm1d", (4,), {}, floats(6, 4, scale=2, offset=1), steps=3, eval_step=True),
     Case(
@@ -308,6 +329,12 @@ GRADCHECK = [
     Case("adaptivemax1d", "AdaptiveMaxPool1d", (3,), {}, floats(1, 2, 7)),
     Case("adaptivemax2d", "AdaptiveMaxPool2d", ((2, 3),), {}, floats(1, 2, 5, 4)),
     Case("adaptivemax3d", "AdaptiveMaxPool3d", (2,), {}, floats(1, 1, 3, 3, 3)),
+    Case("maxunpool1d", "MaxUnpool1d", (2,), {}, unpool_inputs(1, (1, 2, 6), 2)),
+    Case("maxunpool2d", "MaxUnpool2d", (2,), {}, unpool_inputs(2, (1, 2, 4, 4), 2)),
+    Case("maxunpool3d", "MaxUnpool3d", (2,), {}, unpool_inputs(3, (1, 1, 4, 2, 2), 2)),
+    Case("lppool1d", "LPPool1d", (2, 3, 2), {}, floats(1, 2, 7)),
+    Case("lppool2d", "LPPool2d", (1.5, 2), {}, floats(1, 1, 4, 4, scale=0.5, offset=2)),
+    Case("lppool3d", "LPPool3d", (2, 2), {}, floats(1, 1, 2, 2, 4)),
     Case("bn1d", "BatchNorm1d", (3,), {}, floats(4, 3)),
     Case("bn2d", "BatchNorm2d", (2,), {}, floats(3, 2, 2, 2)),
     Case("bn3d", "BatchNorm3d", (2,), {}, floats(2, 2, 2, 2, 1)),
