@@ -613,3 +613,40 @@ def test_embedding_bag_without_bags(mode: str, device: str):
     bag = nn.EmbeddingBag(5, 3, mode=mode).to(device)
     out = bag(fg.tensor([1, 2, 3], device=device), fg.tensor([], dtype=fg.int64, device=device))
     assert out.shape == (0, 3)  # torch gives (0, 3) for sum/mean (and crashes for max)
+
+
+FUNCTIONAL_EXTRAS = {
+    "normalize-p2": (lambda m, x: m.normalize(x), (3, 4)),
+    "normalize-p1-dim0": (lambda m, x: m.normalize(x, p=1.0, dim=0), (3, 4)),
+    "normalize-eps": (lambda m, x: m.normalize(x * 1e-7, eps=1e-3), (3, 4)),
+    "pad-constant": (lambda m, x: m.pad(x, (1, 2, 0, 1), value=0.5), (2, 3, 4)),
+    "pad-reflect": (lambda m, x: m.pad(x, (2, 1), mode="reflect"), (2, 3, 4)),
+    "pad-replicate": (lambda m, x: m.pad(x, (1, 1, 2, 0), mode="replicate"), (1, 2, 3, 4)),
+    "pad-circular": (lambda m, x: m.pad(x, (1, 2), mode="circular"), (2, 3, 4)),
+    "interpolate-recompute": (lambda m, x: m.interpolate(x, scale_factor=1.7, mode="bilinear",
+                                                         recompute_scale_factor=True), (1, 2, 3, 4)),
+    "interpolate-area": (lambda m, x: m.interpolate(x, size=(2, 3), mode="area"), (1, 2, 5, 7)),
+    "layer_norm-fn": (lambda m, x: m.layer_norm(x, (4,), eps=1e-3), (3, 4)),
+    "rms_norm-fn": (lambda m, x: m.rms_norm(x, (4,)), (3, 4)),
+    "group_norm-fn": (lambda m, x: m.group_norm(x, 2), (2, 4, 3)),
+    "instance_norm-fn": (lambda m, x: m.instance_norm(x), (2, 3, 5)),
+    "conv1d-fn-same": (lambda m, x: m.conv1d(x, x[:2, :, :3] * 1.0, padding="same"), (3, 3, 6)),
+    "unfold-fn": (lambda m, x: m.unfold(x, 2, stride=2), (1, 2, 4, 4)),
+    "adaptive_max_pool1d-fn": (lambda m, x: m.adaptive_max_pool1d(x, 3), (2, 3, 7)),
+    "lp_pool1d-inf": (lambda m, x: m.lp_pool1d(x, float("inf"), 2), (2, 3, 6)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL_EXTRAS))
+def test_functional_forms_match_torch(name: str, device: str):
+    """Functional forms not reached through a module above (rtol=1e-5, atol=1e-5; gradients too)."""
+    fn, shape = FUNCTIONAL_EXTRAS[name]
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    a = fg.tensor(x, device=device, requires_grad=True)
+    b = torch.tensor(x, requires_grad=True)
+    y, z = fn(F, a), fn(torch.nn.functional, b)
+    np.testing.assert_allclose(host(y), host(z), rtol=1e-5, atol=1e-5)
+    g = np.random.default_rng(7).standard_normal(tuple(z.shape)).astype(np.float32)
+    y.backward(fg.tensor(g, device=device))
+    z.backward(torch.tensor(g))
+    np.testing.assert_allclose(host(a.grad), host(b.grad), rtol=1e-5, atol=1e-5)
