@@ -33,6 +33,10 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             f"must equal the second-to-last of the second ({sb[-2]})"
         )
     broadcast_shapes(sa[:-2], sb[:-2])
+    if len(sa) > 2 and len(sb) == 2 and a._backend is b._backend:
+        # (..., m, k) @ (k, n): one 2-d GEMM over the folded leading dims instead of a batched one.
+        lead = sa[:-1]
+        return matmul(a.reshape(-1, sa[-1]), b).reshape(lead + (sb[-1],))
     bk = a._backend
     if b._backend is not bk:
         raise BackendError(
