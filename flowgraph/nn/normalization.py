@@ -91,10 +91,11 @@ def _channel_view(t: Tensor, ndim: int) -> Tensor:
 
 
 def _affine(y: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """``y * weight + bias`` in ``y``'s dtype (float32 parameters do not promote a float16 input)."""
     if weight is not None:
-        y = y * weight
+        y = y * (weight if weight.dtype == y.dtype else weight.to(y.dtype))
     if bias is not None:
-        y = y + bias
+        y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
     return y
 
 
@@ -152,8 +153,9 @@ def batch_norm(
     shift = _channel_view(running_mean.detach(), nd)
     if w is not None:
         scale = scale * w
-    out = (input - shift) * scale
-    return out + b if b is not None else out
+    dtype = input.dtype  # float32 statistics must not promote a float16 input
+    out = (input - shift.to(dtype)) * scale.to(dtype)
+    return out + b.to(dtype) if b is not None else out
 
 
 def layer_norm(
@@ -246,7 +248,7 @@ def rms_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, eps:
         eps = _finfo_eps(input)
     axes = tuple(range(input.ndim - k, input.ndim))
     y = input * ((input * input).mean(axes, keepdim=True) + eps).rsqrt()
-    return y * weight if weight is not None else y
+    return _affine(y, weight, None)
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:

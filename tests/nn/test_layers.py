@@ -650,3 +650,23 @@ def test_functional_forms_match_torch(name: str, device: str):
     y.backward(fg.tensor(g, device=device))
     z.backward(torch.tensor(g))
     np.testing.assert_allclose(host(a.grad), host(b.grad), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cls, args, shape",
+    [
+        ("BatchNorm2d", (3,), (2, 3, 2, 2)),
+        ("LayerNorm", (4,), (2, 4)),
+        ("GroupNorm", (1, 3), (2, 3, 2)),
+        ("RMSNorm", (4,), (2, 4)),
+        ("InstanceNorm1d", (3,), (2, 3, 4)),
+    ],
+)
+def test_norm_keeps_half_input_dtype(cls: str, args, shape):
+    """A float16 input through a float32 module stays float16, as in PyTorch (parameters and statistics do not
+    promote it)."""
+    layer = getattr(nn, cls)(*args, **({"affine": True} if cls.startswith("Instance") else {}))
+    for training in (True, False):
+        layer.train(training)
+        out = layer(fg.randn(*shape).half())
+        assert out.dtype == fg.float16, (cls, training, out.dtype)
