@@ -302,6 +302,9 @@ def _is_float_operand(x) -> bool:
 
 def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
     """``a ** b`` elementwise."""
+    if type(b) is int and b < 0 and isinstance(a, Tensor) and a._data.dtype.kind in "iu":
+        raise FlowError(f"pow: integers to negative integer powers are not allowed ({a.dtype} ** {b}); "
+                        "convert the base with .float() first")
     if _is_bool_operand(a) and _is_bool_operand(b):  # bool ** bool stays bool, as in torch: a or not b
         return logical_or(a, logical_not(b) if isinstance(b, Tensor) else not b)
     bk, ad, bd, at, bt = _operands(a, b, "pow")

@@ -170,7 +170,7 @@ def _arg_extreme(a: Tensor, dim, keepdim: bool, prim: str) -> Tensor:
     if dim is None:
         if a.numel() == 0:
             raise FlowError(f"{prim}() of an empty tensor has no result; check the input")
-        return _wrap(getattr(bk, prim)(bk.reshape(bk.contiguous(a._data), (-1,)), 0, False), bk)
+        return _wrap(getattr(bk, prim)(bk.reshape(bk.contiguous(a._data), (a.numel(),)), 0, False), bk)
     if a.shape[ax] == 0:
         raise FlowError(f"{prim}(dim={dim}) over an empty dimension of shape {a.shape}")
     return _wrap(getattr(bk, prim)(a._data, ax, keepdim), bk)
