@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, cat, empty, stack, zeros
-from ..tensor.indexing import _slice_backward
+from ..tensor.shape import split_views
 from ..tensor.tensor import _attach, _wrap
 from . import init
 from .dropout import dropout as _dropout
@@ -36,50 +36,8 @@ _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
 # ---------------------------------------------------------------------- splitting with an O(L) backward
 def _split_views(x: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False) -> list[Tensor]:
-    """``x.split(sizes, dim)`` (each part squeezed along ``dim`` when ``squeeze``), as views.
-
-    Autograd: one gathering node holds a gradient buffer of ``x``'s shape; each part's backward writes
-    its gradient into its slice of that buffer and hands the gathering node a 0-d token, so the parts
-    cost one buffer in total instead of one zero-filled tensor of ``x``'s shape each. Under
-    ``create_graph`` the parts return ordinary differentiable gradients instead.
-    """
-    nd = x.ndim
-    d = dim + nd if dim < 0 else dim
-    if not (x.requires_grad and STATE.enabled):
-        parts = x.split(list(sizes), d)
-        return [p.squeeze(d) for p in parts] if squeeze else list(parts)
-    bk = x._backend
-    shape = x.shape
-    holder: list = []
-    token = _wrap(bk.full((), 0, x._data.dtype), bk)
-
-    def gather_bw(g: Tensor):
-        if holder:
-            buf = _wrap(holder.pop(), bk)
-            return (buf if g.ndim == 0 else g + buf,)
-        return (g,)
-
-    anchor = _attach(_wrap(x._data, bk), gather_bw, (x,), "SplitGather")
-    outs = []
-    start = 0
-    for size in sizes:
-        index = tuple(slice(start, start + size, 1) if i == d else slice(0, n, 1) for i, n in enumerate(shape))
-        sliced_shape = tuple(size if i == d else n for i, n in enumerate(shape))
-        data = bk.slice(x._data, index)
-        if squeeze:
-            data = bk.reshape(data, sliced_shape[:d] + sliced_shape[d + 1:])
-
-        def bw(g: Tensor, index=index, sliced_shape=sliced_shape):
-            if g.requires_grad:  # create_graph: keep the gradient differentiable
-                return (_slice_backward(g.reshape(sliced_shape), shape, index),)
-            if not holder:
-                holder.append(bk.full(shape, 0, g._data.dtype))
-            bk.assign(bk.slice(holder[0], index), g._data)
-            return (token,)
-
-        outs.append(_attach(_wrap(data, bk), bw, (anchor,), "SplitPart"))
-        start += size
-    return outs
+    """``x.split(sizes, dim)`` as views with an O(L) backward (the core's ``split_views``)."""
+    return split_views(x, dim, sizes, squeeze)
 
 
 # ---------------------------------------------------------------------- the per-step hidden projection

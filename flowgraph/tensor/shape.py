@@ -278,11 +278,65 @@ def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]
         sizes = list(split_size_or_sections)
         if sum(sizes) != n:
             raise ShapeError(f"split: sections {sizes} sum to {sum(sizes)}, but dim {d} has size {n}")
-    out, start = [], 0
-    for s in sizes:
-        out.append(narrow(a, d, start, s))
-        start += s
-    return tuple(out)
+    return tuple(split_views(a, d, sizes))
+
+
+def split_views(a: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False) -> list[Tensor]:
+    """``a`` cut along ``dim`` into parts of ``sizes`` (each squeezed along ``dim`` when ``squeeze``), as views.
+
+    Autograd: one gathering node owns a gradient buffer of ``a``'s shape; each part's backward writes its
+    gradient into its slice of that buffer and passes the gathering node a 0-d token, so L parts cost one
+    buffer in backward, not L zero-filled tensors of ``a``'s shape (unbinding a sequence stays O(L)). The
+    gathering node was created before the parts, so the engine runs it after all of them. Under
+    ``create_graph`` the parts return ordinary differentiable gradients instead.
+    """
+    nd = a.ndim
+    d = dim + nd if dim < 0 else dim
+    shape = a.shape
+    bk = a._backend
+    indices = []
+    start = 0
+    for size in sizes:
+        indices.append(tuple(slice(start, start + size, 1) if i == d else slice(0, n, 1)
+                             for i, n in enumerate(shape)))
+        start += size
+    if not (a.requires_grad and STATE.enabled):
+        outs = []
+        for index in indices:
+            data = bk.slice(a._data, index)
+            if squeeze:
+                data = bk.reshape(data, data.shape[:d] + data.shape[d + 1:])
+            outs.append(_share_version(_wrap(data, bk), a))
+        return outs
+    from .indexing import _slice_backward
+
+    holder: list = []
+    token = _wrap(bk.full((), 0, a._data.dtype), bk)
+
+    def gather_bw(g: Tensor):
+        if holder:
+            buf = _wrap(holder.pop(), bk)
+            return (buf if g.ndim == 0 else g + buf,)
+        return (g,)
+
+    anchor = _attach(_share_version(_wrap(a._data, bk), a), gather_bw, (a,), "SplitGather")
+    outs = []
+    for index in indices:
+        data = bk.slice(a._data, index)
+        sliced_shape = data.shape
+        if squeeze:
+            data = bk.reshape(data, sliced_shape[:d] + sliced_shape[d + 1:])
+
+        def bw(g: Tensor, index=index, sliced_shape=sliced_shape):
+            if g.requires_grad:  # create_graph: keep the gradient differentiable
+                return (_slice_backward(g.reshape(sliced_shape), shape, index),)
+            if not holder:
+                holder.append(bk.full(shape, 0, g._data.dtype))
+            bk.assign(bk.slice(holder[0], index), g._data.reshape(sliced_shape) if squeeze else g._data)
+            return (token,)
+
+        outs.append(_attach(_share_version(_wrap(data, bk), a), bw, (anchor,), "SplitPart"))
+    return outs
 
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
@@ -296,7 +350,7 @@ def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
 def unbind(a: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     """Remove ``dim``, returning every slice along it."""
     d = _norm_dim(dim, a.ndim, "unbind")
-    return tuple(squeeze(s, d) for s in split(a, 1, d))
+    return tuple(split_views(a, d, [1] * a.shape[d], squeeze=True))
 
 
 def flip(a: Tensor, dims) -> Tensor:
