@@ -122,8 +122,8 @@ def _gru_unroll_class():
 
         def forward(self, x):
             h = zeros(x.shape[0], self.cell.hidden_size, device=x.device, dtype=x.dtype)
-            for t in range(x.shape[1]):
-                h = self.cell(x[:, t], h)
+            for xt in x.unbind(1):
+                h = self.cell(xt, h)
             return h
 
     return _GRUUnroll
@@ -174,8 +174,8 @@ def build_torch(name: str, scale: float = 1.0):
 
             def forward(self, x):
                 h = torch.zeros(x.shape[0], sp.hidden, device=x.device, dtype=x.dtype)
-                for t in range(x.shape[1]):
-                    h = self.cell(x[:, t], h)
+                for xt in x.unbind(1):
+                    h = self.cell(xt, h)
                 return h
 
         return nn.Sequential(Unroll(), nn.Linear(sp.hidden, sp.out))
