@@ -53,7 +53,8 @@ def cross_entropy(logits: fg.Tensor, labels: fg.Tensor) -> fg.Tensor:
     return -F.log_softmax(logits, 1).gather(1, labels.unsqueeze(1)).mean()
 
 
-# The CPU run takes ~1.5 s; on OpenCL (PoCL) the per-op cost makes it ~20 s, so those runs are marked slow.
+# The CPU run takes ~1.5 s; on OpenCL (PoCL) 6-25 s (kernel compilation on a cold cache), so those runs are
+# marked slow.
 TRAINING_DEVICES = [
     pytest.param(*p.values, id=p.id, marks=[*p.marks, *([] if p.values[0] == "cpu" else [pytest.mark.slow])])
     for p in DEVICE_PARAMS
