@@ -332,7 +332,7 @@ def split_views(a: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False
                 return (_slice_backward(g.reshape(sliced_shape), shape, index),)
             if not holder:
                 holder.append(bk.full(shape, 0, g._data.dtype))
-            bk.assign(bk.slice(holder[0], index), g._data.reshape(sliced_shape) if squeeze else g._data)
+            bk.assign(bk.slice(holder[0], index), bk.reshape(g._data, sliced_shape) if squeeze else g._data)
             return (token,)
 
         outs.append(_attach(_share_version(_wrap(data, bk), a), bw, (anchor,), "SplitPart"))
