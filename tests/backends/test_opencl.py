@@ -133,6 +133,8 @@ def test_dtype_rules(be):
             be.full((2,), 1.0, np.dtype(np.float64))
     with pytest.raises(BackendError, match="one dtype"):
         be.add(be.from_host(np.zeros(2, np.float32)), be.from_host(np.zeros(2, np.int32)))
+    with pytest.raises(BackendError, match="negative integer powers"):
+        be.pow(be.from_host(np.array([2], np.int32)), -1)
     with pytest.raises(BackendError, match="not defined"):
         be.sub(be.from_host(np.zeros(2, bool)), be.from_host(np.zeros(2, bool)))
 

@@ -338,6 +338,12 @@ class OpenCLBackend(Backend):
                         "(promote first, e.g. with cast)"
                     )
             else:
+                if op == "pow" and dtype.kind in "iu" and isinstance(b, _SCALAR_TYPES) and b < 0:
+                    # NumPy's rule, checked where the exponent is at hand (array exponents are not read back).
+                    raise BackendError(
+                        f"pow: integers to negative integer powers are not allowed ({dtype} ** {b}); "
+                        "cast the base to a float dtype first"
+                    )
                 b = self._scalar(b, dtype, op)
         else:
             b = self._own(b, op)
