@@ -52,20 +52,18 @@ _by_seq = attrgetter("seq")
 
 
 def _collect(roots: Sequence[Node]) -> list[Node]:
-    seen: set[Node] = set()
-    stack = list(roots)
-    order: list[Node] = []
+    seen: set[Node] = set(roots)
+    order: list[Node] = list(seen)
+    stack = list(order)
+    push, pop, mark, keep = stack.append, stack.pop, seen.add, order.append
     while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        order.append(node)
-        for t in node.inputs:
+        for t in pop().inputs:
             if t is not None:
                 fn = t._grad_fn
                 if fn is not None and fn not in seen:
-                    stack.append(fn)
+                    mark(fn)
+                    keep(fn)
+                    push(fn)
     order.sort(key=_by_seq, reverse=True)
     return order
 
