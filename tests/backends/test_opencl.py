@@ -68,6 +68,29 @@ def test_fused_and_unfused_agree(be):
 
 
 @needs_opencl
+def test_broadcast_of_a_lazy_operand_stays_fused(be):
+    rng = np.random.default_rng(2)
+    host = rng.normal(size=(4, 6)).astype(np.float32)
+    x = be.from_host(host)
+    mean = be.mul(be.sum(x, (1,), True), 1 / 6)
+    centered = be.sub(x, mean)
+    var = be.mul(be.sum(be.mul(centered, centered), (1,), True), 1 / 6)
+    scale = be.sqrt(be.add(var, 1e-5))  # lazy, shape (4, 1)
+    out = be.div(centered, scale)  # broadcasts the lazy (4, 1) chain into the (4, 6) kernel
+    assert scale.lazy is not None and out.lazy is not None
+    ref = (host - host.mean(1, keepdims=True)) / np.sqrt(host.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(be.to_host(out), ref, rtol=1e-5, atol=1e-5)
+    assert scale.lazy is not None, "the small chain was recomputed inside the kernel, not realized"
+    np.testing.assert_allclose(be.to_host(scale), np.sqrt(host.var(1, keepdims=True) + 1e-5), rtol=1e-5)
+    # A write to a buffer the broadcast copy reads still realizes it first.
+    y = be.from_host(np.ones((3, 1), np.float32))
+    lazy_col = be.add(y, 1.0)
+    wide = be.mul(be.from_host(np.ones((3, 5), np.float32)), lazy_col)
+    be.assign(y, 10.0)
+    np.testing.assert_array_equal(be.to_host(wide), np.full((3, 5), 2.0, np.float32))
+
+
+@needs_opencl
 def test_long_chain_realizes_at_the_cap(be):
     x = be.from_host(np.ones(8, np.float32))
     y = x

@@ -287,6 +287,42 @@ class OpenCLBackend(Backend):
             self.realize(x)
         return self._expand_view(x, shape, where)
 
+    def _broadcast_lazy(self, x: CLArray, shape: Shape, where: str) -> CLArray:
+        """``x`` broadcast to ``shape``, staying lazy: a copy of its tree over broadcast views of its leaves.
+
+        Every leaf of a tree has the root's shape, so broadcasting the root is broadcasting each leaf; the
+        small subexpression is recomputed per output element instead of costing a kernel of its own
+        (``(x - mean) / sqrt(var + eps)`` stays one kernel).
+        """
+        memo: dict[int, CLArray] = {}
+
+        def clone(y: CLArray | Scalar) -> CLArray | Scalar:
+            if isinstance(y, Scalar):
+                return y
+            if y.lazy is None:
+                return self._expand_view(y, shape, where)
+            found = memo.get(id(y))
+            if found is None:
+                inputs = [clone(i) for i in y.lazy.inputs]
+                found = CLArray(self, None, shape, None, 0, y.dtype, Expr(y.lazy.op, inputs, y.dtype))
+                self._register_reads(found, inputs)
+                memo[id(y)] = found
+            return found
+
+        return clone(x)
+
+    def _register_reads(self, out: CLArray, inputs: Sequence[CLArray | Scalar]) -> None:
+        """Record that lazy ``out`` reads ``inputs``: under their buffers, or as a consumer of lazy ones."""
+        for x in inputs:
+            if isinstance(x, Scalar):
+                continue
+            if x.lazy is None:
+                self._add_readers(x.buffer, (out,))
+            else:
+                if x.consumers is None:
+                    x.consumers = weakref.WeakSet()
+                x.consumers.add(out)
+
     def _node(self, op: str, inputs: Sequence[CLArray | Scalar], dtype: np.dtype) -> CLArray:
         arrays = [x for x in inputs if isinstance(x, CLArray)]
         shape = arrays[0].shape
@@ -299,7 +335,7 @@ class OpenCLBackend(Backend):
                         f"{op}: shapes {[a.shape for a in arrays]} do not broadcast together (NumPy rules)"
                     ) from None
         prepared = [
-            x if isinstance(x, Scalar) or x.shape == shape else self._broadcast_operand(x, shape, op) for x in inputs
+            x if isinstance(x, Scalar) or x.shape == shape else self._broadcast_input(x, shape, op) for x in inputs
         ]
         expr = Expr(op, prepared, dtype)
         if expr.too_big():
@@ -310,16 +346,14 @@ class OpenCLBackend(Backend):
         out = CLArray(self, None, shape, None, 0, dtype, expr)
         if not fusion.is_enabled():
             return self.realize(out)
-        for x in prepared:
-            if isinstance(x, Scalar):
-                continue
-            if x.lazy is None:
-                self._add_readers(x.buffer, (out,))
-            else:
-                if x.consumers is None:
-                    x.consumers = weakref.WeakSet()
-                x.consumers.add(out)
+        self._register_reads(out, prepared)
         return out
+
+    def _broadcast_input(self, x: CLArray, shape: Shape, where: str) -> CLArray:
+        if x.lazy is not None and fusion.is_enabled():
+            self._expand_view(x, shape, where)  # validates the broadcast with NumPy's rules
+            return self._broadcast_lazy(x, shape, where)
+        return self._broadcast_operand(x, shape, where)
 
     def _unary(self, op: str, a: Array) -> CLArray:
         a = self._own(a, op)
