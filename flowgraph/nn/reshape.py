@@ -69,7 +69,22 @@ def channel_shuffle(input: Tensor, groups: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------- interpolation
-_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
+_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+_CUBIC_A = -0.75  # PyTorch's (and OpenCV's) cubic convolution coefficient
+
+
+def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
+    """The four cubic-convolution weights for taps at offsets -1, 0, 1, 2 from ``floor(src)``."""
+    a = np.float32(_CUBIC_A)
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    one = np.float32(1)
+    return [far(t + one), near(t), near(one - t), far(2 * one - t)]
 
 
 def _output_sizes(x: Tensor, size, scale_factor, nd: int) -> tuple[tuple[int, ...], tuple | None]:
@@ -84,9 +99,7 @@ def _output_sizes(x: Tensor, size, scale_factor, nd: int) -> tuple[tuple[int, ..
         return tuple(int(s) for s in sizes), None
     scales = (scale_factor,) * nd if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
     if len(scales) != nd:
-        raise FlowError(
-            f"interpolate: scale_factor needs {nd} values for a {nd + 2}-d input, got {scale_factor}"
-        )
+        raise FlowError(f"interpolate: scale_factor needs {nd} values for a {nd + 2}-d input, got {scale_factor}")
     sizes = tuple(int(math.floor(n * float(s))) for n, s in zip(x.shape[2:], scales))
     return sizes, tuple(float(s) for s in scales)
 
@@ -100,9 +113,7 @@ def _coord_scale(n_in: int, n_out: int, align_corners: bool, scale: float | None
     return np.float32(n_in / n_out)
 
 
-def _resize_dim(
-    x: Tensor, dim: int, n_out: int, mode: str, align_corners: bool, scale: float | None
-) -> Tensor:
+def _resize_dim(x: Tensor, dim: int, n_out: int, mode: str, align_corners: bool, scale: float | None) -> Tensor:
     n_in = x.shape[dim]
     dst = np.arange(n_out, dtype=np.float32)
     s = _coord_scale(n_in, n_out, align_corners, scale)
@@ -113,9 +124,21 @@ def _resize_dim(
         if n_out == factor * n_in and np.array_equal(idx, np.arange(n_out) // factor):
             return x.repeat_interleave(factor, dim)  # integer upscaling: expand + reshape, gradient a sum
         return x.index_select(dim, tensor(idx, device=x.device))
-    src = (
-        dst * s if align_corners else np.maximum((dst + np.float32(0.5)) * s - np.float32(0.5), np.float32(0))
-    )
+    if mode == "bicubic":  # four clamped taps; the source coordinate is not clamped (PyTorch's cubic rule)
+        src = dst * s if align_corners else (dst + np.float32(0.5)) * s - np.float32(0.5)
+        base = np.floor(src)
+        weights = _cubic_weights((src - base).astype(np.float32))
+        shape = [1] * x.ndim
+        shape[dim] = n_out
+        out = None
+        for tap, w in zip(range(-1, 3), weights):
+            idx = np.clip(base.astype(np.int64) + tap, 0, n_in - 1)
+            term = x.index_select(dim, tensor(idx, device=x.device)) * tensor(
+                w.reshape(shape), dtype=x.dtype, device=x.device
+            )
+            out = term if out is None else out + term
+        return out
+    src = dst * s if align_corners else np.maximum((dst + np.float32(0.5)) * s - np.float32(0.5), np.float32(0))
     i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
     lam = (src - i0.astype(np.float32)).astype(np.float32)
@@ -137,34 +160,31 @@ def interpolate(
     antialias: bool = False,
 ) -> Tensor:
     """Resize the spatial dims of ``(N, C, *spatial)``: modes ``nearest``, ``nearest-exact``, ``linear``,
-    ``bilinear``, ``trilinear``, ``area``; ``size`` or ``scale_factor`` as in PyTorch::
+    ``bilinear``, ``bicubic``, ``trilinear``, ``area``; ``size`` or ``scale_factor`` as in PyTorch::
 
         y = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
     """
     nd = input.ndim - 2
     if nd < 1:
-        raise ShapeError(
-            f"interpolate: expected an input of at least 3 dims (N, C, *spatial), got {input.shape}"
-        )
+        raise ShapeError(f"interpolate: expected an input of at least 3 dims (N, C, *spatial), got {input.shape}")
     if antialias:
         raise FlowError("interpolate: antialias=True is not supported")
     if mode in _LINEAR_MODES:
         if _LINEAR_MODES[mode] != nd:
             raise ShapeError(
-                f"interpolate: mode {mode!r} needs a {_LINEAR_MODES[mode] + 2}-d input, "
-                f"got shape {input.shape}"
+                f"interpolate: mode {mode!r} needs a {_LINEAR_MODES[mode] + 2}-d input, got shape {input.shape}"
             )
         align_corners = bool(align_corners)
     elif mode in ("nearest", "nearest-exact", "area"):
         if align_corners is not None:
             raise FlowError(
-                "interpolate: align_corners can only be set with the linear modes "
-                "(linear, bilinear, trilinear)"
+                "interpolate: align_corners can only be set with the interpolating modes "
+                "(linear, bilinear, bicubic, trilinear)"
             )
     else:
         raise FlowError(
             f"interpolate: unsupported mode {mode!r}; use nearest, nearest-exact, linear, bilinear, "
-            "trilinear or area"
+            "bicubic, trilinear or area"
         )
     sizes, scales = _output_sizes(input, size, scale_factor, nd)
     if any(s <= 0 for s in sizes):
@@ -344,9 +364,7 @@ class Upsample(Module):
         )
 
     def extra_repr(self) -> str:
-        info = (
-            f"scale_factor={self.scale_factor!r}" if self.scale_factor is not None else f"size={self.size!r}"
-        )
+        info = f"scale_factor={self.scale_factor!r}" if self.scale_factor is not None else f"size={self.size!r}"
         return info + f", mode={self.mode!r}"
 
 
@@ -378,10 +396,7 @@ class Unfold(Module):
         return unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
 
     def extra_repr(self) -> str:
-        return (
-            f"kernel_size={self.kernel_size}, dilation={self.dilation}, padding={self.padding}, "
-            f"stride={self.stride}"
-        )
+        return f"kernel_size={self.kernel_size}, dilation={self.dilation}, padding={self.padding}, stride={self.stride}"
 
 
 class Fold(Module):
@@ -449,12 +464,8 @@ def _pad_class(name: str, nd: int, mode: str, doc: str, constant: bool = False):
     return type(name, (_PadNd,), attrs)
 
 
-ZeroPad1d = _pad_class(
-    "ZeroPad1d", 1, "constant", "Pad the last dim with zeros: ``nn.ZeroPad1d((left, right))``."
-)
-ZeroPad2d = _pad_class(
-    "ZeroPad2d", 2, "constant", "Pad the last 2 dims with zeros (left, right, top, bottom)."
-)
+ZeroPad1d = _pad_class("ZeroPad1d", 1, "constant", "Pad the last dim with zeros: ``nn.ZeroPad1d((left, right))``.")
+ZeroPad2d = _pad_class("ZeroPad2d", 2, "constant", "Pad the last 2 dims with zeros (left, right, top, bottom).")
 ZeroPad3d = _pad_class("ZeroPad3d", 3, "constant", "Pad the last 3 dims with zeros.")
 ConstantPad1d = _pad_class("ConstantPad1d", 1, "constant", "Pad the last dim with ``value``.", True)
 ConstantPad2d = _pad_class("ConstantPad2d", 2, "constant", "Pad the last 2 dims with ``value``.", True)
@@ -463,12 +474,8 @@ ReflectionPad1d = _pad_class("ReflectionPad1d", 1, "reflect", "Pad the last dim 
 ReflectionPad2d = _pad_class("ReflectionPad2d", 2, "reflect", "Pad the last 2 dims by reflection.")
 ReflectionPad3d = _pad_class("ReflectionPad3d", 3, "reflect", "Pad the last 3 dims by reflection.")
 ReplicationPad1d = _pad_class("ReplicationPad1d", 1, "replicate", "Pad the last dim by repeating the edge.")
-ReplicationPad2d = _pad_class(
-    "ReplicationPad2d", 2, "replicate", "Pad the last 2 dims by repeating the edge."
-)
-ReplicationPad3d = _pad_class(
-    "ReplicationPad3d", 3, "replicate", "Pad the last 3 dims by repeating the edge."
-)
+ReplicationPad2d = _pad_class("ReplicationPad2d", 2, "replicate", "Pad the last 2 dims by repeating the edge.")
+ReplicationPad3d = _pad_class("ReplicationPad3d", 3, "replicate", "Pad the last 3 dims by repeating the edge.")
 CircularPad1d = _pad_class("CircularPad1d", 1, "circular", "Pad the last dim circularly.")
 CircularPad2d = _pad_class("CircularPad2d", 2, "circular", "Pad the last 2 dims circularly.")
 CircularPad3d = _pad_class("CircularPad3d", 3, "circular", "Pad the last 3 dims circularly.")

@@ -279,6 +279,14 @@ CASES = [
     Case(
         "upsample-bilinear-down", "Upsample", (), {"scale_factor": (1.5, 0.5), "mode": "bilinear"}, floats(2, 3, 4, 6)
     ),
+    Case("upsample-bicubic", "Upsample", (), {"scale_factor": 2, "mode": "bicubic"}, floats(2, 3, 3, 4)),
+    Case(
+        "upsample-bicubic-corners",
+        "Upsample",
+        ((5, 3),),
+        {"mode": "bicubic", "align_corners": True},
+        floats(2, 3, 4, 6),
+    ),
     Case("upsample-trilinear", "Upsample", ((3, 5, 2),), {"mode": "trilinear"}, floats(1, 2, 2, 3, 4)),
     Case("upsample-area", "Upsample", ((2, 3),), {"mode": "area"}, floats(2, 3, 4, 7)),
     Case("upsampling-nearest2d", "UpsamplingNearest2d", (7,), {}, floats(2, 3, 4, 5)),
@@ -494,7 +502,7 @@ def test_fold_is_adjoint_of_unfold(device: str):
         (lambda: nn.EmbeddingBag(3, 2, mode="median"), "mode"),
         (lambda: nn.Dropout(1.5), "between 0 and 1"),
         (lambda: nn.PixelShuffle(2)(fg.zeros(1, 3, 2, 2)), "divisible"),
-        (lambda: F.interpolate(fg.zeros(1, 1, 2, 2), scale_factor=2, mode="bicubic"), "mode"),
+        (lambda: F.interpolate(fg.zeros(1, 1, 2, 2), scale_factor=2, mode="lanczos"), "mode"),
         (lambda: F.interpolate(fg.zeros(1, 1, 2, 2), scale_factor=2, align_corners=True), "align_corners"),
         (lambda: F.interpolate(fg.zeros(1, 1, 2, 2), mode="linear", size=3), "needs a 3-d input"),
         (lambda: F.fold(fg.zeros(1, 5, 4), (3, 3), 2), "does not match"),
