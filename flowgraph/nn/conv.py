@@ -2,14 +2,17 @@
 
 One n-d path serves every dimensionality (and pooling, ``unfold`` and ``fold``):
 
-* ``_windows(x, kernel, stride, dilation, out)`` takes a padded ``(N, C, *S)`` input and returns the
-  ``(N, C, K, *out)`` stack of its ``K = prod(kernel)`` shifted, strided slices (im2col without a
-  strided-view primitive: one basic slice per kernel offset, then one concatenate).
+* ``_windows(x, kernel, stride, dilation, out, axis)`` takes a padded ``(A, B, *S)`` input and stacks the
+  ``K = prod(kernel)`` shifted, strided slices along a new dim at ``axis``: ``(A, B, K, *out)`` or
+  ``(A, K, B, *out)`` (im2col without a strided-view primitive: one basic slice per kernel offset, then
+  one concatenate).
 * ``_fold_windows`` is its adjoint (col2im): it adds each of the ``K`` slices back into a zero buffer of
   the padded shape. Each one is the other's backward, so both are differentiable to any order.
 
-A convolution is then ``weight.reshape(G, C_out/G, C_in/G * K) @ cols.reshape(N, G, C_in/G * K, L)``; a
-transposed convolution is the same matmul with the transposed weight, followed by ``_fold_windows``.
+A convolution runs channels-first: the input is transposed to ``(C_in, N, *S)``, so its windows are
+``(C_in, K, N, *out)`` = ``(C_in * K, N * L)`` without a copy, and the whole convolution is one GEMM per
+group, ``weight.reshape(G, C_out/G, C_in/G * K) @ cols``. A transposed convolution is the same GEMM with
+the transposed weight, followed by ``_fold_windows``.
 """
 
 from __future__ import annotations
@@ -56,8 +59,7 @@ def _check_input(x: Tensor, nd: int, where: str) -> tuple[Tensor, bool]:
         return x.unsqueeze(0), True
     raise ShapeError(
         f"{where}: expected a {nd + 2}-d input (N, C{', *spatial' if nd else ''}) or a {nd + 1}-d "
-        "unbatched one, "
-        f"got shape {x.shape}"
+        f"unbatched one, got shape {x.shape}"
     )
 
 
