@@ -131,6 +131,11 @@ class Module:
         """Register ``param`` (or ``None``) under ``name``."""
         if "." in name or not name:
             raise FlowError(f"parameter name {name!r} must be non-empty and contain no '.'")
+        if param is not None and not isinstance(param, Parameter):
+            raise FlowError(
+                f"register_parameter({name!r}): got a {type(param).__name__}, an nn.Parameter or None is "
+                "expected (wrap a tensor: nn.Parameter(t))"
+            )
         self._parameters[name] = param
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:

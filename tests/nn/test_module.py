@@ -376,3 +376,12 @@ def test_attribute_assignment_rules_like_torch():
     assert "running_mean" in bn.state_dict()
     bn.running_var = nn.Parameter(fg.ones(2))  # a Parameter takes the name over from the buffer
     assert "running_var" in dict(bn.named_parameters()) and "running_var" not in dict(bn.named_buffers())
+
+
+def test_register_parameter_needs_a_parameter():
+    m = nn.Module()
+    with pytest.raises(fg.FlowError, match="nn.Parameter or None"):
+        m.register_parameter("w", fg.zeros(2))
+    m.register_parameter("w", None)
+    m.register_parameter("v", nn.Parameter(fg.zeros(2)))
+    assert [n for n, _ in m.named_parameters()] == ["v"] and m.w is None
