@@ -96,6 +96,23 @@ class ModuleList(Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise FlowError("ModuleList is a container, not a layer: iterate over it in your forward()")
 
+    def __repr__(self) -> str:
+        """PyTorch's form: runs of identical children are folded, ``(0-2): 3 x Linear(...)``."""
+        reprs = [repr(m) for m in self]
+        if not reprs:
+            return self._get_name() + "()"
+        runs: list[list] = []  # [start, end, text]
+        for i, text in enumerate(reprs):
+            if runs and runs[-1][2] == text:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i, text])
+        lines = []
+        for start, end, text in runs:
+            line = f"({start}): {text}" if start == end else f"({start}-{end}): {end - start + 1} x {text}"
+            lines.append(line.replace("\n", "\n  "))
+        return self._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
+
 
 class ModuleDict(Module):
     """A dict of modules registered as children by key (insertion order kept)."""

@@ -235,8 +235,22 @@ def test_forward_hooks():
         lambda lib: lib.ModuleList([lib.Embedding(10, 3, padding_idx=0), lib.GroupNorm(2, 4), lib.RMSNorm(4)]),
         lambda lib: lib.ModuleDict({"pool": lib.AdaptiveAvgPool2d((1, 1)), "up": lib.Upsample(scale_factor=2)}),
         lambda lib: lib.Sequential(lib.InstanceNorm2d(3), lib.AvgPool2d(3, 2, 1), lib.PixelShuffle(2), lib.Identity()),
+        lambda lib: lib.Sequential(
+            lib.ModuleList([lib.Linear(2, 2) for _ in range(3)] + [lib.ReLU()]), lib.ModuleList()
+        ),
     ],
-    ids=["net", "linear", "conv2d", "convT2d", "conv1d", "activations", "modulelist", "moduledict", "misc"],
+    ids=[
+        "net",
+        "linear",
+        "conv2d",
+        "convT2d",
+        "conv1d",
+        "activations",
+        "modulelist",
+        "moduledict",
+        "misc",
+        "modulelist-runs",
+    ],
 )
 def test_repr_like_torch(build):
     assert repr(build(nn)) == repr(build(torch.nn))
