@@ -77,6 +77,38 @@ class ModuleList(Module):
             self.append(m)
         return self
 
+    def _reindex(self, mods: list) -> None:
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+
+    def insert(self, index: int, module: Module) -> None:
+        """Insert ``module`` before ``index`` (the keys are renumbered, as in PyTorch)."""
+        mods = list(self._modules.values())
+        mods.insert(index, module)
+        self._reindex(mods)
+
+    def pop(self, index: int = -1) -> Module:
+        """Remove and return the module at ``index``."""
+        mods = list(self._modules.values())
+        try:
+            out = mods.pop(index)
+        except IndexError:
+            raise FlowError(f"ModuleList.pop({index}): index out of range for {len(mods)} modules") from None
+        self._reindex(mods)
+        return out
+
+    def __delitem__(self, idx: int | slice) -> None:
+        mods = list(self._modules.values())
+        del mods[idx]
+        self._reindex(mods)
+
+    def __iadd__(self, modules: Iterable[Module]) -> ModuleList:
+        return self.extend(modules)
+
+    def __add__(self, other: Iterable[Module]) -> ModuleList:
+        return ModuleList(list(self) + list(other))
+
     def __getitem__(self, idx: int | slice):
         mods = list(self._modules.values())
         if isinstance(idx, slice):
@@ -149,6 +181,25 @@ class ModuleDict(Module):
         """``(key, module)`` pairs."""
         return self._modules.items()
 
+    def pop(self, key: str) -> Module:
+        """Remove and return the module under ``key``."""
+        if key not in self._modules:
+            raise FlowError(f"ModuleDict.pop({key!r}): no such key; keys: {list(self._modules)}")
+        return self._modules.pop(key)
+
+    def clear(self) -> None:
+        """Remove every module."""
+        self._modules.clear()
+
+    def update(self, modules) -> None:
+        """Add or replace modules from a dict or an iterable of ``(key, module)`` pairs."""
+        pairs = modules.items() if hasattr(modules, "items") else modules
+        for key, module in pairs:
+            self[key] = module
+
+    def __delitem__(self, key: str) -> None:
+        self.pop(key)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise FlowError("ModuleDict is a container, not a layer: index it in your forward()")
 
@@ -164,6 +215,12 @@ class ParameterList(Module):
     def append(self, p: Parameter) -> ParameterList:
         """Add a parameter."""
         self.register_parameter(str(len(self._parameters)), p if isinstance(p, Parameter) else Parameter(p))
+        return self
+
+    def extend(self, parameters: Iterable[Parameter]) -> ParameterList:
+        """Add several parameters."""
+        for p in parameters:
+            self.append(p)
         return self
 
     def __getitem__(self, idx: int) -> Parameter:

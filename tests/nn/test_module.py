@@ -399,3 +399,30 @@ def test_register_parameter_needs_a_parameter():
     m.register_parameter("w", None)
     m.register_parameter("v", nn.Parameter(fg.zeros(2)))
     assert [n for n, _ in m.named_parameters()] == ["v"] and m.w is None
+
+
+def test_container_editing_like_torch():
+    layers = [nn.Linear(1, 1), nn.ReLU(), nn.Tanh()]
+    t_layers = [torch.nn.Linear(1, 1), torch.nn.ReLU(), torch.nn.Tanh()]
+    ml, tl = nn.ModuleList(layers), torch.nn.ModuleList(t_layers)
+    for lst, lib in ((ml, nn), (tl, torch.nn)):
+        lst.insert(1, lib.Sigmoid())
+        lst.pop(0)
+        del lst[-1]
+        lst += [lib.GELU()]
+        lst.append(lib.Identity())
+    assert [n for n, _ in ml.named_children()] == [n for n, _ in tl.named_children()] == ["0", "1", "2", "3"]
+    assert [type(m).__name__ for m in ml] == [type(m).__name__ for m in tl]
+    assert len(ml + nn.ModuleList([nn.ReLU()])) == 5
+    md = nn.ModuleDict({"a": nn.ReLU()})
+    md.update({"b": nn.Tanh()})
+    md.update([("c", nn.GELU())])
+    assert isinstance(md.pop("a"), nn.ReLU) and list(md.keys()) == ["b", "c"]
+    del md["b"]
+    assert list(md) == ["c"]
+    md.clear()
+    assert len(md) == 0
+    with pytest.raises(fg.FlowError, match="no such key"):
+        md.pop("z")
+    pl = nn.ParameterList().extend([nn.Parameter(fg.zeros(1)), nn.Parameter(fg.ones(2))])
+    assert [n for n, _ in pl.named_parameters()] == ["0", "1"]
