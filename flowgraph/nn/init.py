@@ -149,3 +149,46 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0) -> Tensor:
         q = q.T
     with no_grad():
         return tensor.copy_(make(q.reshape(tensor.shape) * gain, dtype=tensor.dtype, device=tensor.device))
+
+
+def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
+    """A 3-, 4- or 5-d convolution weight that passes its input through: 1 at the kernel centre of channel
+    ``i -> i`` in each of ``groups`` groups, 0 elsewhere (PyTorch's ``dirac_``)."""
+    import numpy as np
+
+    from ..tensor import tensor as make
+
+    if tensor.ndim not in (3, 4, 5):
+        raise FlowError(f"dirac_ needs a 3-, 4- or 5-d convolution weight, got shape {tensor.shape}")
+    out_channels = tensor.shape[0]
+    if groups < 1 or out_channels % groups:
+        raise FlowError(f"dirac_: groups ({groups}) must divide the first dim ({out_channels})")
+    per_group = out_channels // groups
+    values = np.zeros(tensor.shape)
+    centre = tuple(s // 2 for s in tensor.shape[2:])
+    for g in range(groups):
+        for d in range(min(per_group, tensor.shape[1])):
+            values[(g * per_group + d, d) + centre] = 1.0
+    with no_grad():
+        return tensor.copy_(make(values, dtype=tensor.dtype, device=tensor.device))
+
+
+def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01) -> Tensor:
+    """A 2-d tensor of N(0, std^2) values with ``ceil(sparsity * rows)`` zeros in every column, at random rows
+    (PyTorch's ``sparse_``)."""
+    import math as _math
+
+    from ..tensor import rand, where
+
+    if tensor.ndim != 2:
+        raise FlowError(f"sparse_ needs a 2-d tensor, got shape {tensor.shape}")
+    rows, _ = tensor.shape
+    num_zeros = _math.ceil(sparsity * rows)
+    with no_grad():
+        tensor.normal_(0.0, std)
+        if num_zeros:
+            # the num_zeros smallest of per-column random keys mark each column's zeros (a random subset)
+            keys = rand(*tensor.shape, device=tensor.device)
+            threshold = keys.sort(0)[0][num_zeros - 1 : num_zeros]
+            tensor.copy_(where(keys <= threshold, 0.0, tensor))
+        return tensor

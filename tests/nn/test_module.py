@@ -426,3 +426,26 @@ def test_container_editing_like_torch():
         md.pop("z")
     pl = nn.ParameterList().extend([nn.Parameter(fg.zeros(1)), nn.Parameter(fg.ones(2))])
     assert [n for n, _ in pl.named_parameters()] == ["0", "1"]
+
+
+@pytest.mark.parametrize("shape, groups", [((4, 2, 3), 1), ((6, 4, 3, 3), 2), ((2, 2, 1, 3, 3), 1), ((4, 6, 3, 3), 1)])
+def test_dirac_like_torch(shape, groups):
+    np.testing.assert_array_equal(
+        host(init.dirac_(fg.empty(*shape), groups)), torch.nn.init.dirac_(torch.empty(*shape), groups).numpy()
+    )
+
+
+def test_dirac_conv_is_identity():
+    conv = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+    init.dirac_(conv.weight)
+    x = fg.randn(2, 3, 5, 5)
+    np.testing.assert_allclose(host(conv(x)), host(x), rtol=1e-6, atol=1e-6)
+
+
+def test_sparse_zeros_per_column():
+    fg.manual_seed(6)
+    w = host(init.sparse_(fg.empty(10, 400), sparsity=0.3, std=0.5))
+    assert ((w == 0).sum(0) == 3).all()  # ceil(0.3 * 10) zeros in every column, as torch's sparse_
+    assert w[w != 0].std() == pytest.approx(0.5, rel=0.05)
+    zero_rows = (w == 0).sum(1)
+    assert zero_rows.min() > 60 and zero_rows.max() < 180  # spread over rows (expected 120 each)
