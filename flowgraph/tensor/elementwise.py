@@ -258,7 +258,9 @@ def mul(a, b) -> Tensor:
                 gb = _wrap(gb, bk) if gb.shape == bt._data.shape else _sum_to_array(bk, gb, bt._data.shape)
             return ga, gb
 
-        _attach(out, bw, (at, bt), "Mul", (at, bt) if at is not None and bt is not None else _saved_pair(at, bt))
+        # Each operand is needed only for the other's gradient (so x.mul_(2) on a graph tensor stays valid).
+        saved = tuple(t for t, needed in ((bt, need_a), (at, need_b)) if t is not None and needed)
+        _attach(out, bw, (at, bt), "Mul", saved)
     return out
 
 
@@ -479,7 +481,7 @@ def _unary(prim: str, name: str, grad, save_out: bool = False, float_only: bool 
                     return (grad(g, a, op(a) if save_out else None),)
                 return (grad(g, a, y),)
 
-            _attach(out, bw, (a,), name, (a, out) if save_out else (a,))
+            _attach(out, bw, (a,), name, (out,) if save_out else (a,))
         return out
 
     op.__name__ = prim

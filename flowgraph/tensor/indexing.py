@@ -355,6 +355,11 @@ def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
         old = _wrap(a._data, a._backend)
         old._grad_fn = a._grad_fn
         old.requires_grad = a.requires_grad
+        # The snapshot shares the storage that is about to be overwritten, so it shares the version counter:
+        # an op that saved it for backward then raises instead of computing with the new values.
+        if a._vc is None:
+            a._vc = [0]
+        old._vc = a._vc
         new = compute(old)
         a._grad_fn = new._grad_fn
         a.requires_grad = new.requires_grad
