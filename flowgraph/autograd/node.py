@@ -178,6 +178,9 @@ def run_backward(
                     continue
                 if anomaly:
                     _check_finite(gi, f"the backward of {node.name}")
+                if gi._data.dtype != t._data.dtype:
+                    # a gradient takes its tensor's dtype (float16 input of a promoting op: float16 gradient)
+                    gi = gi.to(t.dtype)
                 fn = t._grad_fn
                 if fn is not None:
                     prev = pending_get(fn)
