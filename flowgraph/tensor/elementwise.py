@@ -259,7 +259,11 @@ def mul(a, b) -> Tensor:
             return ga, gb
 
         # Each operand is needed only for the other's gradient (so x.mul_(2) on a graph tensor stays valid).
-        saved = tuple(t for t, needed in ((bt, need_a), (at, need_b)) if t is not None and needed)
+        keep_a = need_b and at is not None
+        if bt is not None and need_a:
+            saved = (bt, at) if keep_a else (bt,)
+        else:
+            saved = (at,) if keep_a else ()
         _attach(out, bw, (at, bt), "Mul", saved)
     return out
 
