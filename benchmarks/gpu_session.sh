@@ -20,8 +20,8 @@ timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "cuda" -n 12 -p no:
   > "$OUT/tests_cuda.txt" 2>&1
 timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "opencl" -n 12 -p no:cacheprovider \
   > "$OUT/tests_opencl.txt" 2>&1
-timeout "${BENCH_BUDGET:-200}" python3 -m benchmarks --device cuda --capture --check-losses --rounds 2 --epochs 2 \
+timeout "${CUDA_BENCH_BUDGET:-200}" python3 -m benchmarks --device cuda --capture --check-losses --rounds 2 --epochs 2 \
   --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
-timeout "${BENCH_BUDGET:-120}" python3 -m benchmarks --device opencl --rounds 1 --epochs 2 \
+timeout "${OCL_BENCH_BUDGET:-120}" python3 -m benchmarks --device opencl --rounds 1 --epochs 2 \
   --json "$OUT/bench_opencl.json" > "$OUT/bench_opencl.txt" 2>&1
 tail -n 3 "$OUT"/tests_*.txt; cat "$OUT"/bench_*.txt
