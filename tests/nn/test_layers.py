@@ -32,6 +32,10 @@ from .test_layers_support import (
     skip_if_no_float64,
 )
 
+#: The reference PyTorch of this project (pyproject pins torch==2.13.0). On other releases (e.g. the GPU
+#: machine's 2.11) a few reprs and LPPool's inf norm differ; those checks run against the reference only.
+TORCH_IS_REFERENCE = torch.__version__.startswith("2.13")
+
 LOOSE = {"rtol": 1e-4, "atol": 1e-5}
 
 
@@ -412,10 +416,13 @@ def test_functional_names_exported():
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel:UserWarning")  # torch's own note
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_module_matches_torch(case: Case, device: str):
+    if case.id.endswith("-inf") and not TORCH_IS_REFERENCE:
+        pytest.skip(f"LPPool with norm_type=inf changed after torch {torch.__version__}; compared with 2.13 only")
     t_mod = case.build(torch.nn)
     randomize_parameters(t_mod)
     f_mod = case.build(nn)
-    assert repr(f_mod) == repr(t_mod)
+    if TORCH_IS_REFERENCE:  # reprs and a few edge semantics changed across torch releases
+        assert repr(f_mod) == repr(t_mod)
     compare_with_torch(f_mod, t_mod, case.inputs, device, case.rtol, case.atol, case.steps, case.eval_step)
 
 
@@ -648,6 +655,8 @@ FUNCTIONAL_EXTRAS = {
 @pytest.mark.parametrize("name", sorted(FUNCTIONAL_EXTRAS))
 def test_functional_forms_match_torch(name: str, device: str):
     """Functional forms not reached through a module above (rtol=1e-5, atol=1e-5; gradients too)."""
+    if name.endswith("-inf") and not TORCH_IS_REFERENCE:
+        pytest.skip(f"lp_pool with norm_type=inf changed after torch {torch.__version__}; compared with 2.13 only")
     fn, shape = FUNCTIONAL_EXTRAS[name]
     x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
     a = fg.tensor(x, device=device, requires_grad=True)
