@@ -222,6 +222,46 @@ class NumpyBackend(ArrayBackend):
         """The CPU device."""
         return ["cpu"]
 
+    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: float,
+                  eps_hat: float, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
+        """Optional fused composite: one Adam/AdamW update written in place with ufunc ``out=`` arguments.
+
+        ``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*g*g``; ``p = p*decay - step_size*m/(sqrt(v)+eps_hat)``
+        (``g`` is ``-g`` with ``maximize`` and ``g + l2*p`` with L2 decay). The generic tensor-op update costs
+        a fresh array per op plus a copy per buffer; this does ~9 passes with two scratch arrays. Returns
+        False (the caller then takes the generic path) when any buffer is not a writable, contiguous
+        array of one dtype.
+        """
+        arrays = (p, g, m, v)
+        if not all(type(a) is np.ndarray for a in arrays):
+            return False
+        if not (p.flags.writeable and m.flags.writeable and v.flags.writeable and p.flags.c_contiguous
+                and m.flags.c_contiguous and v.flags.c_contiguous) or len({a.dtype for a in arrays}) != 1:
+            return False
+        if p.shape != g.shape:
+            return False
+        if maximize:
+            g = -g
+        if l2:
+            g = g + l2 * p
+        if not g.flags.c_contiguous:  # e.g. a weight gradient that is a transposed view: one copy, then
+            g = np.ascontiguousarray(g)  # every pass below streams all four arrays in the same order
+        tmp = np.multiply(g, 1.0 - beta1, dtype=p.dtype)
+        np.multiply(m, beta1, out=m)
+        np.add(m, tmp, out=m)
+        np.multiply(g, g, out=tmp)
+        np.multiply(tmp, 1.0 - beta2, out=tmp)
+        np.multiply(v, beta2, out=v)
+        np.add(v, tmp, out=v)
+        denom = np.sqrt(v)
+        np.add(denom, eps_hat, out=denom)
+        np.multiply(m, step_size, out=tmp)
+        np.divide(tmp, denom, out=tmp)
+        if decay != 1.0:
+            np.multiply(p, decay, out=p)
+        np.subtract(p, tmp, out=p)
+        return True
+
     @staticmethod
     def is_available() -> bool:
         """NumPy is a hard dependency: always available."""

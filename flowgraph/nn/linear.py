@@ -4,18 +4,41 @@ from __future__ import annotations
 
 import math
 
+from ..autograd.grad_mode import STATE, no_grad
 from ..tensor import Tensor, empty
 from ..tensor.amp import is_autocast_enabled, low_precision_inputs
+from ..tensor.tensor import _attach
 from . import init
 from .module import Module, Parameter
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` (under ``fg.autocast`` all three in the low-precision dtype)."""
+    """``x @ weight.T + bias`` (under ``fg.autocast`` all three in the low-precision dtype).
+
+    One graph node: its backward computes ``grad_weight = g.T @ x`` directly in ``weight``'s layout (a
+    row-major array the optimizer streams through), ``grad_x = g @ weight`` and ``grad_bias = g.sum(0)``.
+    """
     if bias is not None and is_autocast_enabled():
         x, weight, bias = low_precision_inputs(x, weight, bias)
-    out = x.matmul(weight.t())
-    return out + bias if bias is not None else out
+    with no_grad():
+        out = x.matmul(weight.t())
+        if bias is not None:
+            out = out + bias
+    if not (STATE.enabled and (x.requires_grad or weight.requires_grad
+                               or (bias is not None and bias.requires_grad))):
+        return out
+    out_features, in_features = weight.shape[0], weight.shape[-1]
+    need_x, need_w = x.requires_grad, weight.requires_grad
+    need_b = bias is not None and bias.requires_grad
+
+    def backward(g: Tensor):
+        g2 = g.reshape(-1, out_features)
+        gx = g.matmul(weight) if need_x else None
+        gw = g2.t().matmul(x.reshape(-1, in_features)) if need_w else None
+        gb = g2.sum(0) if need_b else None
+        return gx, gw, gb
+
+    return _attach(out, backward, (x, weight, bias), "Linear", (x, weight))
 
 
 class Linear(Module):

@@ -93,11 +93,33 @@ class Adam(Optimizer):
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] += 1
         step_size, eps_hat = adam_scalars(group, state["step"])
+        if not group["amsgrad"] and self._fused_update(p, grad, state, group, step_size, eps_hat):
+            return
         g, p_base = decayed_grad(p, grad, group)
         m, v = update_moments(state, g, group["betas"])
         if group["amsgrad"]:
             v = write_(state["max_exp_avg_sq"], maximum(state["max_exp_avg_sq"], v))
         write_(p, p_base - (m * step_size) / (v.sqrt() + eps_hat))
+
+
+    @staticmethod
+    def _fused_update(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any], step_size: Any,
+                      eps_hat: Any) -> bool:
+        """The backend's fused in-place Adam step where it has one (the NumPy backend); False otherwise."""
+        fused = getattr(p._backend, "adam_step", None)
+        if fused is None or isinstance(step_size, Tensor):
+            return False
+        wd = group["weight_decay"]
+        decoupled = group.get("decoupled_weight_decay", False)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        beta1, beta2 = group["betas"]
+        if not fused(p._data, grad._data, m._data, v._data, beta1, beta2, step_size, eps_hat,
+                     l2=0.0 if decoupled else wd, decay=1 - group["lr"] * wd if decoupled else 1.0,
+                     maximize=group["maximize"]):
+            return False
+        for t in (p, m, v):
+            t._bump_version()
+        return True
 
 
 class AdamW(Adam):
