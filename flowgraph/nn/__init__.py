@@ -13,7 +13,7 @@ from .attention import *  # noqa: F403
 from .containers import Identity, ModuleDict, ModuleList, ParameterList, Sequential
 from .conv import *  # noqa: F403
 from .dropout import *  # noqa: F403
-from .linear import Linear
+from .linear import Bilinear, Linear
 from .loss import *  # noqa: F403
 from .module import IncompatibleKeys, Module, Parameter
 from .normalization import *  # noqa: F403

@@ -67,3 +67,46 @@ class Linear(Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def bilinear(x1: Tensor, x2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``y[..., o] = x1[..., i] * weight[o, i, j] * x2[..., j] + bias[o]`` (PyTorch's ``F.bilinear``)."""
+    out_features, in1, in2 = weight.shape
+    lead = x1.shape[:-1]
+    a = x1.reshape(-1, in1)
+    b = x2.reshape(-1, in2)
+    # (N, in1) @ (in1, out*in2) -> (N, out, in2), then contract in2 with x2: two GEMM-shaped steps.
+    t = a.matmul(weight.permute(1, 0, 2).reshape(in1, out_features * in2)).reshape(-1, out_features, in2)
+    y = (t * b.unsqueeze(1)).sum(-1)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(lead + (out_features,))
+
+
+class Bilinear(Module):
+    """``y = x1^T A x2 + b`` with PyTorch's initialisation U(-1/sqrt(in1), 1/sqrt(in1))."""
+
+    def __init__(self, in1_features: int, in2_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None):
+        super().__init__()
+        self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
+        self.weight = Parameter(empty(out_features, in1_features, in2_features, device=device, dtype=dtype))
+        if bias:
+            self.bias = Parameter(empty(out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """U(-1/sqrt(in1), 1/sqrt(in1)) for weight and bias, as PyTorch."""
+        bound = 1 / math.sqrt(self.in1_features) if self.in1_features > 0 else 0
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x1: Tensor, x2: Tensor) -> Tensor:
+        return bilinear(x1, x2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
