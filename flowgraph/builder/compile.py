@@ -392,6 +392,7 @@ class _Compiler:
 
 
 def node_role(node: Node) -> str:
+    """The node's role inside a compound verb (``"router"``, ``"expert"`` ...), or ``""``."""
     return getattr(node, "role", "")
 
 
