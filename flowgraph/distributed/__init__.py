@@ -1,0 +1,143 @@
+"""Data-parallel training across processes: ``init``, collectives, :class:`DataParallel`, :func:`shard`.
+
+Start the processes with ``python -m flowgraph.distributed.run --nproc-per-node N train.py``; in the script call
+``init()`` (reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), wrap the model in
+:class:`DataParallel`, and give each rank its part of the data with :func:`shard`. See ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import FlowError
+from ..tensor import Tensor
+from .comm import Communicator, NcclCommunicator, StoreCommunicator
+from .data_parallel import DataParallel, assign_buckets
+from .sampler import shard
+from .store import Heartbeat, StoreClient, StoreServer
+from .store import barrier as _store_barrier
+
+__all__ = [
+    "Communicator", "DataParallel", "NcclCommunicator", "StoreClient", "StoreCommunicator", "StoreServer",
+    "all_gather", "all_reduce", "assign_buckets", "barrier", "broadcast", "destroy", "get_rank",
+    "get_world_size", "init", "is_initialized", "shard",
+]
+
+
+class _State:
+    def __init__(self, rank: int, world_size: int, local_rank: int, server: StoreServer | None,
+                 store: StoreClient, heartbeat: Heartbeat, comm: Communicator, timeout: float) -> None:
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.server, self.store, self.heartbeat, self.comm, self.timeout = server, store, heartbeat, comm, timeout
+        self.barriers = 0
+
+
+_state: _State | None = None
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.lstrip("-").isdigit():
+        raise FlowError(f"init(): environment variable {name} is {value!r}; start the script with "
+                        "`python -m flowgraph.distributed.run --nproc-per-node N script.py` or set RANK, "
+                        "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT yourself")
+    return int(value)
+
+
+def init(backend: str = "nccl", timeout: float = 300.0) -> None:
+    """Join the process group described by the environment the launcher sets.
+
+    ``backend="nccl"`` runs collectives with NCCL on ``cuda:LOCAL_RANK``; ``backend="local"`` runs them through
+    the TCP store with host copies (any device, slow; for CPU processes and tests). Rank 0 hosts the store on
+    ``MASTER_PORT``. ``timeout`` bounds every wait for another rank (seconds).
+    """
+    global _state
+    if _state is not None:
+        raise FlowError("distributed.init() called twice; call distributed.destroy() first")
+    if backend not in ("nccl", "local"):
+        raise FlowError(f"init(backend={backend!r}): backend must be 'nccl' or 'local'")
+    rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    port = _env_int("MASTER_PORT")
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if not 0 <= rank < world:
+        raise FlowError(f"init(): RANK={rank} is not in [0, WORLD_SIZE={world})")
+    server = StoreServer("0.0.0.0", port) if rank == 0 else None
+    store = StoreClient(addr, port, rank, connect_timeout=timeout)
+    heartbeat = Heartbeat(addr, port, rank)
+    if backend == "nccl":
+        comm: Communicator = NcclCommunicator(store, rank, world, local_rank, timeout)
+    else:
+        comm = StoreCommunicator(store, rank, world, timeout)
+    _state = _State(rank, world, local_rank, server, store, heartbeat, comm, timeout)
+    barrier()
+
+
+def _get() -> _State:
+    if _state is None:
+        raise FlowError("flowgraph.distributed is not initialised; call flowgraph.distributed.init() first")
+    return _state
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``destroy()``."""
+    return _state is not None
+
+
+def get_rank() -> int:
+    """This process's rank, 0..world_size-1."""
+    return _get().rank
+
+
+def get_world_size() -> int:
+    """The number of ranks."""
+    return _get().world_size
+
+
+def get_communicator() -> Communicator:
+    """The communicator ``init()`` created (what :class:`DataParallel` uses by default)."""
+    return _get().comm
+
+
+def barrier(timeout: float | None = None) -> None:
+    """Wait for every rank; after ``timeout`` seconds the FlowError names the missing (or dead) ranks."""
+    s = _get()
+    s.comm.synchronize()
+    name = str(s.barriers)
+    s.barriers += 1
+    _store_barrier(s.store, s.rank, s.world_size, name, s.timeout if timeout is None else timeout)
+
+
+def all_reduce(tensor: Tensor, op: str = "sum") -> Tensor:
+    """Reduce ``tensor`` over all ranks in place (``"sum"``, ``"avg"`` or ``"max"``); returns it."""
+    return _get().comm.all_reduce(tensor, op)
+
+
+def broadcast(tensor: Tensor, src: int = 0) -> Tensor:
+    """Overwrite ``tensor`` on every rank with rank ``src``'s values; returns it."""
+    return _get().comm.broadcast(tensor, src)
+
+
+def all_gather(tensor: Tensor) -> list[Tensor]:
+    """Every rank's ``tensor`` in rank order."""
+    return _get().comm.all_gather(tensor)
+
+
+def destroy() -> None:
+    """Leave the process group: a final barrier (so rank 0 keeps the store up until all are done), then close."""
+    global _state
+    s = _get()
+    barrier()
+    s.comm.close()
+    s.heartbeat.stop()
+    s.store.add("destroy/passed", 1)
+    if s.server is not None:
+        # Rank 0 hosts the store: keep it up until every rank has left the final barrier.
+        import time
+
+        deadline = time.monotonic() + 10.0
+        while int(s.store.try_get("destroy/passed") or b"0") < s.world_size and time.monotonic() < deadline:
+            time.sleep(0.005)
+    s.store.close()
+    if s.server is not None:
+        s.server.close()
+    _state = None

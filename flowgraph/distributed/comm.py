@@ -1,0 +1,231 @@
+"""Communicators: the collectives ``all_reduce``, ``broadcast`` and ``all_gather`` on flowgraph tensors.
+
+:class:`StoreCommunicator` moves host copies through the TCP store (slow but real: CPU processes, tests of the
+whole flow). :class:`NcclCommunicator` runs NCCL (``cupy.cuda.nccl``) on the CuPy arrays of ``cuda:`` tensors on a
+dedicated stream. Both are in place: the tensor passed in holds the result afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+
+from ..autograd.grad_mode import no_grad
+from ..errors import FlowError
+from ..tensor import Tensor
+from ..tensor.tensor import _wrap
+from .store import StoreClient
+
+_OPS = ("sum", "avg", "max")
+
+
+def _check_op(op: str) -> None:
+    if op not in _OPS:
+        raise FlowError(f"all_reduce op must be one of {_OPS}, got {op!r}")
+
+
+def _check_tensor(t: Any, what: str) -> None:
+    if not isinstance(t, Tensor):
+        raise FlowError(f"{what} needs a flowgraph Tensor, got {type(t).__name__}")
+
+
+def _write_host(tensor: Tensor, array: np.ndarray) -> None:
+    """Copy a host array into ``tensor`` in place (outside autograd)."""
+    with no_grad():
+        tensor.copy_(_wrap(tensor._backend.from_host(np.ascontiguousarray(array)), tensor._backend))
+
+
+class Communicator:
+    """The interface every transport implements; ``rank`` and ``world_size`` are set by the constructor."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        """Reduce ``tensor`` over all ranks in place (``op``: ``"sum"``, ``"avg"``, ``"max"``); returns it."""
+        raise NotImplementedError
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        """Overwrite ``tensor`` on every rank with rank ``src``'s values; returns it."""
+        raise NotImplementedError
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """Every rank's ``tensor`` (same shape and dtype on all ranks), in rank order."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait for collectives launched asynchronously (no-op for synchronous transports)."""
+
+    def close(self) -> None:
+        """Release the transport's resources."""
+
+
+class StoreCommunicator(Communicator):
+    """Collectives through the TCP store with host copies: every rank publishes its array, then reads all.
+
+    Each collective has a sequence number; a rank publishing for collective ``k`` deletes its own key of
+    collective ``k - 2`` (all ranks have read it by then), so the store does not grow.
+    """
+
+    def __init__(self, store: StoreClient, rank: int, world_size: int, timeout: float = 300.0) -> None:
+        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self._seq = 0
+
+    def _exchange(self, payload: bytes | None, src: int | None = None) -> list[bytes]:
+        seq = self._seq
+        self._seq += 1
+        if seq >= 2:
+            self.store.delete(f"coll/{seq - 2}/{self.rank}")
+        if payload is not None:
+            self.store.set(f"coll/{seq}/{self.rank}", payload)
+        ranks = [src] if src is not None else range(self.world_size)
+        return [self.store.get(f"coll/{seq}/{r}", self.timeout) for r in ranks]
+
+    @staticmethod
+    def _host(tensor: Tensor) -> np.ndarray:
+        return np.ascontiguousarray(tensor._backend.to_host(tensor._data))
+
+    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        """Reduce over all ranks in place; the sum is taken in rank order, so every rank gets identical bits."""
+        _check_tensor(tensor, "all_reduce")
+        _check_op(op)
+        host = self._host(tensor)
+        parts = [np.frombuffer(b, dtype=host.dtype).reshape(host.shape) for b in self._exchange(host.tobytes())]
+        if op == "max":
+            out = np.maximum.reduce(parts)
+        else:
+            out = parts[0].copy()
+            for p in parts[1:]:
+                out += p
+            if op == "avg":
+                out = (out / self.world_size).astype(host.dtype, copy=False)
+        _write_host(tensor, out)
+        return tensor
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        """Overwrite ``tensor`` with rank ``src``'s values."""
+        _check_tensor(tensor, "broadcast")
+        if not 0 <= src < self.world_size:
+            raise FlowError(f"broadcast src={src} is not a rank of a world of size {self.world_size}")
+        host = self._host(tensor)
+        (data,) = self._exchange(host.tobytes() if self.rank == src else None, src=src)
+        if len(data) != host.nbytes:
+            raise FlowError(f"broadcast: rank {src} sent {len(data)} bytes, rank {self.rank} expected "
+                            f"{host.nbytes} (shape {tuple(host.shape)}, {host.dtype}); shapes must match")
+        if self.rank != src:
+            _write_host(tensor, np.frombuffer(data, dtype=host.dtype).reshape(host.shape))
+        return tensor
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """Every rank's tensor in rank order (new tensors on ``tensor``'s device)."""
+        _check_tensor(tensor, "all_gather")
+        host = self._host(tensor)
+        meta = pickle.dumps((host.shape, host.dtype.str))
+        out = []
+        for r, blob in enumerate(self._exchange(meta + b"|" + host.tobytes())):
+            shape, dt = pickle.loads(blob[: len(meta)]) if blob[: len(meta)] == meta else (None, None)
+            if shape is None:
+                raise FlowError(f"all_gather: rank {r}'s tensor differs in shape or dtype from rank {self.rank}'s "
+                                f"{tuple(host.shape)} {host.dtype}; all ranks must pass the same shape and dtype")
+            arr = np.frombuffer(blob[len(meta) + 1:], dtype=np.dtype(dt)).reshape(shape).copy()
+            out.append(_wrap(tensor._backend.from_host(arr), tensor._backend))
+        return out
+
+
+class NcclCommunicator(Communicator):
+    """NCCL collectives (``cupy.cuda.nccl``) on the CuPy arrays of ``cuda:`` tensors, on a dedicated stream.
+
+    Rank 0 creates the NCCL unique id and shares it through the store. Collectives are enqueued on
+    ``self.stream`` after an event recorded on the current stream (so they see the values computed so far);
+    :meth:`synchronize` makes the current stream wait for them. Untested in this repository's CI (no GPU).
+    """
+
+    _NCCL_OPS = {"sum": "NCCL_SUM", "avg": "NCCL_SUM", "max": "NCCL_MAX"}
+
+    def __init__(self, store: StoreClient, rank: int, world_size: int, local_rank: int, timeout: float = 300.0):
+        try:
+            import cupy
+            from cupy.cuda import nccl
+        except ImportError as e:
+            raise FlowError(f"backend='nccl' needs CuPy with NCCL support (cupy.cuda.nccl): {e}; install "
+                            "cupy-cudaXXx and NCCL, or use init(backend='local')") from e
+        if not getattr(nccl, "available", True):
+            raise FlowError("backend='nccl': this CuPy build has no NCCL; install NCCL or use backend='local'")
+        visible = cupy.cuda.runtime.getDeviceCount()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if local_world > visible or local_rank >= visible:
+            raise FlowError(f"rank {rank}: {local_world} ranks on this node but only {visible} GPU(s) visible "
+                            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
+                            f"LOCAL_RANK {local_rank} needs cuda:{local_rank}")
+        self.cupy, self.nccl = cupy, nccl
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.device = f"cuda:{local_rank}"
+        cupy.cuda.Device(local_rank).use()
+        if rank == 0:
+            uid = nccl.get_unique_id()
+            store.set("nccl/unique_id", pickle.dumps(uid))
+        else:
+            uid = pickle.loads(store.get("nccl/unique_id", timeout))
+        self.comm = nccl.NcclCommunicator(world_size, uid, rank)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    def _array(self, tensor: Tensor) -> Any:
+        _check_tensor(tensor, "NCCL collective")
+        if tensor.device != self.device:
+            raise FlowError(f"rank {self.rank}: NCCL collectives need tensors on {self.device}, got {tensor.device}")
+        arr = tensor._backend.realize(tensor._data).value
+        if not arr.flags.c_contiguous:
+            raise FlowError("NCCL collectives need a contiguous tensor; call .contiguous() first")
+        return arr
+
+    def _dtype(self, arr: Any) -> int:
+        names = {"float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64",
+                 "int32": "NCCL_INT32", "int64": "NCCL_INT64", "uint8": "NCCL_UINT8", "int8": "NCCL_INT8"}
+        name = names.get(str(arr.dtype))
+        if name is None:
+            raise FlowError(f"NCCL has no collective for dtype {arr.dtype}; supported: {sorted(names)}")
+        return getattr(self.nccl, name)
+
+    def _enter(self) -> None:
+        self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
+
+    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
+        """NCCL all-reduce in place on ``self.stream``."""
+        _check_op(op)
+        arr = self._array(tensor)
+        self._enter()
+        self.comm.allReduce(arr.data.ptr, arr.data.ptr, arr.size, self._dtype(arr),
+                            getattr(self.nccl, self._NCCL_OPS[op]), self.stream.ptr)
+        if op == "avg":
+            with self.stream:
+                arr /= self.world_size
+        return tensor
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        """NCCL broadcast in place from rank ``src``."""
+        arr = self._array(tensor)
+        self._enter()
+        self.comm.broadcast(arr.data.ptr, arr.data.ptr, arr.size, self._dtype(arr), src, self.stream.ptr)
+        return tensor
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """NCCL all-gather into one buffer, returned as one tensor per rank."""
+        arr = self._array(tensor)
+        out = self.cupy.empty((self.world_size, *arr.shape), dtype=arr.dtype)
+        self._enter()
+        self.comm.allGather(arr.data.ptr, out.data.ptr, arr.size, self._dtype(arr), self.stream.ptr)
+        self.synchronize()
+        return [_wrap(tensor._backend.from_host(self.cupy.asnumpy(out[r])), tensor._backend)
+                for r in range(self.world_size)]
+
+    def synchronize(self) -> None:
+        """Make the current stream wait for every collective enqueued so far."""
+        self.cupy.cuda.get_current_stream().wait_event(self.stream.record())
+
+    def close(self) -> None:
+        """Destroy the NCCL communicator."""
+        self.stream.synchronize()
+        self.comm.destroy()

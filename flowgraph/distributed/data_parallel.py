@@ -1,0 +1,207 @@
+"""``DataParallel``: gradient averaging across ranks with size-bounded buckets, as PyTorch's DDP.
+
+How it plugs into the engine: flowgraph's backward accumulates leaf gradients at the END of backward, after every
+node ran, and runs each leaf's hooks there, one leaf after the other, right before writing that leaf's ``.grad``.
+So a per-parameter hook (``Tensor.register_hook``) marks the parameter ready and records its gradient; when every
+parameter of a bucket is ready (and every earlier bucket was launched: all ranks launch buckets in the same order)
+the bucket's gradients are flattened into one tensor and all-reduced. When the last bucket completes, the hook
+finishes: it writes the averaged gradient into ``.grad`` of the parameters already written and returns the
+averaged gradient of the current one (the engine writes it). :meth:`DataParallel.finish_gradients` does the same
+by hand (needed only when some parameter got no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..autograd.grad_mode import no_grad
+from ..errors import FlowError
+from ..nn.module import Module
+from ..tensor import Tensor
+from .comm import Communicator
+
+
+def assign_buckets(params: Sequence[Tensor], bucket_cap_mb: float = 25.0) -> list[list[int]]:
+    """Group parameter indices into buckets of at most ``bucket_cap_mb`` MiB, in reverse registration order.
+
+    Only parameters with ``requires_grad`` are placed (frozen ones are in no bucket). A bucket holds one dtype
+    and one device (it is flattened into one tensor); a parameter larger than the cap gets a bucket of its own.
+    Reverse order approximates the order in which backward produces gradients (last layer first), as in DDP.
+    """
+    if bucket_cap_mb <= 0:
+        raise FlowError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+    cap = bucket_cap_mb * 1024 * 1024
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    key = None
+    for i in reversed(range(len(params))):
+        p = params[i]
+        if not p.requires_grad:
+            continue
+        nbytes = p.numel() * p.element_size()
+        pkey = (p.dtype, p.device)
+        if current and (size + nbytes > cap or pkey != key):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+        key = pkey
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class DataParallel(Module):
+    """Wrap ``module`` so that ``backward`` leaves the gradients averaged over all ranks.
+
+    At construction the parameters and buffers are broadcast from rank 0. Parameters that require grad are
+    assigned to buckets (:func:`assign_buckets`); each bucket is all-reduced as soon as all its gradients are
+    ready, and the averaged gradients are in ``.grad`` when ``backward`` returns. ``broadcast_buffers`` copies
+    rank 0's buffers (e.g. BatchNorm running statistics) to every rank at each training forward.
+    ``sync_batchnorm=True`` (BatchNorm statistics over the global batch) is not implemented: BatchNorm layers use
+    local statistics only, and asking for it raises. ``find_unused_parameters=True`` lets some parameters get no
+    gradient in a step; then call :meth:`finish_gradients` after ``backward`` (they are reduced as zeros).
+    ``communicator`` defaults to the one ``flowgraph.distributed.init()`` created. The wrapped model is
+    ``.module``; save ``dp.module.state_dict()`` to get the keys of the unwrapped model.
+    """
+
+    def __init__(self, module: Module, bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True,
+                 sync_batchnorm: bool = False, find_unused_parameters: bool = False,
+                 communicator: Communicator | None = None) -> None:
+        super().__init__()
+        if not isinstance(module, Module):
+            raise FlowError(f"DataParallel wraps an nn.Module, got {type(module).__name__}")
+        if sync_batchnorm:
+            raise FlowError("DataParallel(sync_batchnorm=True) is not implemented: BatchNorm uses each rank's local "
+                            "batch statistics; pass sync_batchnorm=False")
+        if communicator is None:
+            from . import get_communicator
+
+            communicator = get_communicator()
+        self.module = module
+        object.__setattr__(self, "_comm", communicator)
+        object.__setattr__(self, "broadcast_buffers", bool(broadcast_buffers))
+        object.__setattr__(self, "find_unused_parameters", bool(find_unused_parameters))
+        names, params = [], []
+        for name, p in module.named_parameters():
+            names.append(name)
+            params.append(p)
+        object.__setattr__(self, "_names", names)
+        object.__setattr__(self, "_params", params)
+        with no_grad():
+            for p in params:
+                communicator.broadcast(p, 0)
+            for b in module.buffers():
+                communicator.broadcast(b, 0)
+        buckets = assign_buckets(params, bucket_cap_mb)
+        object.__setattr__(self, "buckets", buckets)
+        bucket_of = {}
+        for b, idx in enumerate(buckets):
+            for i in idx:
+                bucket_of[i] = b
+        object.__setattr__(self, "_bucket_of", bucket_of)
+        object.__setattr__(self, "_handles", [params[i].register_hook(self._make_hook(i)) for i in bucket_of])
+        self._reset()
+
+    # ------------------------------------------------------------------ per-backward state
+    def _reset(self) -> None:
+        object.__setattr__(self, "_ready", {})  # param index -> (grad before this backward, this backward's grad)
+        object.__setattr__(self, "_missing", [len(b) for b in self.buckets])
+        object.__setattr__(self, "_reduced", {})  # param index -> averaged gradient
+        object.__setattr__(self, "_next_bucket", 0)
+
+    def _make_hook(self, i: int):
+        def hook(grad: Tensor) -> Tensor | None:
+            return self._on_grad(i, grad)
+
+        return hook
+
+    def _on_grad(self, i: int, grad: Tensor) -> Tensor | None:
+        p = self._params[i]
+        if i in self._ready:
+            raise FlowError(f"DataParallel: parameter {self._names[i]!r} got two gradients before the buckets were "
+                            "reduced (is it used in two backward passes of one step? call finish_gradients())")
+        with no_grad():
+            g = grad.detach() if grad.dtype == p.dtype else grad.detach().to(p.dtype)
+        self._ready[i] = (p.grad, g)
+        self._missing[self._bucket_of[i]] -= 1
+        self._launch_ready()
+        if self._next_bucket == len(self.buckets):
+            return self._finish(current=i)
+        return None
+
+    def _launch_ready(self) -> None:
+        while self._next_bucket < len(self.buckets) and self._missing[self._next_bucket] == 0:
+            self._reduce_bucket(self._next_bucket)
+            object.__setattr__(self, "_next_bucket", self._next_bucket + 1)
+
+    def _reduce_bucket(self, b: int) -> None:
+        from ..tensor import cat
+
+        idx = self.buckets[b]
+        with no_grad():
+            grads = [self._ready[i][1] for i in idx]
+            flat = cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).contiguous()
+            self._comm.all_reduce(flat, "sum")
+            flat = flat / self._comm.world_size
+            offset = 0
+            for i, g in zip(idx, grads):
+                n = g.numel()
+                self._reduced[i] = flat[offset:offset + n].reshape(g.shape)
+                offset += n
+
+    def _finish(self, current: int | None) -> Tensor | None:
+        self._comm.synchronize()
+        out = None
+        with no_grad():
+            for i, avg in self._reduced.items():
+                if i == current:
+                    out = avg  # the engine adds it to the gradient that was there before this backward
+                    continue
+                prev = self._ready[i][0]
+                self._params[i].grad = avg if prev is None else prev + avg
+        self._reset()
+        return out
+
+    def finish_gradients(self) -> None:
+        """Reduce what is left of this backward and write the averaged gradients into ``.grad``.
+
+        Called automatically when the last bucket completes; call it by hand after ``backward`` when some
+        parameters got no gradient (needs ``find_unused_parameters=True``: they are reduced as zeros). A no-op
+        when nothing is pending. Every rank must call it at the same point.
+        """
+        if not self._ready:
+            return
+        missing = [i for i in self._bucket_of if i not in self._ready]
+        if missing and not self.find_unused_parameters:
+            raise FlowError("DataParallel: no gradient for parameters " + str([self._names[i] for i in missing])
+                            + "; construct with find_unused_parameters=True if some parameters are unused")
+        from ..tensor import zeros_like
+
+        for i in missing:
+            p = self._params[i]
+            self._ready[i] = (p.grad, zeros_like(p))
+            self._missing[self._bucket_of[i]] -= 1
+        self._launch_ready()
+        self._finish(current=None)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Check the previous step finished, broadcast buffers from rank 0 (training), and call the module."""
+        if self._ready:
+            missing = [self._names[i] for i in self._bucket_of if i not in self._ready]
+            raise FlowError("DataParallel: the previous backward left gradients unreduced (no gradient for "
+                            f"{missing}); call finish_gradients() after backward, with find_unused_parameters=True")
+        if self.broadcast_buffers and self.training and self._comm.world_size > 1:
+            with no_grad():
+                for b in self.module.buffers():
+                    self._comm.broadcast(b, 0)
+        return self.module(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"world_size={self._comm.world_size}, buckets={[len(b) for b in self.buckets]}"
+
+
+__all__ = ["DataParallel", "assign_buckets"]
