@@ -74,15 +74,16 @@ class StoreCommunicator(Communicator):
         self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
         self._seq = 0
 
-    def _exchange(self, payload: bytes | None, src: int | None = None) -> list[bytes]:
+    def _exchange(self, payload: bytes) -> list[bytes]:
+        # Every collective is a full exchange (a broadcast's receivers publish an empty ack): a rank publishing for
+        # collective k has read every rank's key of k - 1, so every rank has published k - 1 and thus finished
+        # reading k - 2: deleting one's own key of k - 2 is safe.
         seq = self._seq
         self._seq += 1
         if seq >= 2:
             self.store.delete(f"coll/{seq - 2}/{self.rank}")
-        if payload is not None:
-            self.store.set(f"coll/{seq}/{self.rank}", payload)
-        ranks = [src] if src is not None else range(self.world_size)
-        return [self.store.get(f"coll/{seq}/{r}", self.timeout) for r in ranks]
+        self.store.set(f"coll/{seq}/{self.rank}", payload)
+        return [self.store.get(f"coll/{seq}/{r}", self.timeout) for r in range(self.world_size)]
 
     @staticmethod
     def _host(tensor: Tensor) -> np.ndarray:
@@ -111,7 +112,7 @@ class StoreCommunicator(Communicator):
         if not 0 <= src < self.world_size:
             raise FlowError(f"broadcast src={src} is not a rank of a world of size {self.world_size}")
         host = self._host(tensor)
-        (data,) = self._exchange(host.tobytes() if self.rank == src else None, src=src)
+        data = self._exchange(host.tobytes() if self.rank == src else b"")[src]
         if len(data) != host.nbytes:
             raise FlowError(f"broadcast: rank {src} sent {len(data)} bytes, rank {self.rank} expected "
                             f"{host.nbytes} (shape {tuple(host.shape)}, {host.dtype}); shapes must match")

@@ -174,7 +174,7 @@ class DataParallel(Module):
         """
         if not self._ready:
             return
-        missing = [i for i in self._bucket_of if i not in self._ready]
+        missing = [i for i in sorted(self._bucket_of) if i not in self._ready]
         if missing and not self.find_unused_parameters:
             raise FlowError("DataParallel: no gradient for parameters " + str([self._names[i] for i in missing])
                             + "; construct with find_unused_parameters=True if some parameters are unused")
@@ -191,7 +191,7 @@ class DataParallel(Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Check the previous step finished, broadcast buffers from rank 0 (training), and call the module."""
         if self._ready:
-            missing = [self._names[i] for i in self._bucket_of if i not in self._ready]
+            missing = [self._names[i] for i in sorted(self._bucket_of) if i not in self._ready]
             raise FlowError("DataParallel: the previous backward left gradients unreduced (no gradient for "
                             f"{missing}); call finish_gradients() after backward, with find_unused_parameters=True")
         if self.broadcast_buffers and self.training and self._comm.world_size > 1:

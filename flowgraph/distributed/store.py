@@ -100,6 +100,10 @@ class StoreServer:
     def close(self) -> None:
         """Stop accepting clients (connected ones finish when they disconnect)."""
         self._closed = True
+        try:  # shutdown wakes the thread blocked in accept() (close alone leaves the port listening on Linux)
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._sock.close()
         except OSError:

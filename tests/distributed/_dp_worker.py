@@ -1,0 +1,67 @@
+"""Run by the launcher in test_data_parallel.py: 2-rank DataParallel training vs single-process training."""
+
+import sys
+
+import numpy as np
+
+import flowgraph as fg
+import flowgraph.distributed as dist
+from flowgraph import nn
+
+
+def make_model() -> nn.Module:
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+    model[0].requires_grad_(False)  # frozen subtree: never bucketed, never reduced
+    return model
+
+
+def sgd(model: nn.Module, lr: float = 0.1) -> None:
+    with fg.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.sub_(p.grad * lr)
+                p.grad = None
+
+
+def main(out_path: str) -> None:
+    dist.init(backend="local", timeout=30)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rng = np.random.default_rng(1)
+    x_all = rng.standard_normal((20, 8, 6)).astype(np.float32)
+    y_all = rng.standard_normal((20, 8, 3)).astype(np.float32)
+    model = make_model()
+    if rank == 1:  # different start on rank 1: the construction-time broadcast must fix it
+        with fg.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)
+    dp = dist.DataParallel(model, bucket_cap_mb=0.0005)
+    frozen = {id(p) for p in model[0].parameters()}
+    bucketed = {id(dp._params[i]) for b in dp.buckets for i in b}
+    assert len(dp.buckets) > 1, dp.buckets
+    assert not frozen & bucketed, "frozen parameter in a bucket"
+    shard_idx = dist.shard(8, rank, world, shuffle=False)
+    for step in range(20):
+        x = fg.tensor(x_all[step][shard_idx])
+        y = fg.tensor(y_all[step][shard_idx])
+        loss = ((dp(x) - y) ** 2).mean()
+        loss.backward()
+        for p in model[0].parameters():
+            assert p.grad is None
+        sgd(model)
+    # reference: one process, full batch
+    ref = make_model()
+    for step in range(20):
+        loss = ((ref(fg.tensor(x_all[step])) - fg.tensor(y_all[step])) ** 2).mean()
+        loss.backward()
+        sgd(ref)
+    worst = max(float(np.abs(a.detach().numpy() - b.detach().numpy()).max())
+                for a, b in zip(model.parameters(), ref.parameters()))
+    gathered = dist.all_gather(fg.tensor([float(rank)]))
+    with open(out_path + f".{rank}", "w") as f:
+        f.write(f"{worst} {[g.item() for g in gathered]}\n")
+    dist.destroy()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,109 @@
+"""DataParallel over StoreCommunicator in 2 real processes equals single-process training on the full batch."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flowgraph as fg
+import flowgraph.distributed as dist
+from flowgraph import nn
+from flowgraph.distributed.comm import Communicator
+from flowgraph.errors import FlowError
+
+from ._util import free_port
+
+
+def test_two_processes_match_single_process(tmp_path):
+    worker = Path(__file__).with_name("_dp_worker.py")
+    out = tmp_path / "res"
+    res = subprocess.run([sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(free_port()), str(worker), str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        worst, gathered = (tmp_path / f"res.{rank}").read_text().split(" ", 1)
+        assert float(worst) <= 1e-6, f"rank {rank}: max |dp - single| = {worst}"
+        assert gathered.strip() == "[0.0, 1.0]"
+
+
+class _Loopback(Communicator):
+    """A world of one that counts collectives (in-process checks of DataParallel's bookkeeping)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self):
+        self.reduced = []
+
+    def all_reduce(self, tensor, op="sum"):
+        self.reduced.append(tensor.numel())
+        return tensor
+
+    def broadcast(self, tensor, src=0):
+        return tensor
+
+
+def _model():
+    fg.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 2))
+    m[0].requires_grad_(False)
+    return m
+
+
+def test_buckets_reduced_once_frozen_never():
+    m = _model()
+    comm = _Loopback()
+    dp = dist.DataParallel(m, bucket_cap_mb=100 / (1024 * 1024), communicator=comm)
+    assert dp.module is m and list(m.state_dict()) == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight",
+                                                        "2.bias"]
+    dp(fg.randn(3, 4)).sum().backward()
+    # every trainable parameter is reduced exactly once; the frozen 8*4+8 elements never
+    assert comm.reduced == [2 + 16, 8, 64]  # buckets in order: (2.bias, 2.weight), (1.bias), (1.weight)
+    assert m[0].weight.grad is None and m[2].weight.grad is not None
+
+
+def test_gradients_accumulate_across_backwards():
+    m = _model()
+    dp = dist.DataParallel(m, communicator=_Loopback())
+    x = fg.randn(3, 4)
+    dp(x).sum().backward()
+    g1 = m[2].weight.grad.detach().numpy().copy()
+    dp(x).sum().backward()
+    assert abs(m[2].weight.grad.detach().numpy() - 2 * g1).max() < 1e-5
+
+
+def test_unused_parameter_needs_find_unused():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+            self.b = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.a(x)
+
+    dp = dist.DataParallel(Two(), communicator=_Loopback())
+    dp(fg.randn(2, 3)).sum().backward()
+    with pytest.raises(FlowError, match=r"no gradient for parameters \['b.weight', 'b.bias'\]"):
+        dp.finish_gradients()
+    with pytest.raises(FlowError, match="previous backward left gradients unreduced"):
+        dp(fg.randn(2, 3))
+    m = Two()
+    dp = dist.DataParallel(m, communicator=_Loopback(), find_unused_parameters=True)
+    dp(fg.randn(2, 3)).sum().backward()
+    dp.finish_gradients()
+    assert m.a.weight.grad is not None and float(abs(m.b.weight.grad.detach().numpy()).max()) == 0.0
+
+
+def test_sync_batchnorm_is_refused_and_init_needs_env(monkeypatch):
+    with pytest.raises(FlowError, match="sync_batchnorm=True"):
+        dist.DataParallel(_model(), sync_batchnorm=True, communicator=_Loopback())
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(FlowError, match="environment variable RANK"):
+        dist.init(backend="local")
+    with pytest.raises(FlowError, match="not initialised"):
+        dist.get_rank()
+    with pytest.raises(FlowError, match="backend must be 'nccl' or 'local'"):
+        dist.init(backend="gloo")
