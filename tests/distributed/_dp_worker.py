@@ -35,7 +35,9 @@ def main(out_path: str) -> None:
         with fg.no_grad():
             for p in model.parameters():
                 p.mul_(0.5)
+    model.register_buffer("stat", fg.full((4,), float(rank + 1)))
     dp = dist.DataParallel(model, bucket_cap_mb=0.0005)
+    assert model.stat.tolist() == [1.0] * 4, "buffers not broadcast from rank 0"
     frozen = {id(p) for p in model[0].parameters()}
     bucketed = {id(dp._params[i]) for b in dp.buckets for i in b}
     assert len(dp.buckets) > 1, dp.buckets
@@ -45,10 +47,14 @@ def main(out_path: str) -> None:
         x = fg.tensor(x_all[step][shard_idx])
         y = fg.tensor(y_all[step][shard_idx])
         loss = ((dp(x) - y) ** 2).mean()
+        assert model.stat.tolist() == [1.0] * 4, f"rank {rank} step {step}: buffer not re-broadcast"
         loss.backward()
         for p in model[0].parameters():
             assert p.grad is None
         sgd(model)
+        if rank == 1:
+            with fg.no_grad():
+                model.stat.add_(1.0)  # rank 1 drifts; broadcast_buffers resets it at the next forward
     # reference: one process, full batch
     ref = make_model()
     for step in range(20):
