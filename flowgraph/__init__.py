@@ -48,6 +48,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "builder": ("flowgraph.builder", None),
     "tree": ("flowgraph.tree", None),
     "monitor": ("flowgraph.monitor", None),
+    "distributed": ("flowgraph.distributed", None),
     "FlowBuilder": ("flowgraph.builder", "FlowBuilder"),
     "MergeOp": ("flowgraph.builder", "MergeOp"),
     "Graph": ("flowgraph.builder", "Graph"),
