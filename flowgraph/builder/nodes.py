@@ -7,6 +7,7 @@ A node reads its input stream(s) from the pass's value table, resolves the tags 
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ class LoopInfo:
 
 
 @dataclass(eq=False)
-class Node:
+class Node(ABC):
     """Base node: ``kind`` is the verb, ``inputs`` the stream ids read, ``output`` the stream id written."""
 
     kind: str
@@ -71,9 +72,9 @@ class Node:
         return None
 
     # ------------------------------------------------------------------ running
+    @abstractmethod
     def run(self, graph: Graph, values: dict[int, Tensor]) -> Tensor:
         """Compute this node's output for the current pass."""
-        raise NotImplementedError
 
 
 def call_with_refs(target: Any, x: Any, refs: dict[str, Tensor]) -> Any:

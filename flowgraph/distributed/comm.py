@@ -7,8 +7,9 @@ dedicated stream. Both are in place: the tensor passed in holds the result after
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -38,29 +39,31 @@ def _write_host(tensor: Tensor, array: np.ndarray) -> None:
         tensor.copy_(_wrap(tensor._backend.from_host(np.ascontiguousarray(array)), tensor._backend))
 
 
-class Communicator:
+class Communicator(ABC):
     """The interface every transport implements; ``rank`` and ``world_size`` are set by the constructor."""
 
     rank: int
     world_size: int
 
+    @abstractmethod
     def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
         """Reduce ``tensor`` over all ranks in place (``op``: ``"sum"``, ``"avg"``, ``"max"``); returns it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
         """Overwrite ``tensor`` on every rank with rank ``src``'s values; returns it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
         """Every rank's ``tensor`` (same shape and dtype on all ranks), in rank order."""
-        raise NotImplementedError
 
     def synchronize(self) -> None:
         """Wait for collectives launched asynchronously (no-op for synchronous transports)."""
+        return  # an optional hook: the default does nothing
 
     def close(self) -> None:
         """Release the transport's resources."""
+        return  # an optional hook: the default does nothing
 
 
 class StoreCommunicator(Communicator):
@@ -124,10 +127,11 @@ class StoreCommunicator(Communicator):
         """Every rank's tensor in rank order (new tensors on ``tensor``'s device)."""
         _check_tensor(tensor, "all_gather")
         host = self._host(tensor)
-        meta = pickle.dumps((host.shape, host.dtype.str))
+        # Each blob starts with its shape and dtype as JSON (never pickle: ranks read each other's bytes).
+        meta = json.dumps([list(host.shape), host.dtype.str]).encode()
         out = []
         for r, blob in enumerate(self._exchange(meta + b"|" + host.tobytes())):
-            shape, dt = pickle.loads(blob[: len(meta)]) if blob[: len(meta)] == meta else (None, None)
+            shape, dt = json.loads(blob[: len(meta)]) if blob[: len(meta)] == meta else (None, None)
             if shape is None:
                 raise FlowError(f"all_gather: rank {r}'s tensor differs in shape or dtype from rank {self.rank}'s "
                                 f"{tuple(host.shape)} {host.dtype}; all ranks must pass the same shape and dtype")
@@ -167,9 +171,9 @@ class NcclCommunicator(Communicator):
         cupy.cuda.Device(local_rank).use()
         if rank == 0:
             uid = nccl.get_unique_id()
-            store.set("nccl/unique_id", pickle.dumps(uid))
+            store.set("nccl/unique_id", json.dumps(list(uid)).encode())  # a tuple of ints
         else:
-            uid = pickle.loads(store.get("nccl/unique_id", timeout))
+            uid = tuple(json.loads(store.get("nccl/unique_id", timeout)))
         self.comm = nccl.NcclCommunicator(world_size, uid, rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
 

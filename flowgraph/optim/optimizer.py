@@ -17,6 +17,7 @@ step. The same helpers compute the bias corrections with tensor ops then.
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -83,7 +84,7 @@ def check_betas(where: str, betas: tuple[float, float]) -> None:
     check_range(where, "betas[1] (beta2)", betas[1], 0.0, 1.0)
 
 
-class Optimizer:
+class Optimizer(ABC):
     """Base class of all optimizers: param groups, per-parameter state, ``zero_grad``, ``step``, state dicts.
 
     ``params`` is an iterable of tensors, or of dicts each with a ``"params"`` entry and any per-group options
@@ -164,6 +165,7 @@ class Optimizer:
 
     def _check_group(self, group: dict[str, Any]) -> None:
         """Validate a group's hyper-parameters (subclasses override)."""
+        return  # an optional hook: the default does nothing
 
     # ------------------------------------------------------------------ stepping
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -238,9 +240,11 @@ class Optimizer:
 
     def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         """Fill ``state`` with the new parameter ``p``'s buffers."""
+        return  # an optional hook: the default does nothing
 
+    @abstractmethod
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not define _update")
+        """One parameter's update, in place under ``no_grad`` (each optimizer defines it)."""
 
     # ------------------------------------------------------------------ state dicts
     def state_dict(self) -> dict[str, Any]:

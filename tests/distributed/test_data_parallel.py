@@ -43,6 +43,9 @@ class _Loopback(Communicator):
     def broadcast(self, tensor, src=0):
         return tensor
 
+    def all_gather(self, tensor):
+        return [tensor.clone()]
+
 
 def _model():
     fg.manual_seed(0)
