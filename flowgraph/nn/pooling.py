@@ -95,6 +95,14 @@ def _window_sum(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: t
     return result
 
 
+def _window_max_grad(g: Tensor, kidx: Tensor, shape: tuple, kernel: tuple, stride: tuple, dilation: tuple) -> Tensor:
+    """Window max's input gradient in differentiable tensor ops (for ``create_graph``): ``g`` routed to
+    each window's position ``kidx`` through a one-hot mask and the window fold."""
+    k = math.prod(kernel)
+    onehot = kidx.unsqueeze(2) == arange(k, device=g.device).reshape((1, 1, k) + (1,) * (g.ndim - 2))
+    return _fold_windows(where(onehot, g.unsqueeze(2), 0.0), shape, kernel, stride, dilation)
+
+
 def _window_max(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple) -> tuple[Tensor, Tensor]:
     """Maximum of each window of a padded input and its (first) position ``0..K-1`` in the window."""
     bk = x._backend
@@ -115,10 +123,7 @@ def _window_max(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: t
 
         def bw(g: Tensor):
             if STATE.enabled:  # create_graph: the differentiable (materialised) form
-                onehot = kidx.unsqueeze(2) == arange(len(offsets), device=g.device).reshape(
-                    (1, 1, len(offsets)) + (1,) * len(out)
-                )
-                return (_fold_windows(where(onehot, g.unsqueeze(2), 0.0), shape, kernel, stride, dilation),)
+                return (_window_max_grad(g, kidx, shape, kernel, stride, dilation),)
             gd = g._data
             zero = bk.full((), 0, gd.dtype)
             base = bk.full(tuple(shape), 0, gd.dtype)
@@ -132,6 +137,32 @@ def _window_max(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: t
     return values, kidx
 
 
+def _block_max(x: Tensor, kernel: tuple, out: tuple) -> Tensor | None:
+    """Max pooling with non-overlapping windows that tile the input (stride == kernel, no padding or
+    dilation) through the backend's optional ``max_pool_blocks`` composite; None where the backend has
+    none or the blocks do not tile ``x`` (the caller then takes ``_window_max``)."""
+    bk = x._backend
+    fast = getattr(bk, "max_pool_blocks", None)
+    if fast is None or any(o * k != n for o, k, n in zip(out, kernel, x.shape[2:])):
+        return None
+    best = fast(x._data, kernel)
+    if best is None:
+        return None
+    values = _wrap(best, bk)
+    if x.requires_grad and STATE.enabled:
+        ones_ = (1,) * len(kernel)
+
+        def bw(g: Tensor):
+            if STATE.enabled:  # create_graph: the window path's differentiable form
+                with no_grad():
+                    kidx = _window_max(x.detach(), kernel, kernel, ones_, out)[1]
+                return (_window_max_grad(g, kidx, tuple(x.shape), kernel, kernel, ones_),)
+            return (_wrap(bk.max_pool_blocks_backward(x._data, best, g._data, kernel), bk),)
+
+        _attach(values, bw, (x,), "BlockMax", saved=(x,))
+    return values
+
+
 # ---------------------------------------------------------------------- max pooling
 def _max_poolnd(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices, nd: int):
     where = f"max_pool{nd}d"
@@ -139,6 +170,10 @@ def _max_poolnd(x, kernel_size, stride, padding, dilation, ceil_mode, return_ind
     kernel, stride, padding, dilation = _pool_args(kernel_size, stride, padding, dilation, nd, where)
     in_size = tuple(x.shape[2:])
     out, widths = _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode, where)
+    if not return_indices and stride == kernel and all(d == 1 for d in dilation) and not any(padding):
+        values = _block_max(x, kernel, out)
+        if values is not None:
+            return values.squeeze(0) if unbatched else values
     values, kidx = _window_max(_pad_spatial(x, widths, "constant", -math.inf), kernel, stride, dilation, out)
     if not return_indices:
         return values.squeeze(0) if unbatched else values
