@@ -66,6 +66,18 @@ def main() -> None:
     finally:
         fusion.set_enabled(True)
 
+    # BatchNorm2d's per-channel sums: few outputs over long reductions (split into two stages).
+    bn = nn.BatchNorm2d(64).to("cuda")
+    xb = fg.randn(128, 64, 64, 64, device="cuda")
+    results["BatchNorm2d(64) forward, 128x64x64x64, fused"] = _time(lambda: be.contiguous(bn(xb)._data), sync, 20)
+    fusion.set_enabled(False)
+    try:
+        results["BatchNorm2d(64) forward, 128x64x64x64, unfused"] = _time(lambda: bn(xb), sync, 20)
+    finally:
+        fusion.set_enabled(True)
+    results["sum over (0, 2, 3) of x * 2 (fused), 128x64x64x64"] = _time(
+        lambda: be.sum(be.mul(xb._data, 2.0), (0, 2, 3), False), sync, 20)
+
     fg.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10)).to("cuda")
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -76,6 +88,17 @@ def main() -> None:
         loss.backward()
         opt.step()
         return loss
+
+    big_p = nn.Parameter(fg.randn(2048, 2048, device="cuda"))
+    big_p.grad = fg.randn(2048, 2048, device="cuda")
+    adam = optim.Adam([big_p], lr=1e-3)
+    results["Adam step, one 2048x2048 parameter (fused kernel)"] = _time(adam.step, sync, 50)
+    adam_step = type(be).adam_step
+    del type(be).adam_step
+    try:
+        results["Adam step, one 2048x2048 parameter (tensor ops)"] = _time(adam.step, sync, 50)
+    finally:
+        type(be).adam_step = adam_step
 
     inp, target = fg.randn(128, 64, device="cuda"), fg.randn(128, 10, device="cuda")
     results["MLP step eager (3 Linear, GELU, SGD momentum)"] = _time(lambda: step(inp, target), sync, 50)
@@ -99,6 +122,10 @@ def main() -> None:
                 topt.step()
 
             results["torch MLP step eager"] = _time(tstep, torch.cuda.synchronize, 50)
+            tbn = torch.nn.BatchNorm2d(64).cuda()
+            txb = torch.randn(128, 64, 64, 64, device="cuda")
+            results["torch BatchNorm2d(64) forward, 128x64x64x64"] = _time(lambda: tbn(txb), torch.cuda.synchronize,
+                                                                           20)
     except ImportError:
         pass
     for name, us in results.items():

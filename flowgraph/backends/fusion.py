@@ -25,6 +25,7 @@ The arrays themselves are opaque here: the only attributes read are ``lazy``, ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -541,3 +542,34 @@ class CEmitter:
     def helper_source(self) -> str:
         """The helper functions the emitted expressions call, in first-use order."""
         return "".join(self.helpers.values())
+
+
+#: ``cupy.ReductionKernel`` gives each output element one thread block: below this many outputs a long
+#: reduction leaves most of the GPU idle (BatchNorm2d's per-channel sums over (N, H, W) made its forward
+#: 12x slower fused than unfused), so :func:`split_reduction` moves reduced axes to the outputs of a first
+#: stage whose partial sums a second, small reduction adds up.
+MIN_REDUCTION_BLOCKS = 2048
+#: Reductions shorter than this per output are left in one stage.
+MIN_SPLIT_LENGTH = 1 << 16
+
+
+def split_reduction(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """The reduced axes (outermost first) to keep as outputs of a first fused stage; ``()`` for one stage.
+
+    >>> split_reduction((128, 64, 64, 64), (0, 2, 3))   # BatchNorm2d: 64 sums of 524,288 elements
+    (0,)
+    >>> split_reduction((256, 1024), (1,))               # LayerNorm rows: 256 sums of 1,024, one stage
+    ()
+    """
+    outputs = math.prod(n for i, n in enumerate(shape) if i not in axes)
+    length = math.prod(shape[i] for i in axes)
+    kept: list[int] = []
+    for ax in axes[:-1]:  # the innermost reduced axis always stays reduced in the first stage
+        if outputs >= MIN_REDUCTION_BLOCKS or length < MIN_SPLIT_LENGTH:
+            break
+        if shape[ax] == 1:
+            continue
+        kept.append(ax)
+        outputs *= shape[ax]
+        length //= shape[ax]
+    return tuple(kept)

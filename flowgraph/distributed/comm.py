@@ -181,7 +181,7 @@ class NcclCommunicator(Communicator):
         _check_tensor(tensor, "NCCL collective")
         if tensor.device != self.device:
             raise FlowError(f"rank {self.rank}: NCCL collectives need tensors on {self.device}, got {tensor.device}")
-        arr = tensor._backend.realize(tensor._data).value
+        arr = tensor._backend.native(tensor._data)
         if not arr.flags.c_contiguous:
             raise FlowError("NCCL collectives need a contiguous tensor; call .contiguous() first")
         return arr

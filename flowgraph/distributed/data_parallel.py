@@ -144,8 +144,9 @@ class DataParallel(Module):
         with no_grad():
             grads = [self._ready[i][1] for i in idx]
             flat = cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).contiguous()
-            self._comm.all_reduce(flat, "sum")
-            flat = flat / self._comm.world_size
+            # "avg" divides on the communicator's stream; ``flat`` is read only after ``synchronize()``
+            # (in ``_finish``), so no kernel on the current stream can see it before NCCL has written it.
+            self._comm.all_reduce(flat, "avg")
             offset = 0
             for i, g in zip(idx, grads):
                 n = g.numel()

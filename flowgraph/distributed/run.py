@@ -25,14 +25,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, default=29500, help="port of the store on the master node")
     p.add_argument("--kill-timeout", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL when stopping the other ranks")
-    p.add_argument("script", help="the training script")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="run `script` as a module (python -m script), as torchrun's -m does")
+    p.add_argument("script", help="the training script (a module name with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return p
 
 
 def launch(script: str, args: Sequence[str] = (), nproc_per_node: int = 1, nnodes: int = 1, node_rank: int = 0,
-           master_addr: str = "127.0.0.1", master_port: int = 29500, kill_timeout: float = 10.0) -> int:
-    """Run ``script`` in ``nproc_per_node`` processes and return the exit code (0 when all ranks succeeded)."""
+           master_addr: str = "127.0.0.1", master_port: int = 29500, kill_timeout: float = 10.0,
+           module: bool = False) -> int:
+    """Run ``script`` in ``nproc_per_node`` processes and return the exit code (0 when all ranks succeeded).
+
+    With ``module=True`` ``script`` is a module name run as ``python -m script``.
+    """
     if nproc_per_node < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
         print(f"flowgraph.distributed.run: need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < "
               f"--nnodes; got {nproc_per_node}, {nnodes}, {node_rank}", file=sys.stderr)
@@ -43,7 +49,8 @@ def launch(script: str, args: Sequence[str] = (), nproc_per_node: int = 1, nnode
         rank = node_rank * nproc_per_node + local
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(nproc_per_node), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        procs[rank] = subprocess.Popen([sys.executable, script, *args], env=env)
+        target = ["-m", script] if module else [script]
+        procs[rank] = subprocess.Popen([sys.executable, *target, *args], env=env)
     failed: tuple[int, int] | None = None
     try:
         while procs and failed is None:
@@ -80,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     a = _parser().parse_args(argv)
     return launch(a.script, a.args, a.nproc_per_node, a.nnodes, a.node_rank, a.master_addr, a.master_port,
-                  a.kill_timeout)
+                  a.kill_timeout, module=a.module)
 
 
 if __name__ == "__main__":

@@ -105,17 +105,25 @@ class Adam(Optimizer):
     @staticmethod
     def _fused_update(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any], step_size: Any,
                       eps_hat: Any) -> bool:
-        """The backend's fused in-place Adam step where it has one (the NumPy backend); False otherwise."""
+        """The backend's fused in-place Adam step where it has one (NumPy, CUDA); False otherwise.
+
+        Inside ``fg.capture`` ``step_size`` and ``eps_hat`` are 0-d device tensors; their arrays are passed
+        and a backend that cannot take them declines.
+        """
         fused = getattr(p._backend, "adam_step", None)
-        if fused is None or isinstance(step_size, Tensor):
+        if fused is None:
             return False
+        if isinstance(step_size, Tensor):
+            step_size, eps_hat = step_size._data, eps_hat._data
         wd = group["weight_decay"]
         decoupled = group.get("decoupled_weight_decay", False)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         beta1, beta2 = group["betas"]
+        decay = 1 - group["lr"] * wd if decoupled and wd else 1.0
+        if isinstance(decay, Tensor):  # AdamW's decay with a device lr: the generic path folds it in
+            return False
         if not fused(p._data, grad._data, m._data, v._data, beta1, beta2, step_size, eps_hat,
-                     l2=0.0 if decoupled else wd, decay=1 - group["lr"] * wd if decoupled else 1.0,
-                     maximize=group["maximize"]):
+                     l2=0.0 if decoupled else wd, decay=decay, maximize=group["maximize"]):
             return False
         for t in (p, m, v):
             t._bump_version()

@@ -144,6 +144,50 @@ def test_sum_of_pending_expression_is_one_kernel(be, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_long_reduction_to_few_outputs_runs_in_two_stages(be, dtype):
+    from flowgraph.backends.fusion import split_reduction
+
+    rng = np.random.default_rng(6)
+    a = rng.normal(size=(16, 3, 64, 64)).astype(dtype)
+    m = rng.normal(size=(1, 3, 1, 1)).astype(dtype)
+    assert split_reduction(a.shape, (0, 2, 3)) == (0,)
+    x, y = be.from_host(a), be.from_host(m)
+    for keepdims in (False, True):
+        got = be.to_host(be.sum(be.mul(be.sub(x, y), be.sub(x, y)), (0, 2, 3), keepdims))
+        ref = ((a.astype(np.float64) - m) ** 2).sum(axis=(0, 2, 3), keepdims=keepdims)
+        assert got.dtype == dtype and got.shape == ref.shape
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2 if dtype == np.float16 else 1e-5)
+    full = be.to_host(be.sum(be.mul(x, 2.0), (0, 1, 2, 3), False))
+    np.testing.assert_allclose(float(full), 2 * a.astype(np.float64).sum(), rtol=1e-2 if dtype == np.float16 else 1e-4,
+                               atol=1e-2)
+
+
+@gpu
+@pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(maximize=True),
+                                dict(weight_decay=0.1, decoupled_weight_decay=True)])
+def test_fused_adam_kernel_matches_cpu(be, kw):
+    from flowgraph import nn, optim
+
+    rng = np.random.default_rng(7)
+    w0 = rng.normal(size=(33, 17)).astype(F32)
+    grads = [rng.normal(size=(33, 17)).astype(F32) for _ in range(5)]
+    result = {}
+    for device in ("cpu", "cuda"):
+        p = nn.Parameter(fg.tensor(w0, device=device))
+        opt = optim.Adam([p], lr=1e-2, **kw)
+        launches = be.stats["fused_launches"]
+        for g in grads:
+            p.grad = fg.tensor(g, device=device)
+            opt.step()
+        if device == "cuda":
+            assert be.stats["fused_launches"] == launches  # the Adam kernel, not fused tensor ops
+        result[device] = p.detach().numpy()
+        assert opt.state[p]["exp_avg"].device == device
+    np.testing.assert_allclose(result["cuda"], result["cpu"], rtol=1e-5, atol=1e-6)
+
+
+@gpu
 def test_fused_update_in_place_and_pending_readers(be):
     p = be.from_host(np.arange(6, dtype=F32))
     g = be.from_host(np.ones(6, F32))

@@ -639,3 +639,16 @@ def test_synchronize_and_memory_stats(device):
         x = be.from_host(np.zeros(1 << 16, F32))
         stats = be.memory_stats()
         assert stats["allocated"] >= x.size * 4 and stats["peak"] >= stats["allocated"] and stats["total"] > 0
+
+
+def test_split_reduction_keeps_outer_axes_only_for_long_reductions_to_few_outputs():
+    from flowgraph.backends.fusion import MIN_REDUCTION_BLOCKS, split_reduction
+
+    assert split_reduction((128, 64, 64, 64), (0, 2, 3)) == (0,)  # BatchNorm2d's sums
+    assert split_reduction((256, 2048), (0, 1)) == (0,)  # a loss over a whole batch
+    assert split_reduction((256, 1024), (1,)) == ()  # LayerNorm: many outputs
+    assert split_reduction((8, 4), (0, 1)) == ()  # short
+    assert split_reduction((1 << 20,), (0,)) == ()  # one axis: nothing to keep
+    assert split_reduction((4, 1, 8, 16384), (0, 1, 2, 3)) == (0, 2)  # size-1 axes skipped
+    kept = split_reduction((64, 64, 64, 64), (0, 1, 2, 3))
+    assert kept == (0, 1) and 64 * 64 >= MIN_REDUCTION_BLOCKS

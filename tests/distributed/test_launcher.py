@@ -64,3 +64,18 @@ def test_failing_rank_terminates_the_others(tmp_path):
 def test_bad_arguments_exit_2(tmp_path):
     res = _launch(tmp_path, _ENV_SCRIPT, nproc=0)
     assert res.returncode == 2 and "--nproc-per-node >= 1" in res.stderr
+
+
+def test_module_mode_runs_python_dash_m(tmp_path):
+    pkg = tmp_path / "fgdist_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "worker.py").write_text(_ENV_SCRIPT)
+    cmd = [sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(free_port()), "-m", "fgdist_probe.worker", str(tmp_path / "out"), "x"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    for rank in range(2):
+        fields = (tmp_path / f"out.{rank}").read_text().split()
+        assert fields[0] == str(rank) and fields[-1] == "x"

@@ -29,7 +29,7 @@ from ...errors import BackendError, FlowError, ShapeError
 from .. import fusion
 from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
-from ..fusion import Expr, Scalar, linearize, result_dtype
+from ..fusion import Expr, Scalar, linearize, result_dtype, split_reduction
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
 
@@ -220,6 +220,11 @@ class CupyBackend(ArrayBackend):
                 self.realize(x)
             return x.value
         return x
+
+    def native(self, x: Any) -> Any:
+        """The ``cupy.ndarray`` holding ``x`` (a pending expression runs first): for code that hands device
+        pointers to other libraries (NCCL, DLPack consumers)."""
+        return self._arr(x)
 
     def realize(self, x: LazyArray) -> LazyArray:
         """Run ``x``'s pending expression into a fresh contiguous array (no-op when realized)."""
@@ -626,20 +631,32 @@ class CupyBackend(ArrayBackend):
         else:
             out_dtype = np.sum(np.zeros(1, dtype)).dtype  # NumPy's: int64 for bool and signed ints
         acc = K.F32 if dtype in K.HALF_TYPES else out_dtype
+        ndim = len(a.shape)
+        axes = tuple(sorted({ax % ndim for ax in axes}))
+        kept = split_reduction(a.shape, axes)
+        stage_dtype = acc if kept else out_dtype
         flat = _flatten(a)
-        key = ("sum", flat[0], out_dtype)
+        key = ("sum", flat[0], stage_dtype)
         kernel = self._kernels.get(key)
         if kernel is None:
-            spec = K.sum_spec(linearize(a), acc, out_dtype)
+            spec = K.sum_spec(linearize(a), acc, stage_dtype)
             kernel = cupy.ReductionKernel(name="fg_fused_sum", **spec)
             self._kernels[key] = kernel
         args: list[Any] = [leaf.value for leaf in flat[1]]
         args += [s.value if s.dtype not in K.HALF_TYPES else np.float32(s.value) for s in flat[2]]
-        out = kernel(*args, axis=axes, keepdims=keepdims)
         stats = self.stats
         stats["fused_launches"] += 1
         stats["fused_ops"] += len(flat[0][0]) + 1
-        return out
+        if not kept:
+            return kernel(*args, axis=axes, keepdims=keepdims)
+        # Two stages: the fused kernel keeps the ``kept`` axes as outputs (enough thread blocks to fill the
+        # GPU), then a plain sum of those partials, which are small.
+        inner = tuple(ax for ax in axes if ax not in kept)
+        partial = kernel(*args, axis=inner, keepdims=True)
+        out = cupy.sum(partial, axis=kept, keepdims=keepdims)
+        if not keepdims:
+            out = out.reshape(tuple(n for i, n in enumerate(a.shape) if i not in axes))
+        return out.astype(out_dtype, copy=False)
 
     def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
         self._use()
@@ -764,6 +781,45 @@ class CupyBackend(ArrayBackend):
             value = value.copy()
         if dst.size:
             cupy.copyto(dst, value, casting="unsafe")
+
+    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
+                  eps_hat: Any, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
+        """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
+
+        ``step_size`` and ``eps_hat`` are host numbers, or 0-d float32 device arrays inside ``fg.capture``
+        (read on the device, so a replayed graph uses the step's current values). False (the caller takes
+        the generic path) unless ``p``, ``m``, ``v`` are contiguous float32/float64 arrays of one dtype.
+        """
+        self._use()
+        p, m, v = self._arr(p), self._arr(m), self._arr(v)
+        if p.dtype not in (K.F32, K.F64) or len({p.dtype, m.dtype, v.dtype}) != 1 or not all(
+                a.flags.c_contiguous and a.shape == p.shape for a in (m, v)) or not p.flags.c_contiguous:
+            return False
+        g = self._arr(g)
+        if g.shape != p.shape:
+            return False
+        if g.dtype != p.dtype:
+            g = g.astype(p.dtype)
+        device = not isinstance(step_size, (int, float, np.generic))
+        kind = "device" if device else "host"
+        key = ("adam", kind)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = cupy.ElementwiseKernel(K.ADAM_IN[kind], "T p, T m, T v", K.ADAM_PRE[kind] + K.ADAM_BODY,
+                                            name=f"fg_adam_{kind}")
+            self._kernels[key] = kernel
+        if device:
+            ss, eh = self._arr(step_size), self._arr(eps_hat)
+            if ss.dtype != K.F32 or eh.dtype != K.F32:
+                return False
+            ss, eh = ss.reshape(1), eh.reshape(1)
+        else:
+            ss, eh = p.dtype.type(step_size), p.dtype.type(eps_hat)
+        for buffer in (p, m, v):  # pending expressions reading the old values run first
+            self._flush_readers(buffer, keep=None)
+        t = p.dtype.type
+        kernel(g, ss, eh, t(beta1), t(beta2), t(l2), t(decay), t(-1.0 if maximize else 1.0), p, m, v)
+        return True
 
     # ----------------------------------------------------------------- linear algebra
     def _blas_handle(self) -> Cublas:

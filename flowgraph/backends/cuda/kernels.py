@@ -138,6 +138,24 @@ def sum_spec(program: FusedProgram, acc: np.dtype, out_dtype: np.dtype) -> dict[
     }
 
 
+# ---------------------------------------------------------------------------------------- optimizers
+#: One Adam/AdamW update per element, in place on ``p``, ``m``, ``v`` (the arguments of
+#: ``CupyBackend.adam_step``): the generic tensor-op update costs three fused launches plus ~15 tensor ops
+#: of host time per parameter; this is one launch.
+ADAM_BODY = """
+T gg = sign * g + l2 * p;
+m = b1 * m + (1 - b1) * gg;
+v = b2 * v + (1 - b2) * gg * gg;
+p = p * decay - SS * m / (sqrt(v) + EH);
+"""
+#: Host scalars for ``step_size``/``eps_hat``, or (inside ``fg.capture``) 1-element float32 device arrays.
+ADAM_IN = {
+    "host": "T g, T SS, T EH, T b1, T b2, T l2, T decay, T sign",
+    "device": "T g, raw float32 ss, raw float32 eh, T b1, T b2, T l2, T decay, T sign",
+}
+ADAM_PRE = {"host": "", "device": "T SS = (T)ss[0]; T EH = (T)eh[0];\n"}
+
+
 # ---------------------------------------------------------------------------------------- random
 #: Values written per Philox block (one 4x32-bit draw) for each kernel.
 RNG_PER_BLOCK = {"uniform_f32": 4, "uniform_f64": 2, "normal_f32": 4, "normal_f64": 2, "randint": 2}

@@ -1,0 +1,176 @@
+"""Data-parallel training on several GPUs: equality with one GPU, and throughput scaling.
+
+Run under the launcher, one process per GPU (NCCL); ``--nproc-per-node 1`` gives the 1-GPU baseline, which
+trains the plain model (no ``DataParallel`` wrapper, no collectives)::
+
+    python -m flowgraph.distributed.run --nproc-per-node 2 -m benchmarks.data_parallel --check --model mlp
+    python -m flowgraph.distributed.run --nproc-per-node 1 -m benchmarks.data_parallel --bench --model mlp
+    python -m flowgraph.distributed.run --nproc-per-node 2 -m benchmarks.data_parallel --bench --model mlp
+
+``--check``: every rank trains ``DataParallel(model)`` for ``--steps`` Adam steps on its half of a global
+batch of ``world x batch`` samples; then rank 0 trains the same initial model on one GPU with the whole global
+batch and prints the largest parameter difference, absolute and relative to how far the parameters moved.
+
+``--bench``: the benchmark protocol (``python -m benchmarks``) per rank: epochs of ``--steps`` steps on
+pre-generated batches of the model's benchmark batch size per rank, median epoch; rank 0 prints samples per
+second over all ranks. Scaling is the 2-rank figure over the 1-rank one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+
+def _batches(sp, world: int, count: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` global batches (``world`` x the model's batch), identical on every rank."""
+    rng = np.random.default_rng(seed)
+    shape_x = (sp.input_shape[0] * world, *sp.input_shape[1:])
+    shape_y = (sp.target_shape[0] * world, *sp.target_shape[1:])
+    return [(rng.standard_normal(shape_x, dtype=np.float32), rng.standard_normal(shape_y, dtype=np.float32))
+            for _ in range(count)]
+
+
+def _train(model, opt, batches, device: str, rank: int, world: int) -> list[float]:
+    import flowgraph as fg
+    from flowgraph import nn
+
+    loss_fn = nn.MSELoss()
+    losses = []
+    for x, y in batches:
+        n = x.shape[0] // world
+        xs = fg.tensor(x[rank * n:(rank + 1) * n], device=device)
+        ys = fg.tensor(y[rank * n:(rank + 1) * n], device=device)
+        loss = loss_fn(model(xs), ys)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def check(args, rank: int, world: int, device: str) -> dict | None:
+    """Train ``--steps`` steps data-parallel; rank 0 compares with one GPU on the doubled batch."""
+    import flowgraph as fg
+    import flowgraph.distributed as dist
+    from flowgraph import optim
+
+    from .models import build_flowgraph, spec
+
+    sp = spec(args.model, args.scale)
+    batches = _batches(sp, world, args.steps, seed=1)
+
+    def fresh():
+        fg.manual_seed(0)
+        return build_flowgraph(args.model, args.scale).to(device)
+
+    model = fresh()
+    initial = [p.detach().numpy().copy() for p in model.parameters()]
+    dp = dist.DataParallel(model) if world > 1 else model
+    _train(dp, optim.Adam(dp.parameters(), lr=args.lr), batches, device, rank, world)
+    result = None
+    if rank == 0:
+        ref = fresh()
+        _train(ref, optim.Adam(ref.parameters(), lr=args.lr), batches, device, 0, 1)
+        diff = moved = 0.0
+        for a, b, p0 in zip(model.parameters(), ref.parameters(), initial):
+            a, b = a.detach().numpy(), b.detach().numpy()
+            diff = max(diff, float(np.abs(a - b).max()))
+            moved = max(moved, float(np.abs(b - p0).max()))
+        result = {"mode": "check", "model": args.model, "world": world, "steps": args.steps,
+                  "max_abs_diff": diff, "max_param_change": moved, "relative": diff / moved if moved else 0.0}
+        print(f"check {args.model}: {world} GPUs x batch {sp.batch} vs 1 GPU x batch {sp.batch * world}, "
+              f"{args.steps} Adam steps: max |param diff| {diff:.3e} (params moved up to {moved:.3e}; "
+              f"relative {result['relative']:.2e})", flush=True)
+    return result
+
+
+def bench(args, rank: int, world: int, device: str) -> dict | None:
+    """Median epoch time per rank; rank 0 reports global samples per second."""
+    import flowgraph as fg
+    import flowgraph.distributed as dist
+    from flowgraph import nn, optim
+
+    from .models import build_flowgraph, spec
+
+    sp = spec(args.model, args.scale)
+    fg.manual_seed(0)
+    model = build_flowgraph(args.model, args.scale).to(device)
+    dp = dist.DataParallel(model) if world > 1 else model
+    opt = optim.Adam(dp.parameters(), lr=args.lr)
+    rng = np.random.default_rng(100 + rank)
+    data = [(fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device),
+             fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device))
+            for _ in range(args.steps)]
+    loss_fn = nn.MSELoss()
+    backend = fg.get_backend(device)
+    times = []
+    for epoch in range(args.warmup + args.epochs):
+        if world > 1:
+            dist.barrier()
+        backend.synchronize()
+        t0 = time.perf_counter()
+        for x, y in data:
+            loss = loss_fn(dp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+        backend.synchronize()
+        if epoch >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    if rank != 0:
+        return None
+    samples = world * sp.batch * args.steps / med
+    result = {"mode": "bench", "model": args.model, "world": world, "epoch_ms": med * 1e3,
+              "epoch_ms_all": [t * 1e3 for t in times], "samples_per_s": samples, "batch_per_rank": sp.batch}
+    print(f"bench {args.model}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
+          f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--check", action="store_true", help="compare with one GPU on the doubled batch")
+    parser.add_argument("--bench", action="store_true", help="time epochs (throughput)")
+    parser.add_argument("--steps", type=int, default=None, help="steps (20 for --check, 50 per epoch for --bench)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--backend", default="nccl", help="nccl, or local (CPU processes through the store)")
+    parser.add_argument("--json", default=None, help="append rank 0's result as one JSON line to this file")
+    args = parser.parse_args()
+    import flowgraph.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init(backend=args.backend)
+    rank = dist.get_rank() if world > 1 else 0
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = f"cuda:{local}" if args.backend == "nccl" else "cpu"
+    results = []
+    if args.check:
+        args.steps = args.steps or 20
+        results.append(check(args, rank, world, device))
+    if args.bench:
+        args.steps = args.steps or 50
+        results.append(bench(args, rank, world, device))
+    if rank == 0 and args.json:
+        with open(args.json, "a") as f:
+            for r in results:
+                if r is not None:
+                    f.write(json.dumps(r) + "\n")
+    if world > 1:
+        dist.destroy()
+
+
+if __name__ == "__main__":
+    main()
