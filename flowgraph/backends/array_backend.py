@@ -278,6 +278,113 @@ class NumpyBackend(ArrayBackend):
         return True
 
     @staticmethod
+    def _einsum_reduce(operands: tuple, axes: tuple[int, ...], shape: tuple[int, ...] | None = None) -> Array:
+        """``sum(prod(operands), axes)`` in one ``einsum`` pass (no product temporary; ~2x a ``sum`` of
+        one array), reshaped to ``shape`` or keeping the reduced dims as 1."""
+        full = operands[0].shape
+        letters = "abcdefghijklmnopqrstuvwxyz"[: len(full)]
+        kept = "".join(c for i, c in enumerate(letters) if i not in axes)
+        out = np.einsum(",".join([letters] * len(operands)) + "->" + kept, *operands)
+        if shape is None:
+            shape = tuple(1 if i in axes else n for i, n in enumerate(full))
+        return out.reshape(shape)
+
+    @staticmethod
+    def _sum_axes_to(full: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The axes of ``full`` that broadcasting a ``shape`` array over it expanded (right-aligned)."""
+        lead = len(full) - len(shape)
+        return tuple(i for i, n in enumerate(full) if i < lead or (shape[i - lead] == 1 and n != 1))
+
+    def standardize(self, x: Array, axes: tuple[int, ...], eps: float, w: Array | None,
+                    b: Array | None) -> tuple | None:
+        """Optional composite for normalization layers: ``(y, mean, var, xhat, rstd)`` with ``xhat =
+        (x - mean) * rstd`` over ``axes`` (biased variance) and ``y = xhat * w + b``; ``mean``, ``var``
+        and ``rstd`` keep the reduced dims.
+
+        Sums run as ``einsum`` reductions (the variance without a squared temporary) and ``xhat`` is
+        scaled in place: about five passes over ``x`` instead of nine. None (generic path) unless ``x``
+        is a float32/float64 NumPy array and ``w``/``b`` are arrays of its dtype.
+        """
+        if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64):
+            return None
+        if any(t is not None and (type(t) is not np.ndarray or t.dtype != x.dtype) for t in (w, b)):
+            return None
+        count = 1
+        for a in axes:
+            count *= x.shape[a]
+        mean = self._einsum_reduce((x,), axes)
+        mean *= 1.0 / count
+        xhat = np.subtract(x, mean)
+        var = self._einsum_reduce((xhat, xhat), axes)
+        var *= 1.0 / count
+        rstd = np.add(var, eps)
+        np.sqrt(rstd, out=rstd)
+        np.reciprocal(rstd, out=rstd)
+        np.multiply(xhat, rstd, out=xhat)
+        y = xhat
+        if w is not None:
+            y = np.multiply(y, w)
+        if b is not None:
+            y = np.add(y, b) if y is xhat else np.add(y, b, out=y)
+        return y, mean, var, xhat, rstd
+
+    def standardize_backward(self, g: Array, xhat: Array, rstd: Array, w: Array | None, axes: tuple[int, ...],
+                             need_x: bool, w_shape: tuple[int, ...] | None,
+                             b_shape: tuple[int, ...] | None) -> tuple | None:
+        """Optional composite, the backward of ``standardize``: ``(gx, gw, gb)`` (None where not asked:
+        ``need_x`` false, ``w_shape``/``b_shape`` None) for ``gx = rstd * (gy - mean(gy) - xhat *
+        mean(gy * xhat))`` with ``gy = g * w``, ``gw = sum_to(g * xhat)``, ``gb = sum_to(g)``.
+
+        When ``w`` is constant over ``axes`` (batch norm: one weight per channel) the two means come from
+        the same reductions as ``gw`` and ``gb``, and ``gx`` is four in-place passes. None (generic path)
+        unless ``g`` is a NumPy array of ``xhat``'s dtype.
+        """
+        if type(g) is not np.ndarray or g.dtype != xhat.dtype:
+            return None
+        full = xhat.shape
+        count = 1
+        for a in axes:
+            count *= full[a]
+        w_b = None if w is None else w.reshape((1,) * (len(full) - w.ndim) + w.shape)
+        gx = gw = gb = None
+        if w_b is None or all(w_b.shape[a] == 1 for a in axes):
+            sg = self._einsum_reduce((g,), axes) if (need_x or b_shape is not None) else None
+            sgx = self._einsum_reduce((g, xhat), axes) if (need_x or w_shape is not None) else None
+            if need_x:
+                scale = rstd if w_b is None else rstd * w_b
+                gx = np.multiply(xhat, sgx * (1.0 / count))
+                gx += sg * (1.0 / count)
+                np.subtract(g, gx, out=gx)
+                gx *= scale
+            if w_shape is not None:
+                gw = self._reduce_small(sgx, w_shape)
+            if b_shape is not None:
+                gb = self._reduce_small(sg, b_shape)
+            return gx, gw, gb
+        if need_x:
+            gy = np.multiply(g, w_b)
+            m1 = self._einsum_reduce((gy,), axes)
+            m1 *= 1.0 / count
+            m2 = self._einsum_reduce((gy, xhat), axes)
+            m2 *= 1.0 / count
+            gx = np.multiply(xhat, m2)
+            gx += m1
+            np.subtract(gy, gx, out=gx)
+            gx *= rstd
+        if w_shape is not None:
+            gw = self._einsum_reduce((g, xhat), self._sum_axes_to(full, w_shape), w_shape)
+        if b_shape is not None:
+            gb = self._einsum_reduce((g,), self._sum_axes_to(full, b_shape), b_shape)
+        return gx, gw, gb
+
+    def _reduce_small(self, a: Array, shape: tuple[int, ...]) -> Array:
+        """``a`` (already reduced, with kept dims) summed to ``shape``."""
+        axes = self._sum_axes_to(a.shape, shape)
+        if axes:
+            a = a.sum(axis=axes)
+        return a.reshape(shape)
+
+    @staticmethod
     def _blocks(a: np.ndarray, kernel: tuple[int, ...]) -> np.ndarray:
         """``(N, C, *S)`` viewed (or copied, when not contiguous) as ``(N, C, o1, k1, o2, k2, ...)``."""
         split: tuple[int, ...] = ()

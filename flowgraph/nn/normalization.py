@@ -18,7 +18,7 @@ from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, empty, ones, tensor, zeros
 from ..tensor.elementwise import sum_to
-from ..tensor.tensor import _attach, _needs_grad, _wrap
+from ..tensor.tensor import _alias, _attach, _needs_grad, _wrap
 from . import init
 from .module import Module, Parameter
 
@@ -43,20 +43,28 @@ def _standardize(
     count = math.prod(d.shape[a] for a in axes)
     if count == 0:
         raise ShapeError(f"normalization over axes {axes} of an input of shape {x.shape} with no elements")
-    mean = bk.mul(bk.sum(d, axes, True), 1.0 / count)
-    centred = bk.sub(d, mean)
-    var = bk.mul(bk.sum(bk.mul(centred, centred), axes, True), 1.0 / count)
-    rstd = bk.reciprocal(bk.sqrt(bk.add(var, eps)))
-    xhat = bk.mul(centred, rstd)
-    y = xhat
-    if weight is not None:
-        y = bk.mul(y, weight._data if weight.dtype == x.dtype else bk.cast(weight._data, d.dtype))
-    if bias is not None:
-        y = bk.add(y, bias._data if bias.dtype == x.dtype else bk.cast(bias._data, d.dtype))
+    wd = None if weight is None else (weight._data if weight.dtype == x.dtype else bk.cast(weight._data, d.dtype))
+    bd = None if bias is None else (bias._data if bias.dtype == x.dtype else bk.cast(bias._data, d.dtype))
+    fused = getattr(bk, "standardize", None)
+    parts = None if fused is None else fused(d, axes, eps, wd, bd)
+    if parts is not None:
+        y, mean, var, xhat, rstd = parts
+    else:
+        mean = bk.mul(bk.sum(d, axes, True), 1.0 / count)
+        centred = bk.sub(d, mean)
+        var = bk.mul(bk.sum(bk.mul(centred, centred), axes, True), 1.0 / count)
+        rstd = bk.reciprocal(bk.sqrt(bk.add(var, eps)))
+        xhat = bk.mul(centred, rstd)
+        y = xhat
+        if wd is not None:
+            y = bk.mul(y, wd)
+        if bd is not None:
+            y = bk.add(y, bd)
     out = _wrap(y, bk)
     if _needs_grad(x, weight, bias):
         xhat_t, rstd_t = _wrap(xhat, bk), _wrap(rstd, bk)
         w_t = None if weight is None else weight.detach()
+        fused_bw = getattr(bk, "standardize_backward", None)
 
         def bw(g: Tensor):
             if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
@@ -64,6 +72,14 @@ def _standardize(
                 w = weight
             else:
                 xh, rs, w = xhat_t, rstd_t, w_t
+                if fused_bw is not None:
+                    grads = fused_bw(
+                        g._data, xhat, rstd, wd, axes, x.requires_grad,
+                        tuple(weight.shape) if weight is not None and weight.requires_grad else None,
+                        tuple(bias.shape) if bias is not None and bias.requires_grad else None,
+                    )
+                    if grads is not None:
+                        return tuple(None if a is None else _wrap(a, bk) for a in grads)
             gx = gw = gb = None
             if x.requires_grad:
                 gy = g if w is None else g * w
@@ -74,7 +90,8 @@ def _standardize(
                 gb = sum_to(g, bias.shape)
             return gx, gw, gb
 
-        _attach(out, bw, (x, weight, bias), "Standardize")
+        # without an affine the output is xhat itself: an in-place change to it must not go unnoticed
+        _attach(out, bw, (x, weight, bias), "Standardize", saved=(_alias(out),) if y is xhat else ())
     return out, _wrap(mean, bk), _wrap(var, bk)
 
 
