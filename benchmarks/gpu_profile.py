@@ -35,6 +35,67 @@ def _kernel_table(fn, steps: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def _kernel_breakdown(backend, step, top: int) -> str:
+    """Device time of each distinct fused reduction and fused elementwise launch of one eager step.
+
+    Every ``_fused_sum`` and fresh ``_run`` call is repeated 5 times after the step's own call, between CUDA
+    events (pure functions of their inputs, so the repeats change nothing); a kernel shorter than the host's
+    launch cost shows that cost instead, an upper bound.
+    """
+    import collections
+
+    import cupy
+
+    stats: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+
+    def timed(fn, describe, repeatable):
+        def wrapper(*args, **kw):
+            out = fn(*args, **kw)
+            if not repeatable(*args, **kw):
+                return out
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            for _ in range(5):
+                fn(*args, **kw)
+            end.record()
+            end.synchronize()
+            entry = stats[describe(*args)]
+            entry[0] += cupy.cuda.get_elapsed_time(start, end) / 5
+            entry[1] += 1
+            return out
+        return wrapper
+
+    def describe_sum(a, axes, keepdims):
+        from flowgraph.backends.cuda.backend import _flatten
+        from flowgraph.backends.fusion import split_reduction
+
+        key, leaves, _ = _flatten(a)
+        layout = [("C" if leaf.value.flags.c_contiguous else str(leaf.value.strides)) for leaf in leaves]
+        return (f"sum {a.shape} axes={tuple(axes)} split={split_reduction(a.shape, tuple(axes))} "
+                f"ops={len(key[0])} leaves={layout}")
+
+    def describe_run(root, out, fresh=False, flat=None):
+        from flowgraph.backends.cuda.backend import _flatten
+
+        key, leaves, _ = flat or _flatten(root)
+        layout = [("C" if leaf.value.flags.c_contiguous else str(leaf.value.strides)) for leaf in leaves]
+        return f"elementwise {out.shape} ops={len(key[0])} leaves={layout}"
+
+    backend._fused_sum = timed(backend._fused_sum, describe_sum, lambda *a, **k: True)
+    # only fresh outputs: an in-place write may read its own output
+    backend._run = timed(backend._run, describe_run, lambda root, out, fresh=False, flat=None: fresh)
+    try:
+        step()
+        backend.synchronize()
+    finally:
+        del backend._fused_sum, backend._run
+    total = sum(v[0] for v in stats.values())
+    lines = [f"   fused kernels of one step: {total:.3f} ms device"]
+    for desc, (ms, count) in sorted(stats.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"   {ms:8.3f} ms {count:3d}x  {desc[:150]}")
+    return "\n".join(lines)
+
+
 def profile_model(name: str, steps: int, top: int) -> None:
     import torch
 
@@ -55,6 +116,8 @@ def profile_model(name: str, steps: int, top: int) -> None:
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
     print(f"-- flowgraph eager host profile ({steps} steps)")
     print("\n".join(out.getvalue().splitlines()[:top + 12]))
+    print("-- flowgraph fused kernels by shape (one eager step)")
+    print(_kernel_breakdown(fg_eager.backend, lambda: fg_eager._step(x, y).item(), top))
     print("-- flowgraph eager kernels")
     print(_kernel_table(lambda: fg_eager._step(x, y).item(), steps, top))
     cap = FlowgraphRunner(name, 1.0, "cuda", 1, capture=True)

@@ -170,10 +170,12 @@ class NcclCommunicator(Communicator):
         self.device = f"cuda:{local_rank}"
         cupy.cuda.Device(local_rank).use()
         if rank == 0:
-            uid = nccl.get_unique_id()
-            store.set("nccl/unique_id", json.dumps(list(uid)).encode())  # a tuple of ints
+            uid = nccl.get_unique_id()  # bytes (CuPy 14) or a tuple of ints (older CuPy)
+            packed = {"bytes": bytes(uid).hex()} if isinstance(uid, bytes) else {"ints": list(uid)}
+            store.set("nccl/unique_id", json.dumps(packed).encode())
         else:
-            uid = tuple(json.loads(store.get("nccl/unique_id", timeout)))
+            packed = json.loads(store.get("nccl/unique_id", timeout))
+            uid = bytes.fromhex(packed["bytes"]) if "bytes" in packed else tuple(packed["ints"])
         self.comm = nccl.NcclCommunicator(world_size, uid, rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)
 

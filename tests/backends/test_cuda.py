@@ -149,8 +149,8 @@ def test_long_reduction_to_few_outputs_runs_in_two_stages(be, dtype):
     from flowgraph.backends.fusion import split_reduction
 
     rng = np.random.default_rng(6)
-    a = rng.normal(size=(16, 3, 64, 64)).astype(dtype)
-    m = rng.normal(size=(1, 3, 1, 1)).astype(dtype)
+    a = (rng.normal(size=(16, 3, 64, 64)) * 0.1).astype(dtype)  # sums stay within float16's range
+    m = (rng.normal(size=(1, 3, 1, 1)) * 0.1).astype(dtype)
     assert split_reduction(a.shape, (0, 2, 3)) == (0,)
     x, y = be.from_host(a), be.from_host(m)
     for keepdims in (False, True):
@@ -183,7 +183,7 @@ def test_fused_adam_kernel_matches_cpu(be, kw):
         if device == "cuda":
             assert be.stats["fused_launches"] == launches  # the Adam kernel, not fused tensor ops
         result[device] = p.detach().numpy()
-        assert opt.state[p]["exp_avg"].device == device
+        assert opt.state[p]["exp_avg"].device.startswith(device)
     np.testing.assert_allclose(result["cuda"], result["cpu"], rtol=1e-5, atol=1e-6)
 
 
