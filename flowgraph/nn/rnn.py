@@ -26,6 +26,7 @@ from ..tensor.shape import split_views
 from ..tensor.tensor import _attach, _wrap
 from . import init
 from .dropout import dropout as _dropout
+from .linear import linear
 from .module import Module, Parameter
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
@@ -168,22 +169,59 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
     (recomputed from the inputs under ``create_graph``, like ``_lstm_pointwise``)."""
     if not (STATE.enabled and (xp.requires_grad or hp.requires_grad or h.requires_grad)):
         return _gru_pieces(xp, hp, h, hidden)[-1]
+    bk = xp._backend
+    X, P, Hd = xp._data, hp._data, h._data
+    if not (X.dtype == P.dtype == Hd.dtype and hp._backend is bk and h._backend is bk
+            and X.ndim == P.ndim == 2 and X.shape == P.shape and X.dtype.kind == "f"):
+        return _gru_pointwise_composed(xp, hp, h, hidden)
+    # The per-step values on backend arrays (no Tensor per intermediate: the step loop is host-bound).
+    H = hidden
+    rows = slice(None)
+    rz = bk.reciprocal(bk.add(bk.exp(bk.neg(bk.add(bk.slice(X, (rows, slice(0, 2 * H))),
+                                                   bk.slice(P, (rows, slice(0, 2 * H)))))), 1.0))
+    r, z = bk.slice(rz, (rows, slice(0, H))), bk.slice(rz, (rows, slice(H, 2 * H)))
+    hn = bk.slice(P, (rows, slice(2 * H, 3 * H)))
+    n = bk.tanh(bk.add(bk.slice(X, (rows, slice(2 * H, 3 * H))), bk.mul(r, hn)))
+    h_minus_n = bk.sub(Hd, n)
+    h_new = _wrap(bk.add(n, bk.mul(z, h_minus_n)), bk)
+    needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
+
+    def bw(grad: Tensor):
+        if grad.requires_grad:
+            return _gru_pointwise_grads(grad, *_gru_pieces(xp, hp, h, hidden)[:4], h, needs)
+        G = grad._data
+        srz = bk.mul(rz, bk.add(bk.neg(rz), 1.0))  # r(1-r) and z(1-z) in one pass
+        dn = bk.mul(bk.mul(G, bk.add(bk.neg(z), 1.0)), bk.add(bk.neg(bk.mul(n, n)), 1.0))
+        dr = bk.mul(bk.mul(dn, hn), bk.slice(srz, (rows, slice(0, H))))
+        dz = bk.mul(bk.mul(G, h_minus_n), bk.slice(srz, (rows, slice(H, 2 * H))))
+        return (_wrap(bk.concatenate([dr, dz, dn], 1), bk) if needs[0] else None,
+                _wrap(bk.concatenate([dr, dz, bk.mul(dn, r)], 1), bk) if needs[1] else None,
+                _wrap(bk.mul(G, z), bk) if needs[2] else None)
+
+    return _attach(h_new, bw, (xp, hp, h), "GRUCell")
+
+
+def _gru_pointwise_grads(grad: Tensor, r: Tensor, z: Tensor, n: Tensor, hn: Tensor, h_prev: Tensor,
+                         needs: tuple[bool, bool, bool]):
+    """The GRU step's closed-form input gradients in tensor ops (differentiable under ``create_graph``)."""
+    dn = grad * (1.0 - z) * (1.0 - n * n)
+    dr = dn * hn * r * (1.0 - r)
+    dz = grad * (h_prev - n) * z * (1.0 - z)
+    return (cat([dr, dz, dn], -1) if needs[0] else None,
+            cat([dr, dz, dn * r], -1) if needs[1] else None,
+            grad * z if needs[2] else None)
+
+
+def _gru_pointwise_composed(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
+    """``_gru_pointwise`` in tensor ops (mixed dtypes or devices, unbatched or n-d projections)."""
     with no_grad():
         r, z, n, h_n, h_new = _gru_pieces(xp, hp, h, hidden)
     needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
 
     def bw(grad: Tensor):
         if grad.requires_grad:
-            r_, z_, n_, hn_, _ = _gru_pieces(xp, hp, h, hidden)
-            h_prev = h
-        else:
-            r_, z_, n_, hn_, h_prev = r, z, n, h_n, h.detach()
-        dn = grad * (1.0 - z_) * (1.0 - n_ * n_)
-        dr = dn * hn_ * r_ * (1.0 - r_)
-        dz = grad * (h_prev - n_) * z_ * (1.0 - z_)
-        return (cat([dr, dz, dn], -1) if needs[0] else None,
-                cat([dr, dz, dn * r_], -1) if needs[1] else None,
-                grad * z_ if needs[2] else None)
+            return _gru_pointwise_grads(grad, *_gru_pieces(xp, hp, h, hidden)[:4], h, needs)
+        return _gru_pointwise_grads(grad, r, z, n, h_n, h.detach(), needs)
 
     return _attach(h_new, bw, (xp, hp, h), "GRUCell")
 
@@ -468,11 +506,11 @@ class RNNCellBase(Module):
         return x, h, batched
 
     def _projection(self, x: Tensor) -> Tensor:
-        xp = x.matmul(self.weight_ih.t())
-        return xp if self.bias_ih is None else xp + self.bias_ih
+        return linear(x, self.weight_ih, self.bias_ih)  # one node (matmul, transpose and bias fused)
 
     def _hidden(self, h: Tensor) -> Tensor:
-        return h.matmul(self.weight_hh.t())
+        """``h @ W_hh.T + b_hh`` as one node (the step functions then get ``b_hh=None``)."""
+        return linear(h, self.weight_hh, self.bias_hh)
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
@@ -493,7 +531,7 @@ class RNNCell(RNNCellBase):
         x, h, batched = self._prepare(input, hx)
         if h is None:
             h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
-        out = _rnn_step(self._projection(x), h, self._hidden, self.bias_hh, self.nonlinearity == "relu")
+        out = _rnn_step(self._projection(x), h, self._hidden, None, self.nonlinearity == "relu")
         return out if batched else out.squeeze(0)
 
 
@@ -510,7 +548,7 @@ class LSTMCell(RNNCellBase):
             c = h
         else:
             c = hx[1] if batched else hx[1].unsqueeze(0)
-        h_new, c_new = _lstm_step(self._projection(x), h, c, self._hidden, self.bias_hh, None,
+        h_new, c_new = _lstm_step(self._projection(x), h, c, self._hidden, None, None,
                                   self.hidden_size)
         return (h_new, c_new) if batched else (h_new.squeeze(0), c_new.squeeze(0))
 
@@ -525,5 +563,5 @@ class GRUCell(RNNCellBase):
         x, h, batched = self._prepare(input, hx)
         if h is None:
             h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
-        out = _gru_step(self._projection(x), h, self._hidden, self.bias_hh, self.hidden_size)
+        out = _gru_step(self._projection(x), h, self._hidden, None, self.hidden_size)
         return out if batched else out.squeeze(0)
