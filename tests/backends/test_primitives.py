@@ -646,6 +646,7 @@ def test_split_reduction_keeps_outer_axes_only_for_long_reductions_to_few_output
 
     assert split_reduction((128, 64, 64, 64), (0, 2, 3)) == (0,)  # BatchNorm2d's sums
     assert split_reduction((256, 2048), (0, 1)) == (0,)  # a loss over a whole batch
+    assert split_reduction((128, 256, 16, 16), (0, 2, 3)) == (0,)
     assert split_reduction((256, 1024), (1,)) == ()  # LayerNorm: many outputs
     assert split_reduction((8, 4), (0, 1)) == ()  # short
     assert split_reduction((1 << 20,), (0,)) == ()  # one axis: nothing to keep

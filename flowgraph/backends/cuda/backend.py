@@ -818,7 +818,8 @@ class CupyBackend(ArrayBackend):
         for buffer in (p, m, v):  # pending expressions reading the old values run first
             self._flush_readers(buffer, keep=None)
         t = p.dtype.type
-        kernel(g, ss, eh, t(beta1), t(beta2), t(l2), t(decay), t(-1.0 if maximize else 1.0), p, m, v)
+        kernel(g, ss, eh, t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(l2), t(decay),
+               t(-1.0 if maximize else 1.0), p, m, v)
         return True
 
     # ----------------------------------------------------------------- linear algebra

@@ -144,14 +144,15 @@ def sum_spec(program: FusedProgram, acc: np.dtype, out_dtype: np.dtype) -> dict[
 #: of host time per parameter; this is one launch.
 ADAM_BODY = """
 T gg = sign * g + l2 * p;
-m = b1 * m + (1 - b1) * gg;
-v = b2 * v + (1 - b2) * gg * gg;
+m = b1 * m + c1 * gg;
+v = b2 * v + c2 * gg * gg;
 p = p * decay - SS * m / (sqrt(v) + EH);
 """
-#: Host scalars for ``step_size``/``eps_hat``, or (inside ``fg.capture``) 1-element float32 device arrays.
+#: ``c1``/``c2`` are ``1 - beta`` rounded once from the Python floats (as the tensor-op path and PyTorch
+#: round them), not ``1 - (T)beta``. Host scalars for ``step_size``/``eps_hat``, or (inside ``fg.capture``) 1-element float32 device arrays.
 ADAM_IN = {
-    "host": "T g, T SS, T EH, T b1, T b2, T l2, T decay, T sign",
-    "device": "T g, raw float32 ss, raw float32 eh, T b1, T b2, T l2, T decay, T sign",
+    "host": "T g, T SS, T EH, T b1, T c1, T b2, T c2, T l2, T decay, T sign",
+    "device": "T g, raw float32 ss, raw float32 eh, T b1, T c1, T b2, T c2, T l2, T decay, T sign",
 }
 ADAM_PRE = {"host": "", "device": "T SS = (T)ss[0]; T EH = (T)eh[0];\n"}
 
