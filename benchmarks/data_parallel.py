@@ -72,20 +72,23 @@ def check(args, rank: int, world: int, device: str) -> dict | None:
     model = fresh()
     initial = [p.detach().numpy().copy() for p in model.parameters()]
     dp = dist.DataParallel(model) if world > 1 else model
-    _train(dp, optim.Adam(dp.parameters(), lr=args.lr), batches, device, rank, world)
+    make_opt = (lambda ps: optim.SGD(ps, lr=args.lr * 10)) if args.optimizer == "sgd" else (
+        lambda ps: optim.Adam(ps, lr=args.lr))
+    _train(dp, make_opt(dp.parameters()), batches, device, rank, world)
     result = None
     if rank == 0:
         ref = fresh()
-        _train(ref, optim.Adam(ref.parameters(), lr=args.lr), batches, device, 0, 1)
+        _train(ref, make_opt(ref.parameters()), batches, device, 0, 1)
         diff = moved = 0.0
         for a, b, p0 in zip(model.parameters(), ref.parameters(), initial):
             a, b = a.detach().numpy(), b.detach().numpy()
             diff = max(diff, float(np.abs(a - b).max()))
             moved = max(moved, float(np.abs(b - p0).max()))
         result = {"mode": "check", "model": args.model, "world": world, "steps": args.steps,
+                  "optimizer": args.optimizer,
                   "max_abs_diff": diff, "max_param_change": moved, "relative": diff / moved if moved else 0.0}
         print(f"check {args.model}: {world} GPUs x batch {sp.batch} vs 1 GPU x batch {sp.batch * world}, "
-              f"{args.steps} Adam steps: max |param diff| {diff:.3e} (params moved up to {moved:.3e}; "
+              f"{args.steps} {args.optimizer} steps: max |param diff| {diff:.3e} (params moved up to {moved:.3e}; "
               f"relative {result['relative']:.2e})", flush=True)
     return result
 
@@ -109,6 +112,16 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
             for _ in range(args.steps)]
     loss_fn = nn.MSELoss()
     backend = fg.get_backend(device)
+
+    def step(x, y):
+        loss = loss_fn(dp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    if args.capture:  # the whole step, NCCL all-reduces included, as one CUDA graph per rank
+        step = fg.capture(step, *data[0])
     times = []
     for epoch in range(args.warmup + args.epochs):
         if world > 1:
@@ -116,11 +129,7 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
         backend.synchronize()
         t0 = time.perf_counter()
         for x, y in data:
-            loss = loss_fn(dp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss.item()
+            step(x, y).item()
         backend.synchronize()
         if epoch >= args.warmup:
             times.append(time.perf_counter() - t0)
@@ -128,9 +137,11 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
     if rank != 0:
         return None
     samples = world * sp.batch * args.steps / med
-    result = {"mode": "bench", "model": args.model, "world": world, "epoch_ms": med * 1e3,
+    result = {"mode": "bench", "model": args.model, "world": world, "capture": args.capture,
+              "epoch_ms": med * 1e3,
               "epoch_ms_all": [t * 1e3 for t in times], "samples_per_s": samples, "batch_per_rank": sp.batch}
-    print(f"bench {args.model}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
+    what = f"{args.model} captured" if args.capture else args.model
+    print(f"bench {what}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
           f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
     return result
 
@@ -145,6 +156,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                        help="--check: Adam (lr) or SGD (10 x lr)")
+    parser.add_argument("--capture", action="store_true", help="--bench: replay each step as a CUDA graph")
     parser.add_argument("--backend", default="nccl", help="nccl, or local (CPU processes through the store)")
     parser.add_argument("--json", default=None, help="append rank 0's result as one JSON line to this file")
     args = parser.parse_args()
