@@ -75,9 +75,19 @@ class FlowgraphRunner:
         self.backend.synchronize()
         return time.perf_counter() - start
 
+    def memory_in_use(self) -> int | None:
+        """Bytes allocated on the device now (None where the backend does not count them)."""
+        return self.backend.memory_stats().get("allocated")
+
+    def reset_peak(self) -> None:
+        """Start the peak from the bytes allocated now."""
+        reset = getattr(self.backend, "reset_peak_memory_stats", None)
+        if reset is not None:
+            reset()
+
     def peak_memory(self) -> int | None:
-        stats = self.backend.memory_stats()
-        return stats.get("peak")
+        """Peak bytes allocated since the last :meth:`reset_peak`."""
+        return self.backend.memory_stats().get("peak")
 
 
 class TorchRunner:
@@ -147,7 +157,17 @@ class TorchRunner:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
+    def memory_in_use(self) -> int | None:
+        """Bytes allocated on the GPU now (None on the CPU)."""
+        return int(self.torch.cuda.memory_allocated()) if self.device == "cuda" else None
+
+    def reset_peak(self) -> None:
+        """Start the peak from the bytes allocated now."""
+        if self.device == "cuda":
+            self.torch.cuda.reset_peak_memory_stats()
+
     def peak_memory(self) -> int | None:
+        """Peak bytes allocated since the last :meth:`reset_peak` (None on the CPU)."""
         if self.device == "cuda":
             return int(self.torch.cuda.max_memory_allocated())
         return None
@@ -165,9 +185,18 @@ def time_model(model_name: str, args) -> dict:
             runners[label] = cls(model_name, args.scale, args.device, args.steps, capture=cap)
         except Exception as exc:  # noqa: BLE001 - report and continue with the other variants
             print(f"  {model_name}/{label}: could not run ({type(exc).__name__}: {exc})", file=sys.stderr)
-    for r in runners.values():
-        for _ in range(args.warmup):
+    # Memory: the first warm-up epoch's peak above what was allocated before it (activations, gradients,
+    # optimizer state, workspaces; not the weights and batches every variant holds). Captured steps
+    # allocate from their graph's own pool, which neither counter sees: eager variants only.
+    training_bytes: dict[str, int | None] = {}
+    for label, r in runners.items():
+        base = r.memory_in_use()
+        r.reset_peak()
+        for _ in range(max(args.warmup, 1)):
             r.epoch()
+        peak = r.peak_memory()
+        training_bytes[label] = None if base is None or peak is None or "capture" in label or "graph" in label \
+            else peak - base
     rounds: dict[str, list[float]] = {k: [] for k in runners}
     order = list(runners)
     for rnd in range(args.rounds):
@@ -178,7 +207,7 @@ def time_model(model_name: str, args) -> dict:
     result = {"model": model_name, "scale": args.scale}
     for label, vals in rounds.items():
         result[label] = {"median_ms": statistics.median(vals), "min_ms": min(vals), "max_ms": max(vals),
-                         "peak_bytes": runners[label].peak_memory()}
+                         "training_peak_bytes": training_bytes[label]}
     return result
 
 
@@ -269,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         header += f"{'fg captured':>13}{'torch graph':>13}{'ratio':>8}"
     if args.check_losses:
         header += f"{'loss rel diff':>15}"
+    header += f"{'fg MiB':>9}{'torch MiB':>10}"
     print(header)
     for name in names:
         r = time_model(name, args)
@@ -286,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             line += f"{fc:>13.1f}{tg:>13.1f}{fc / tg:>8.2f}"
         if args.check_losses:
             line += f"{r['loss_rel_diff']:>15.2e}"
+        mem = [r.get(k, {}).get("training_peak_bytes") for k in ("flowgraph", "torch")]
+        line += "".join(f"{m / 2**20:>{w}.0f}" if m is not None else f"{'-':>{w}}" for m, w in zip(mem, (9, 10)))
         print(line, flush=True)
     if args.json:
         with open(args.json, "w") as fh:

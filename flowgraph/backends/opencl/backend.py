@@ -925,6 +925,10 @@ class OpenCLBackend(Backend):
             "total": int(self.cl_device.global_mem_size),
         }
 
+    def reset_peak_memory_stats(self) -> None:
+        """Start the peak (``memory_stats()['peak']``) again from the bytes allocated now."""
+        self._peak = int(self._pool.active_bytes)
+
     def __repr__(self) -> str:
         return f"<OpenCLBackend {self.device} ({self.device_name})>"
 
