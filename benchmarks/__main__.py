@@ -195,8 +195,8 @@ def time_model(model_name: str, args) -> dict:
         for _ in range(max(args.warmup, 1)):
             r.epoch()
         peak = r.peak_memory()
-        training_bytes[label] = None if base is None or peak is None or "capture" in label or "graph" in label \
-            else peak - base
+        eager = label in ("flowgraph", "torch")
+        training_bytes[label] = peak - base if eager and base is not None and peak is not None else None
     rounds: dict[str, list[float]] = {k: [] for k in runners}
     order = list(runners)
     for rnd in range(args.rounds):
