@@ -121,11 +121,26 @@ def run_backward(
 
     from ..tensor.tensor import _wrap
 
+    # Sums the engine made itself (array id -> array, which keeps the id from being reused): nobody else
+    # holds them, so further contributions can be added in place where the backend offers ``add_into``
+    # (a leaf used at every step of an unrolled loop gets one buffer, not one fresh array per step).
+    owned: dict[int, Any] = {}
+
     def accumulate(prev: Tensor, g: Tensor) -> Tensor:
         # the common case runs on the arrays directly: same dtype, no graph to record for the sum
         pd, gd = prev._data, g._data
         if not create_graph and pd.dtype == gd.dtype and prev._backend is g._backend and pd.shape == gd.shape:
-            return _wrap(prev._backend.add(pd, gd), prev._backend)
+            bk = prev._backend
+            if owned.get(id(pd)) is pd:
+                total = bk.add_into(pd, gd)
+                if total is pd:
+                    return prev
+                del owned[id(pd)]
+            else:
+                total = bk.add(pd, gd)
+            if getattr(bk, "add_into", None) is not None:
+                owned[id(total)] = total
+            return _wrap(total, bk)
         return prev + g
 
     def route_leaf(t: Tensor, g: Tensor) -> None:
@@ -151,6 +166,8 @@ def run_backward(
             g = pending_pop(node, None)
             if g is None:
                 continue
+            if owned:
+                owned.pop(id(g._data), None)  # handed to the node's backward: no longer the engine's alone
             if node.hooks:
                 g = _apply_hooks(node.hooks, g)
             if node.retain is not None:

@@ -237,6 +237,14 @@ class NumpyBackend(ArrayBackend):
         """The CPU device."""
         return ["cpu"]
 
+    def add_into(self, dst: Array, src: Array) -> Array:
+        """Optional composite: ``dst + src`` written into ``dst`` and returned when ``dst`` is a writable
+        array (the autograd engine's accumulation into a sum it made itself; ``src`` has ``dst``'s shape
+        and dtype); a new sum otherwise (a 0-d result is a NumPy scalar)."""
+        if type(dst) is np.ndarray and dst.flags.writeable:
+            return np.add(dst, src, out=dst)
+        return np.add(dst, src)
+
     def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: float,
                   eps_hat: float, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
         """Optional fused composite: one Adam/AdamW update written in place with ufunc ``out=`` arguments.

@@ -7,7 +7,7 @@ import math
 from ..autograd.grad_mode import STATE, no_grad
 from ..tensor import Tensor, empty
 from ..tensor.amp import is_autocast_enabled, low_precision_inputs
-from ..tensor.tensor import _attach
+from ..tensor.tensor import _attach, _wrap
 from . import init
 from .module import Module, Parameter
 
@@ -20,6 +20,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """
     if bias is not None and is_autocast_enabled():
         x, weight, bias = low_precision_inputs(x, weight, bias)
+    bk = x._backend
+    if (x.ndim == 2 and weight.ndim == 2 and weight._backend is bk and x._data.dtype == weight._data.dtype
+            and (bias is None or (bias._backend is bk and bias._data.dtype == x._data.dtype))
+            and x.shape[1] == weight.shape[1] and (bias is None or tuple(bias.shape) == (weight.shape[0],))):
+        return _linear_2d(x, weight, bias)
     with no_grad():
         out = x.matmul(weight.t())
         if bias is not None:
@@ -37,6 +42,33 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         gw = g2.t().matmul(x.reshape(-1, in_features)) if need_w else None
         gb = g2.sum(0) if need_b else None
         return gx, gw, gb
+
+    return _attach(out, backward, (x, weight, bias), "Linear", (x, weight))
+
+
+def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``linear`` for a 2-d input of the weight's dtype and device, on backend arrays: no Tensor per
+    transpose, reshape or partial result (the small-model step is host-bound). Under ``create_graph``
+    the backward uses tensor ops, so the gradient stays differentiable."""
+    bk = x._backend
+    w = weight._data
+    out = bk.matmul(x._data, bk.permute(w, (1, 0)))
+    if bias is not None:
+        out = bk.add(out, bias._data)
+    out = _wrap(out, bk)
+    need_x, need_w = x.requires_grad, weight.requires_grad
+    need_b = bias is not None and bias.requires_grad
+    if not (STATE.enabled and (need_x or need_w or need_b)):
+        return out
+
+    def backward(g: Tensor):
+        if g.requires_grad:  # create_graph
+            return (g.matmul(weight) if need_x else None, g.t().matmul(x) if need_w else None,
+                    g.sum(0) if need_b else None)
+        gd = g._data
+        return (_wrap(bk.matmul(gd, weight._data), bk) if need_x else None,
+                _wrap(bk.matmul(bk.permute(gd, (1, 0)), x._data), bk) if need_w else None,
+                _wrap(bk.sum(gd, (0,), False), bk) if need_b else None)
 
     return _attach(out, backward, (x, weight, bias), "Linear", (x, weight))
 
