@@ -138,12 +138,23 @@ class DataParallel(Module):
             object.__setattr__(self, "_next_bucket", self._next_bucket + 1)
 
     def _reduce_bucket(self, b: int) -> None:
-        from ..tensor import cat
+        from ..tensor import empty
 
         idx = self.buckets[b]
         with no_grad():
             grads = [self._ready[i][1] for i in idx]
-            flat = cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).contiguous()
+            if len(grads) == 1:
+                flat = grads[0].reshape(-1).contiguous()
+            else:
+                # One copy per gradient into a new buffer, not ``cat``: CuPy's concatenate of many arrays
+                # uploads a table of pointers from the host, which a CUDA graph capture refuses.
+                g0 = grads[0]
+                flat = empty(sum(g.numel() for g in grads), dtype=g0.dtype, device=g0.device)
+                offset = 0
+                for g in grads:
+                    n = g.numel()
+                    flat[offset:offset + n].copy_(g.reshape(-1))
+                    offset += n
             # "avg" divides on the communicator's stream; ``flat`` is read only after ``synchronize()``
             # (in ``_finish``), so no kernel on the current stream can see it before NCCL has written it.
             self._comm.all_reduce(flat, "avg")
