@@ -9,6 +9,7 @@ attribute lookup: the host cost per op decides small-model speed.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,7 +63,7 @@ class ArrayBackend(Backend):
             p += c
             p *= t
         p += -1.26551223
-        p -= ax * ax
+        p -= ax * ax if a.dtype == np.float64 else xp.multiply(ax, ax, out=ax)  # float64 reads ax below
         xp.exp(p, out=p)
         p *= t
         y = xp.subtract(1.0, p, out=p)
@@ -76,8 +77,8 @@ class ArrayBackend(Backend):
                 term = term * (-x2) / n
                 series = series + term / (2 * n + 1)
             y = xp.where(small, series * (2.0 / np.sqrt(np.pi)), y)
-        out = xp.where(a < 0, -y, y)
-        return out.astype(a.dtype, copy=False)
+        xp.copysign(y, a, out=y)  # erf is odd: one pass instead of a compare, a negation and a select
+        return y.astype(a.dtype, copy=False)
 
     # ----------------------------------------------------------------- host exchange and creation
     def from_host(self, array: np.ndarray) -> Array:
@@ -236,6 +237,32 @@ class NumpyBackend(ArrayBackend):
     def list_devices() -> list[str]:
         """The CPU device."""
         return ["cpu"]
+
+    def gelu_exact(self, x: Array) -> tuple | None:
+        """Optional composite: exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2``
+        finished in place (the same operations as the generic path). None unless ``x`` is a float32/float64
+        NumPy array."""
+        if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or x.ndim == 0:
+            return None
+        cdf = self.erf(np.multiply(x, 1.0 / math.sqrt(2.0)))
+        cdf += 1.0
+        cdf *= 0.5
+        return np.multiply(x, cdf), cdf
+
+    def gelu_exact_backward(self, g: Array, x: Array, cdf: Array) -> Array | None:
+        """Optional composite: ``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))`` in one scratch array (the
+        generic path's operations and order, without a fresh array and tensor per step). None unless ``g``
+        is a NumPy array of ``x``'s dtype and shape."""
+        if type(g) is not np.ndarray or g.dtype != x.dtype or g.shape != x.shape:
+            return None
+        t = np.multiply(x, x)
+        t *= -0.5
+        np.exp(t, out=t)
+        t *= 1.0 / math.sqrt(2.0 * math.pi)
+        t *= x
+        t += cdf
+        t *= g
+        return t
 
     _ADAM_CHUNK = 65536  # elements per chunk of adam_step: 256 KiB per float32 buffer, ~1.5 MiB in flight
 

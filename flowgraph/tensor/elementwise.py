@@ -584,13 +584,24 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     bk = a._backend
     x = _float_data(a)
     if approximate == "none":
-        cdf = bk.mul(bk.add(bk.erf(bk.mul(x, 1.0 / _SQRT_2)), 1.0), 0.5)
-        out = _wrap(bk.mul(x, cdf), bk)
+        fused = getattr(bk, "gelu_exact", None)
+        parts = None if fused is None else fused(x)
+        if parts is not None:
+            y, cdf = parts
+        else:
+            cdf = bk.mul(bk.add(bk.erf(bk.mul(x, 1.0 / _SQRT_2)), 1.0), 0.5)
+            y = bk.mul(x, cdf)
+        out = _wrap(y, bk)
         if a.requires_grad and STATE.enabled:
             xc = a
             cdf_saved = _wrap(cdf, bk)
+            fused_bw = getattr(bk, "gelu_exact_backward", None) if parts is not None else None
 
             def bw(g):
+                if fused_bw is not None and not STATE.enabled:
+                    gx = fused_bw(g._data, x, cdf)
+                    if gx is not None:
+                        return (_wrap(gx, bk),)
                 cdf_t = cdf_saved if not STATE.enabled else ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5
                 pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
                 return (g * (cdf_t + xc * pdf),)
