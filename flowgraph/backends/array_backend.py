@@ -433,6 +433,18 @@ class NumpyBackend(ArrayBackend):
         return a.reshape(shape)
 
     @staticmethod
+    def _lead_order(a: np.ndarray) -> tuple[int, ...]:
+        """``(1, 0, 2, ...)`` when ``a`` is a ``(N, C, *S)`` view of a contiguous ``(C, N, *S)`` array (a
+        convolution's channels-first output and everything elementwise after it), else the identity:
+        block views are then taken in that frame without a copy."""
+        order = tuple(range(a.ndim))
+        if not a.flags.c_contiguous and a.ndim >= 2:
+            swapped = (1, 0) + order[2:]
+            if a.transpose(swapped).flags.c_contiguous:
+                return swapped
+        return order
+
+    @staticmethod
     def _blocks(a: np.ndarray, kernel: tuple[int, ...]) -> np.ndarray:
         """``(N, C, *S)`` viewed (or copied, when not contiguous) as ``(N, C, o1, k1, o2, k2, ...)``."""
         split: tuple[int, ...] = ()
@@ -452,7 +464,8 @@ class NumpyBackend(ArrayBackend):
             return None
         if any(k < 1 or n % k for n, k in zip(a.shape[2:], kernel)):
             return None
-        m = self._blocks(a, kernel)
+        order = self._lead_order(a)  # its own inverse
+        m = self._blocks(a.transpose(order), kernel)
         for i in reversed(range(len(kernel))):
             axis = 3 + 2 * i
             lead = (slice(None),) * axis
@@ -460,7 +473,8 @@ class NumpyBackend(ArrayBackend):
             for j in range(1, kernel[i]):
                 best = np.maximum(best, m[lead + (j,)], out=best if j > 1 else None)
             m = best
-        return m.copy() if all(k == 1 for k in kernel) else m  # a 1x1 kernel: a copy, never an alias
+        out = m.copy() if all(k == 1 for k in kernel) else m  # a 1x1 kernel: a copy, never an alias
+        return out.transpose(order)
 
     def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
         """The gradient of ``max_pool_blocks`` for ``a``: each block's gradient goes to its first maximum in
@@ -470,6 +484,8 @@ class NumpyBackend(ArrayBackend):
         output-sized arrays, an ``and not`` against the offsets already taken, and one masked product
         written straight into that offset's strided view of the result.
         """
+        order = self._lead_order(a)  # the forward's frame: no copy of ``a``, and ``gx`` laid out like it
+        a, best, g = a.transpose(order), best.transpose(order), g.transpose(order)
         blocks = self._blocks(a, kernel)
         gx = np.empty(a.shape, dtype=g.dtype)
         gblocks = gx.reshape(blocks.shape)
@@ -500,7 +516,7 @@ class NumpyBackend(ArrayBackend):
                 first = hit if taken is None else hit & ~taken
                 taken = hit if taken is None else taken | hit
                 np.copyto(gblocks[index], np.where(first, g, 0), where=nan_blocks)
-        return gx
+        return gx.transpose(order)
 
     @staticmethod
     def is_available() -> bool:
