@@ -15,12 +15,20 @@ from flowgraph.errors import FlowError
 from ._util import free_port
 
 
-def test_two_processes_match_single_process(tmp_path):
+def _two_gpus() -> bool:
+    return sum(d.startswith("cuda") for d in fg.available_devices()) >= 2
+
+
+@pytest.mark.parametrize("backend", [
+    "local",
+    pytest.param("nccl", marks=pytest.mark.skipif(not _two_gpus(), reason="NCCL needs two CUDA devices here")),
+])
+def test_two_processes_match_single_process(tmp_path, backend):
     worker = Path(__file__).with_name("_dp_worker.py")
     out = tmp_path / "res"
     res = subprocess.run([sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(free_port()), str(worker), str(out)],
-                         capture_output=True, text=True, timeout=120)
+                          "--master-port", str(free_port()), str(worker), str(out), backend],
+                         capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     for rank in (0, 1):
         worst, gathered = (tmp_path / f"res.{rank}").read_text().split(" ", 1)
