@@ -7,6 +7,7 @@ Start the processes with ``python -m flowgraph.distributed.run --nproc-per-node 
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from ..errors import FlowError
@@ -69,7 +70,38 @@ def init(backend: str = "nccl", timeout: float = 300.0) -> None:
     else:
         comm = StoreCommunicator(store, rank, world, timeout)
     _state = _State(rank, world, local_rank, server, store, heartbeat, comm, timeout)
+    if isinstance(comm, NcclCommunicator):
+        _abort_on_uncaught()
     barrier()
+
+
+def _abort_on_uncaught() -> None:
+    """Make an uncaught exception end this rank at once: print it, abort NCCL, exit 1.
+
+    Otherwise the interpreter's exit would destroy the communicator, which waits for collectives the other
+    ranks never finish: the failing rank would hang instead of exiting, and the launcher would never learn
+    that it failed. Installed once per process; it aborts the communicator of the current ``init()``.
+    """
+    import sys
+
+    if _HOOK:
+        return
+    previous = sys.excepthook
+
+    def abort_and_exit(kind, value, tb) -> None:
+        previous(kind, value, tb)
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+            if _state is not None and isinstance(_state.comm, NcclCommunicator):
+                _state.comm.abort()
+        os._exit(1)
+
+    sys.excepthook = abort_and_exit
+    _HOOK.append(abort_and_exit)
+
+
+#: The installed hook (empty until the first NCCL ``init()``).
+_HOOK: list = []
 
 
 def _get() -> _State:

@@ -145,7 +145,9 @@ class NcclCommunicator(Communicator):
 
     Rank 0 creates the NCCL unique id and shares it through the store. Collectives are enqueued on
     ``self.stream`` after an event recorded on the current stream (so they see the values computed so far);
-    :meth:`synchronize` makes the current stream wait for them. Untested in this repository's CI (no GPU).
+    each collective ends by making the current stream wait for it (:meth:`synchronize`), so later kernels see
+    its result while the host goes on. Run on 2 GPUs by ``tests/distributed`` and ``benchmarks/data_parallel.py``
+    (CI has no GPU).
     """
 
     _NCCL_OPS = {"sum": "NCCL_SUM", "avg": "NCCL_SUM", "max": "NCCL_MAX"}
@@ -209,6 +211,7 @@ class NcclCommunicator(Communicator):
         if op == "avg":
             with self.stream:
                 arr /= self.world_size
+        self.synchronize()
         return tensor
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
@@ -216,6 +219,7 @@ class NcclCommunicator(Communicator):
         arr = self._array(tensor)
         self._enter()
         self.comm.broadcast(arr.data.ptr, arr.data.ptr, arr.size, self._dtype(arr), src, self.stream.ptr)
+        self.synchronize()
         return tensor
 
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
@@ -229,10 +233,16 @@ class NcclCommunicator(Communicator):
                 for r in range(self.world_size)]
 
     def synchronize(self) -> None:
-        """Make the current stream wait for every collective enqueued so far."""
+        """Make the current stream wait for every collective enqueued so far (a device-side wait: the host
+        goes on). Every collective ends with it, so work queued after a collective sees its result, as
+        PyTorch's collectives are ordered with the current stream."""
         self.cupy.cuda.get_current_stream().wait_event(self.stream.record())
 
     def close(self) -> None:
         """Destroy the NCCL communicator."""
         self.stream.synchronize()
         self.comm.destroy()
+
+    def abort(self) -> None:
+        """Abort the NCCL communicator without waiting for pending collectives (a rank that is failing)."""
+        self.comm.abort()
