@@ -164,6 +164,40 @@ def test_long_reduction_to_few_outputs_runs_in_two_stages(be, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("shape,axes", [
+    ((256, 2048), (1,)), ((256, 2048), (0,)), ((256, 1024), (0, 1)), ((37,), (0,)), ((3, 5, 7), (1,)),
+    ((16, 8, 32, 32), (0, 2, 3)), ((2, 3, 4, 5), (0, 3)), ((1 << 18,), (0,)), ((5, 1, 3), (1,)),
+], ids=str)
+def test_own_reduction_kernel_matches_numpy(be, dtype, shape, axes):
+    from flowgraph.backends.cuda import backend as cuda_backend
+
+    rng = np.random.default_rng(8)
+    a = rng.normal(size=shape).astype(dtype)
+    bshape = tuple(1 if i in axes else n for i, n in enumerate(shape))
+    b = rng.normal(size=bshape).astype(dtype)
+    x, y = be.from_host(a), be.from_host(b)
+    xt = be.permute(be.contiguous(be.permute(x, tuple(reversed(range(len(shape)))))),
+                    tuple(reversed(range(len(shape)))))  # same values, transposed layout
+    for src in (x, xt):
+        for keepdims in (False, True):
+            expr = be.mul(be.sub(src, y), be.add(src, 0.5))
+            launches = be.stats["fused_launches"]
+            got = be.to_host(be.sum(expr, axes, keepdims))
+            assert be.stats["fused_launches"] == launches + 1
+            ref = ((a.astype(np.float64) - b) * (a + 0.5)).sum(axis=axes, keepdims=keepdims)
+            assert got.dtype == dtype and got.shape == ref.shape
+            np.testing.assert_allclose(got, ref, rtol=1e-4 if dtype == np.float32 else 1e-10, atol=1e-3)
+    cuda_backend.OWN_REDUCTIONS = False
+    try:
+        other = be.to_host(be.sum(be.mul(be.sub(x, y), be.add(x, 0.5)), axes, False))
+    finally:
+        cuda_backend.OWN_REDUCTIONS = True
+    np.testing.assert_allclose(other, got.reshape(other.shape), rtol=1e-4 if dtype == np.float32 else 1e-10,
+                               atol=1e-3)
+
+
+@gpu
 @pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(maximize=True),
                                 dict(weight_decay=0.1, decoupled_weight_decay=True)])
 def test_fused_adam_kernel_matches_cpu(be, kw):

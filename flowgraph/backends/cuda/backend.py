@@ -29,9 +29,13 @@ from ...errors import BackendError, FlowError, ShapeError
 from .. import fusion
 from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
-from ..fusion import Expr, Scalar, linearize, result_dtype, split_reduction
+from ..fusion import MIN_REDUCTION_BLOCKS, Expr, Scalar, collapse, linearize, result_dtype, split_reduction
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
+
+#: Sums of pending float32/float64 expressions run on this backend's own reduction kernel
+#: (``kernels.rsum_source``); False sends them through ``cupy.ReductionKernel`` (for comparison and debugging).
+OWN_REDUCTIONS = True
 
 _SCALARS = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
@@ -633,9 +637,11 @@ class CupyBackend(ArrayBackend):
         acc = K.F32 if dtype in K.HALF_TYPES else out_dtype
         ndim = len(a.shape)
         axes = tuple(sorted({ax % ndim for ax in axes}))
+        flat = _flatten(a)
+        if OWN_REDUCTIONS and out_dtype in K.RSUM_TYPES and all(leaf.dtype in K.RSUM_TYPES for leaf in flat[1]):
+            return self._own_sum(a, axes, keepdims, out_dtype, flat)
         kept = split_reduction(a.shape, axes)
         stage_dtype = acc if kept else out_dtype
-        flat = _flatten(a)
         key = ("sum", flat[0], stage_dtype)
         kernel = self._kernels.get(key)
         if kernel is None:
@@ -657,6 +663,49 @@ class CupyBackend(ArrayBackend):
         if not keepdims:
             out = out.reshape(tuple(n for i, n in enumerate(a.shape) if i not in axes))
         return out.astype(out_dtype, copy=False)
+
+    def _own_sum(self, a: LazyArray, axes: tuple[int, ...], keepdims: bool, out_dtype: np.dtype,
+                 flat: tuple) -> Any:
+        """``sum`` of a pending float32/float64 expression with this backend's reduction kernel.
+
+        Kept and reduced axes are collapsed separately (contiguous runs merge), each output gets ``parts``
+        thread blocks when there are too few outputs to fill the GPU, and the partial sums are added by
+        ``cupy.sum`` (small).
+        """
+        key_struct, leaves, scalars = flat
+        shape = a.shape
+        kept_axes = [d for d in range(len(shape)) if d not in axes]
+        kept_shape = tuple(shape[d] for d in kept_axes)
+        red_shape = tuple(shape[d] for d in axes)
+        n_out, n_in = math.prod(kept_shape), math.prod(red_shape)
+        values = [leaf.value for leaf in leaves]
+        strides = [tuple(s // v.itemsize for s in v.strides) for v in values]
+        kdims, kstrides = collapse(kept_shape, [tuple(st[d] for d in kept_axes) for st in strides])
+        rdims, rstrides = collapse(red_shape, [tuple(st[d] for d in axes) for st in strides])
+        threads = 256 if n_in >= 1024 else max(32, 1 << (n_in - 1).bit_length())
+        parts = 1
+        if n_out < MIN_REDUCTION_BLOCKS and n_in >= 16 * threads:
+            parts = min(-(-MIN_REDUCTION_BLOCKS // n_out), n_in // (8 * threads), 1024)
+        key = ("rsum", key_struct, len(kdims), len(rdims), out_dtype)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            source = K.rsum_source(linearize(a), len(kdims), len(rdims), out_dtype, out_dtype)
+            kernel = cupy.RawKernel(source, "fg_rsum")
+            self._kernels[key] = kernel
+        out = cupy.empty(n_out * parts, dtype=out_dtype)
+        i64 = np.int64
+        args: list[Any] = [i64(n_in), i64(parts), *map(i64, kdims), *map(i64, rdims), out]
+        for v, ks, rs in zip(values, kstrides, rstrides):
+            args += [v, *map(i64, ks), *map(i64, rs)]
+        args += [K.scalar_transport(sc.dtype).type(sc.value) for sc in scalars]
+        kernel((n_out * parts,), (threads,), tuple(args))
+        stats = self.stats
+        stats["fused_launches"] += 1
+        stats["fused_ops"] += len(key_struct[0]) + 1
+        if parts > 1:
+            out = out.reshape(n_out, parts).sum(axis=1)
+        out_shape = tuple(1 if d in axes else n for d, n in enumerate(shape)) if keepdims else kept_shape
+        return out.reshape(out_shape)
 
     def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
         self._use()

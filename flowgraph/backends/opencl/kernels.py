@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import BackendError
-from ..fusion import CEmitter, FusedProgram
+from ..fusion import CEmitter, FusedProgram, collapse, decompose, offset_expr  # noqa: F401 - re-exported
 
 LONG = np.dtype(np.int64)
 BOOL = np.dtype(bool)
@@ -108,47 +108,6 @@ class Params:
     def signature(self, name: str) -> str:
         """The kernel's declaration line."""
         return f"__kernel void {name}(" + ", ".join(self.decls) + ")"
-
-
-def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """Drop size-1 axes and merge neighbours that are contiguous in every operand.
-
-    ``strides`` holds one stride tuple per operand (in elements). Returns the reduced shape and strides;
-    a C-contiguous elementwise op becomes rank 1, a 0-d or single-element one rank 0.
-    """
-    out_shape: list[int] = []
-    out_strides: list[list[int]] = []
-    for axis, n in enumerate(shape):
-        if n == 1:
-            continue
-        column = [s[axis] for s in strides]
-        if out_shape and all(prev == cur * n for prev, cur in zip(out_strides[-1], column)):
-            out_shape[-1] *= n
-            out_strides[-1] = column
-        else:
-            out_shape.append(n)
-            out_strides.append(column)
-    per_operand = [tuple(col[k] for col in out_strides) for k in range(len(strides))]
-    return tuple(out_shape), per_operand
-
-
-def decompose(index: str, dims: str, coords: str, rank: int) -> list[str]:
-    """C lines splitting the linear ``index`` over ``rank`` dims ``{dims}0..`` into ``{coords}0..``."""
-    if rank == 0:
-        return []
-    if rank == 1:
-        return [f"long {coords}0 = {index};"]
-    lines = [f"long {coords}_r = {index};"]
-    for axis in range(rank - 1, 0, -1):
-        lines.append(f"long {coords}{axis} = {coords}_r % {dims}{axis}; {coords}_r /= {dims}{axis};")
-    lines.append(f"long {coords}0 = {coords}_r;")
-    return lines
-
-
-def offset_expr(base: str, name: str, coords: str, rank: int, suffix: str = "s") -> str:
-    """``base + c0*name_s0 + ...``: the element offset of operand ``name`` at coordinates ``coords``."""
-    terms = [base] + [f"{coords}{i} * {name}_{suffix}{i}" for i in range(rank)]
-    return " + ".join(terms)
 
 
 def assemble(
