@@ -49,6 +49,15 @@ class Communicator(ABC):
     def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
         """Reduce ``tensor`` over all ranks in place (``op``: ``"sum"``, ``"avg"``, ``"max"``); returns it."""
 
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum") -> list[Tensor]:
+        """``all_reduce`` of several tensors in place, as one operation where the transport can; returns them.
+
+        The default reduces them one by one; transports override it (NCCL: one group of calls, no copies).
+        """
+        for t in tensors:
+            self.all_reduce(t, op)
+        return tensors
+
     @abstractmethod
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
         """Overwrite ``tensor`` on every rank with rank ``src``'s values; returns it."""
@@ -108,6 +117,30 @@ class StoreCommunicator(Communicator):
                 out = (out / self.world_size).astype(host.dtype, copy=False)
         _write_host(tensor, out)
         return tensor
+
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum") -> list[Tensor]:
+        """One exchange for all ``tensors`` (their host copies concatenated); same result as one by one."""
+        _check_op(op)
+        for t in tensors:
+            _check_tensor(t, "all_reduce_coalesced")
+        hosts = [self._host(t) for t in tensors]
+        if len({h.dtype for h in hosts}) > 1:
+            return super().all_reduce_coalesced(tensors, op)
+        flat = np.concatenate([h.reshape(-1) for h in hosts]) if hosts else np.zeros(0, np.float32)
+        parts = [np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())]
+        if op == "max":
+            out = np.maximum.reduce(parts)
+        else:
+            out = parts[0].copy()
+            for p in parts[1:]:
+                out += p
+            if op == "avg":
+                out = (out / self.world_size).astype(flat.dtype, copy=False)
+        offset = 0
+        for t, h in zip(tensors, hosts):
+            _write_host(t, out[offset:offset + h.size].reshape(h.shape))
+            offset += h.size
+        return tensors
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
         """Overwrite ``tensor`` with rank ``src``'s values."""
@@ -213,6 +246,26 @@ class NcclCommunicator(Communicator):
                 arr /= self.world_size
         self.synchronize()
         return tensor
+
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum") -> list[Tensor]:
+        """One NCCL group of in-place all-reduces (no flattening copies); ``avg`` with NCCL's own average."""
+        _check_op(op)
+        arrays = [self._array(t) for t in tensors]
+        avg = getattr(self.nccl, "NCCL_AVG", None)
+        code = avg if op == "avg" and avg is not None else getattr(self.nccl, self._NCCL_OPS[op])
+        self._enter()
+        self.nccl.groupStart()
+        try:
+            for arr in arrays:
+                self.comm.allReduce(arr.data.ptr, arr.data.ptr, arr.size, self._dtype(arr), code, self.stream.ptr)
+        finally:
+            self.nccl.groupEnd()
+        if op == "avg" and avg is None:
+            with self.stream:
+                for arr in arrays:
+                    arr /= self.world_size
+        self.synchronize()
+        return tensors
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
         """NCCL broadcast in place from rank ``src``."""

@@ -138,31 +138,19 @@ class DataParallel(Module):
             object.__setattr__(self, "_next_bucket", self._next_bucket + 1)
 
     def _reduce_bucket(self, b: int) -> None:
-        from ..tensor import empty
-
         idx = self.buckets[b]
         with no_grad():
-            grads = [self._ready[i][1] for i in idx]
-            if len(grads) == 1:
-                flat = grads[0].reshape(-1).contiguous()
-            else:
-                # One copy per gradient into a new buffer, not ``cat``: CuPy's concatenate of many arrays
-                # uploads a table of pointers from the host, which a CUDA graph capture refuses.
-                g0 = grads[0]
-                flat = empty(sum(g.numel() for g in grads), dtype=g0.dtype, device=g0.device)
-                offset = 0
-                for g in grads:
-                    n = g.numel()
-                    flat[offset:offset + n].copy_(g.reshape(-1))
-                    offset += n
-            # "avg" divides on the communicator's stream; ``flat`` is read only after ``synchronize()``
-            # (in ``_finish``), so no kernel on the current stream can see it before NCCL has written it.
-            self._comm.all_reduce(flat, "avg")
-            offset = 0
+            grads, seen = [], set()
+            for i in idx:
+                g = self._ready[i][1].contiguous()
+                if id(g._data) in seen or g is self._ready[i][0]:
+                    g = g.clone()  # one array shared by two gradients (or the old .grad): reduce a copy
+                seen.add(id(g._data))
+                grads.append(g)
+            # In place, one collective group per bucket: no flattening copy, the average done by NCCL.
+            self._comm.all_reduce_coalesced(grads, "avg")
             for i, g in zip(idx, grads):
-                n = g.numel()
-                self._reduced[i] = flat[offset:offset + n].reshape(g.shape)
-                offset += n
+                self._reduced[i] = g
 
     def _finish(self, current: int | None) -> Tensor | None:
         self._comm.synchronize()

@@ -48,6 +48,10 @@ class _Loopback(Communicator):
         self.reduced.append(tensor.numel())
         return tensor
 
+    def all_reduce_coalesced(self, tensors, op="sum"):
+        self.reduced.append(sum(t.numel() for t in tensors))  # one entry per bucket
+        return tensors
+
     def broadcast(self, tensor, src=0):
         return tensor
 
@@ -118,3 +122,29 @@ def test_sync_batchnorm_is_refused_and_init_needs_env(monkeypatch):
         dist.get_rank()
     with pytest.raises(FlowError, match="backend must be 'nccl' or 'local'"):
         dist.init(backend="gloo")
+
+
+class _PlusOne(_Loopback):
+    """Adds 1 in place per reduction: a tensor reduced twice shows +2."""
+
+    def all_reduce_coalesced(self, tensors, op="sum"):
+        with fg.no_grad():
+            for t in tensors:
+                t.add_(1.0)
+        return tensors
+
+
+def test_gradient_array_shared_by_two_parameters_is_reduced_once_each():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Parameter(fg.zeros(3))
+            self.b = nn.Parameter(fg.zeros(3))
+
+        def forward(self, x):
+            return x + self.a + self.b  # add's backward hands the same gradient to both inputs
+
+    m = Two()
+    dp = dist.DataParallel(m, communicator=_PlusOne())
+    dp(fg.ones(3)).sum().backward()
+    assert m.a.grad.tolist() == [2.0] * 3 and m.b.grad.tolist() == [2.0] * 3
