@@ -146,5 +146,5 @@ def test_gradient_array_shared_by_two_parameters_is_reduced_once_each():
 
     m = Two()
     dp = dist.DataParallel(m, communicator=_PlusOne())
-    dp(fg.ones(3)).sum().backward()
-    assert m.a.grad.tolist() == [2.0] * 3 and m.b.grad.tolist() == [2.0] * 3
+    (dp(fg.ones(3)) * fg.tensor([1.0, 2.0, 3.0])).sum().backward()  # a contiguous upstream gradient
+    assert m.a.grad.tolist() == [2.0, 3.0, 4.0] and m.b.grad.tolist() == [2.0, 3.0, 4.0]
