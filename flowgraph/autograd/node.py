@@ -68,6 +68,25 @@ def _collect(roots: Sequence[Node]) -> list[Node]:
     return order
 
 
+#: How many hooks are registered on leaf tensors (``Tensor.register_hook``). While there are any, backward
+#: finishes each hooked leaf (hooks, ``.grad``) right after the last node feeding it ran, not at the end:
+#: ``DataParallel`` then starts a bucket's all-reduce while the rest of backward still runs.
+LEAF_HOOKS = [0]
+
+
+def _last_uses(order: list[Node]) -> dict[int, list[Tensor]]:
+    """Position in ``order`` -> the hooked leaves whose gradient is complete once that node has run."""
+    last: dict[int, tuple[int, Tensor]] = {}
+    for pos, node in enumerate(order):
+        for t in node.inputs:
+            if t is not None and t._grad_fn is None and t._hooks:
+                last[id(t)] = (pos, t)
+    by_pos: dict[int, list[Tensor]] = {}
+    for pos, t in last.values():
+        by_pos.setdefault(pos, []).append(t)
+    return by_pos
+
+
 def _check_versions(node: Node) -> None:
     for t, version in node.saved:
         vc = t._vc
@@ -150,6 +169,21 @@ def run_backward(
         else:
             entry[1] = accumulate(entry[1], g)
 
+    def finish_leaf(t: Tensor, g: Tensor) -> None:
+        g = _apply_hooks(t._hooks, g)
+        if g.shape != t.shape:
+            raise FlowError(f"internal: gradient of shape {g.shape} for a leaf of shape {t.shape}")
+        if g._data.dtype != t._data.dtype:  # e.g. a float16 leaf used in a float32 op: grad in float16
+            g = g.to(t.dtype)
+        if capture is not None:
+            i = capture_leaves.get(id(t))
+            if i is not None:
+                captured[i] = g
+            return
+        if not create_graph:
+            g = g.detach()
+        t.grad = g if t.grad is None else t.grad + g
+
     grad_ctx = enable_grad() if create_graph else no_grad()
     with grad_ctx:
         for t, g in zip(roots, grads):
@@ -162,7 +196,14 @@ def run_backward(
         anomaly = STATE.anomaly
         pending_pop = pending.pop
         pending_get = pending.get
-        for node in _collect([t._grad_fn for t in roots if t._grad_fn is not None]):
+        order = _collect([t._grad_fn for t in roots if t._grad_fn is not None])
+        early = _last_uses(order) if LEAF_HOOKS[0] and capture is None else None
+        for pos, node in enumerate(order):
+            if early and pos - 1 in early:
+                for t in early.pop(pos - 1):
+                    entry = leaf_grads.pop(id(t), None)
+                    if entry is not None:
+                        finish_leaf(*entry)
             g = pending_pop(node, None)
             if g is None:
                 continue
@@ -205,19 +246,7 @@ def run_backward(
                 elif t.requires_grad:
                     route_leaf(t, gi)
         for t, g in leaf_grads.values():
-            g = _apply_hooks(t._hooks, g)
-            if g.shape != t.shape:
-                raise FlowError(f"internal: gradient of shape {g.shape} for a leaf of shape {t.shape}")
-            if g._data.dtype != t._data.dtype:  # e.g. a float16 leaf used in a float32 op: grad in float16
-                g = g.to(t.dtype)
-            if capture is not None:
-                i = capture_leaves.get(id(t))
-                if i is not None:
-                    captured[i] = g
-                continue
-            if not create_graph:
-                g = g.detach()
-            t.grad = g if t.grad is None else t.grad + g
+            finish_leaf(t, g)
     if capture is not None:
         if not allow_unused:
             for i, g in enumerate(captured):

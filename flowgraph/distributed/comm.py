@@ -49,10 +49,13 @@ class Communicator(ABC):
     def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
         """Reduce ``tensor`` over all ranks in place (``op``: ``"sum"``, ``"avg"``, ``"max"``); returns it."""
 
-    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum") -> list[Tensor]:
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
         """``all_reduce`` of several tensors in place, as one operation where the transport can; returns them.
 
         The default reduces them one by one; transports override it (NCCL: one group of calls, no copies).
+        ``async_op=True`` lets an asynchronous transport return before later work is ordered after the
+        collective: call :meth:`synchronize` before reading the tensors (``DataParallel`` does, so the
+        all-reduce overlaps the rest of backward).
         """
         for t in tensors:
             self.all_reduce(t, op)
@@ -118,7 +121,7 @@ class StoreCommunicator(Communicator):
         _write_host(tensor, out)
         return tensor
 
-    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum") -> list[Tensor]:
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
         """One exchange for all ``tensors`` (their host copies concatenated); same result as one by one."""
         _check_op(op)
         for t in tensors:
@@ -247,7 +250,7 @@ class NcclCommunicator(Communicator):
         self.synchronize()
         return tensor
 
-    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum") -> list[Tensor]:
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
         """One NCCL group of in-place all-reduces (no flattening copies); ``avg`` with NCCL's own average."""
         _check_op(op)
         arrays = [self._array(t) for t in tensors]
@@ -264,7 +267,8 @@ class NcclCommunicator(Communicator):
             with self.stream:
                 for arr in arrays:
                     arr /= self.world_size
-        self.synchronize()
+        if not async_op:
+            self.synchronize()
         return tensors
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:

@@ -1,13 +1,13 @@
 """``DataParallel``: gradient averaging across ranks with size-bounded buckets, as PyTorch's DDP.
 
-How it plugs into the engine: flowgraph's backward accumulates leaf gradients at the END of backward, after every
-node ran, and runs each leaf's hooks there, one leaf after the other, right before writing that leaf's ``.grad``.
-So a per-parameter hook (``Tensor.register_hook``) marks the parameter ready and records its gradient; when every
-parameter of a bucket is ready (and every earlier bucket was launched: all ranks launch buckets in the same order)
-the bucket's gradients are flattened into one tensor and all-reduced. When the last bucket completes, the hook
-finishes: it writes the averaged gradient into ``.grad`` of the parameters already written and returns the
-averaged gradient of the current one (the engine writes it). :meth:`DataParallel.finish_gradients` does the same
-by hand (needed only when some parameter got no gradient).
+How it plugs into the engine: a per-parameter hook (``Tensor.register_hook``) marks the parameter ready and
+records its gradient. While leaf hooks exist, flowgraph's backward finishes each hooked leaf as soon as the last
+node feeding it has run (``autograd.node.LEAF_HOOKS``), so when every parameter of a bucket is ready (and every
+earlier bucket was launched: all ranks launch buckets in the same order) the bucket is all-reduced in place, as
+one collective group, while the rest of backward still runs (NCCL works on its own stream). When the last
+bucket completes, the hook finishes: it waits for the collectives (a device-side wait), writes the averaged
+gradients into ``.grad`` and returns the current parameter's (the engine writes it).
+:meth:`DataParallel.finish_gradients` does the same by hand (needed only when some parameter got no gradient).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class DataParallel(Module):
                 seen.add(id(g._data))
                 grads.append(g)
             # In place, one collective group per bucket: no flattening copy, the average done by NCCL.
-            self._comm.all_reduce_coalesced(grads, "avg")
+            self._comm.all_reduce_coalesced(grads, "avg", async_op=True)  # _finish synchronizes
             for i, g in zip(idx, grads):
                 self._reduced[i] = g
 

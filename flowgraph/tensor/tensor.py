@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.grad_mode import STATE
-from ..autograd.node import Node, run_backward
+from ..autograd.node import LEAF_HOOKS, Node, run_backward
 from ..errors import AnomalyError, BackendError, FlowError
 from .dtype import DType, from_numpy_dtype
 
@@ -198,12 +198,16 @@ class Tensor:
             if self._hooks is None:
                 self._hooks = []
             hooks = self._hooks
+            LEAF_HOOKS[0] += 1  # backward finishes hooked leaves early (see autograd.node.LEAF_HOOKS)
         hooks.append(hook)
+        leaf = self._grad_fn is None
 
         class _Handle:
             def remove(self_inner) -> None:
                 if hook in hooks:
                     hooks.remove(hook)
+                    if leaf:
+                        LEAF_HOOKS[0] -= 1
 
         return _Handle()
 

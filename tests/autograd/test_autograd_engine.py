@@ -159,6 +159,26 @@ def test_hooks_on_leaf_and_nonleaf(device):
         fg.zeros(2, device=device).register_hook(lambda g: g)
 
 
+def test_hooked_leaf_finishes_as_soon_as_its_gradient_is_complete(device):
+    from flowgraph.autograd.node import LEAF_HOOKS
+
+    x = fg.tensor([1.0, 2.0], device=device)
+    w1 = fg.tensor([0.5, -1.0], requires_grad=True, device=device)
+    w2 = fg.tensor([2.0, 3.0], requires_grad=True, device=device)
+    events = []
+    h = w1 * x  # backward reaches this node last
+    h.register_hook(lambda g: events.append("h"))
+    before = LEAF_HOOKS[0]
+    handle = w2.register_hook(lambda g: events.append(("w2", w2.grad)))
+    assert LEAF_HOOKS[0] == before + 1
+    (h.tanh() * w2).sum().backward()
+    # w2's hook ran right after the node that produced its gradient, before h's node (and before .grad was set)
+    assert events[0] == ("w2", None) and events[1] == "h"
+    _close(w2.grad, np.tanh([0.5, -2.0]).tolist())
+    handle.remove()
+    assert LEAF_HOOKS[0] == before
+
+
 def test_retain_grad(device):
     x = fg.tensor([1.0, 2.0], requires_grad=True, device=device)
     h = x * x

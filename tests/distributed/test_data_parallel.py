@@ -48,7 +48,7 @@ class _Loopback(Communicator):
         self.reduced.append(tensor.numel())
         return tensor
 
-    def all_reduce_coalesced(self, tensors, op="sum"):
+    def all_reduce_coalesced(self, tensors, op="sum", async_op=False):
         self.reduced.append(sum(t.numel() for t in tensors))  # one entry per bucket
         return tensors
 
@@ -127,7 +127,7 @@ def test_sync_batchnorm_is_refused_and_init_needs_env(monkeypatch):
 class _PlusOne(_Loopback):
     """Adds 1 in place per reduction: a tensor reduced twice shows +2."""
 
-    def all_reduce_coalesced(self, tensors, op="sum"):
+    def all_reduce_coalesced(self, tensors, op="sum", async_op=False):
         with fg.no_grad():
             for t in tensors:
                 t.add_(1.0)
