@@ -18,6 +18,7 @@ only what CuPy does differently or better:
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -34,8 +35,9 @@ from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
 
 #: Sums of pending float32/float64 expressions run on this backend's own reduction kernel
-#: (``kernels.rsum_source``); False sends them through ``cupy.ReductionKernel`` (for comparison and debugging).
-OWN_REDUCTIONS = True
+#: (``kernels.rsum_source``); False (environment ``FLOWGRAPH_CUDA_OWN_REDUCTIONS=0``) sends them through
+#: ``cupy.ReductionKernel`` (for comparison and debugging).
+OWN_REDUCTIONS = os.environ.get("FLOWGRAPH_CUDA_OWN_REDUCTIONS", "1") != "0"
 
 _SCALARS = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)

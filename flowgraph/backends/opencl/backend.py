@@ -760,6 +760,41 @@ class OpenCLBackend(Backend):
             self._add_readers(dst.buffer, (src,))
         return dst
 
+    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
+                  eps_hat: Any, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
+        """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
+
+        ``step_size``/``eps_hat`` are host numbers or 0-d float32 device arrays. False (the caller takes the
+        generic path) unless ``p``, ``m``, ``v`` are contiguous float32/float64 arrays of one dtype.
+        """
+        p, m, v = (self.realize(self._own(x, "adam_step")) for x in (p, m, v))
+        if p.dtype not in (_F32, _F64) or len({p.dtype, m.dtype, v.dtype}) != 1:
+            return False
+        if not all(x.shape == p.shape and is_contiguous(x.shape, x.strides) for x in (m, v)) or not is_contiguous(
+                p.shape, p.strides):
+            return False
+        g = self._own(g, "adam_step")
+        if g.shape != p.shape:
+            return False
+        if g.dtype != p.dtype:
+            g = self.cast(g, p.dtype)
+        g = self.contiguous(g)
+        device = not isinstance(step_size, (int, float, np.generic))
+        if device:
+            ss, eh = (self.realize(self._own(x, "adam_step")) for x in (step_size, eps_hat))
+            if ss.dtype != _F32 or eh.dtype != _F32:
+                return False
+        kernel = self._kernel(("adam", p.dtype.str, device), lambda: K.adam_source(p.dtype, device))
+        for x in (p, m, v):  # pending expressions reading the old values run first
+            self._flush_readers(x.buffer, keep=None)
+        t = p.dtype.type
+        args: list[Any] = [p.size, p.buffer, p.offset, m.buffer, m.offset, v.buffer, v.offset, g.buffer, g.offset]
+        args += [ss.buffer, ss.offset, eh.buffer, eh.offset] if device else [t(step_size), t(eps_hat)]
+        args += [t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(l2), t(decay), t(-1.0 if maximize else 1.0)]
+        if p.size:
+            self._launch(kernel, p.size, args)
+        return True
+
     # ----------------------------------------------------------------- linear algebra
     def matmul(self, a: Array, b: Array) -> Array:
         a = self.realize(self._own(a, "matmul"))

@@ -287,6 +287,44 @@ def reduce_source(
 
 
 # ----------------------------------------------------------------------------------------- line kernels
+def adam_source(dtype: np.dtype, device_scalars: bool) -> KernelSource:
+    """One Adam/AdamW update per work-item, in place on ``p``, ``m``, ``v`` (see ``OpenCLBackend.adam_step``).
+
+    ``c1``/``c2`` are ``1 - beta`` rounded on the host; ``step_size``/``eps_hat`` are scalars, or with
+    ``device_scalars`` float32 values read from device buffers (inside a captured step).
+    """
+    emitter = OpenCLEmitter()
+    t = ctype(dtype)
+    params = Params()
+    params.long("n")
+    for name, const in (("p", False), ("m", False), ("v", False), ("g", True)):
+        params.buffer(dtype, name, const)
+        params.long(f"{name}_off")
+    if device_scalars:
+        for name in ("ss", "eh"):
+            params.buffer(np.dtype(np.float32), name, const=True)
+            params.long(f"{name}_off")
+    else:
+        params.scalar(dtype, "ss")
+        params.scalar(dtype, "eh")
+    for name in ("b1", "c1", "b2", "c2", "l2", "decay", "sign"):
+        params.scalar(dtype, name)
+    lines = [
+        "long i = get_global_id(0);",
+        "if (i >= n) return;",
+        f"{t} SS = {'(' + t + ')ss[ss_off]' if device_scalars else 'ss'};",
+        f"{t} EH = {'(' + t + ')eh[eh_off]' if device_scalars else 'eh'};",
+        f"{t} pp = p[p_off + i];",
+        f"{t} gg = sign * g[g_off + i] + l2 * pp;",
+        f"{t} mm = b1 * m[m_off + i] + c1 * gg;",
+        f"{t} vv = b2 * v[v_off + i] + c2 * gg * gg;",
+        "m[m_off + i] = mm;",
+        "v[v_off + i] = vv;",
+        "p[p_off + i] = pp * decay - SS * mm / (sqrt(vv) + EH);",
+    ]
+    return assemble("fg_adam", emitter, {dtype}, params, lines)
+
+
 def cumsum_source(rank: int, dtype: np.dtype, acc_dtype: np.dtype) -> KernelSource:
     """Inclusive scan: one work-item per line along the scanned axis (``len`` elements, axis strides)."""
     emitter = OpenCLEmitter()
