@@ -216,8 +216,7 @@ def loss_agreement(model_name: str, scale: float, device: str, steps: int = 20) 
     import numpy as np
     import torch
 
-    import flowgraph as fg
-    from flowgraph import nn, optim
+    from flowgraph import optim
 
     tm = build_torch(model_name, scale)
     fm = build_flowgraph(model_name, scale)
@@ -230,6 +229,25 @@ def loss_agreement(model_name: str, scale: float, device: str, steps: int = 20) 
     fopt = optim.Adam(fm.parameters(), lr=1e-3)
     sp = spec(model_name, scale)
     rng = np.random.default_rng(2)
+    worst = 0.0
+    # cuDNN convolutions default to TF32 on Ampere and newer (10-bit mantissa): compare against full float32.
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        worst = _compare_losses(tm, fm, topt, fopt, sp, rng, steps, device, tdev)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+    return worst
+
+
+def _compare_losses(tm, fm, topt, fopt, sp, rng, steps: int, device: str, tdev: str) -> float:
+    """Max relative difference of ``steps`` losses, torch model ``tm`` against flowgraph model ``fm``."""
+    import numpy as np
+    import torch
+
+    import flowgraph as fg
+    from flowgraph import nn
+
     worst = 0.0
     for _ in range(steps):
         x = rng.standard_normal(sp.input_shape, dtype=np.float32)
