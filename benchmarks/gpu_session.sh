@@ -1,27 +1,42 @@
 #!/usr/bin/env bash
-# One device session on an NVIDIA GPU: the backend-parametrised suite on cuda and on NVIDIA's OpenCL driver,
-# then the 7-model benchmark (CUDA eager + captured vs torch eager + CUDA graph; OpenCL vs torch).
+# One device session on NVIDIA GPUs: the backend-parametrised suite on cuda and on NVIDIA's OpenCL driver, the
+# NCCL test (2 GPUs), the 7-model benchmark (CUDA eager + captured vs torch eager + CUDA graph; OpenCL vs torch),
+# data-parallel equality and scaling (2 GPUs), and a kernel profile of mlp.
 # Results land in $OUT (or ./out). Run from the repository root:  bash benchmarks/gpu_session.sh
+# Each stage has a time budget (seconds, environment): TEST_BUDGET, CUDA_BENCH_BUDGET, OCL_BENCH_BUDGET, DP_BUDGET.
 set -u
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-if [ -d .whl ]; then
+if [ -d .whl ]; then  # wheels carried to a machine without network (see CONTRIBUTING.md)
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:$PWD"
 fi
+# CuPy finds NCCL through the loader: use the copy that came with torch's wheels when there is one.
+NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+[ -n "$NCCL_LIB" ] && export LD_LIBRARY_PATH="$NCCL_LIB:${LD_LIBRARY_PATH:-}"
 # NVIDIA's OpenCL driver is installed but not registered with the ICD loader on these hosts.
 mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 cp /etc/OpenCL/vendors/*.icd /tmp/icd/ 2>/dev/null || true
 export OCL_ICD_VENDORS=/tmp/icd POCL_CACHE_DIR=/tmp/pocl
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import flowgraph as fg, cupy, torch; print(fg.available_devices(), cupy.__version__, torch.__version__)" \
   > "$OUT/devices.txt" 2>&1
 TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree"
-timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "cuda" -n 12 -p no:cacheprovider \
+timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "cuda" -n 16 -p no:cacheprovider \
   > "$OUT/tests_cuda.txt" 2>&1
-timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "opencl" -n 12 -p no:cacheprovider \
+timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "opencl" -n 16 -p no:cacheprovider \
   > "$OUT/tests_opencl.txt" 2>&1
-timeout "${CUDA_BENCH_BUDGET:-200}" python3 -m benchmarks --device cuda --capture --check-losses --rounds 2 --epochs 2 \
-  --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
-timeout "${OCL_BENCH_BUDGET:-120}" python3 -m benchmarks --device opencl --rounds 1 --epochs 2 \
+timeout 60 python3 -m pytest tests/distributed -q -rs -p no:cacheprovider > "$OUT/tests_distributed.txt" 2>&1
+timeout "${CUDA_BENCH_BUDGET:-300}" python3 -m benchmarks --device cuda --models all --capture --check-losses \
+  --rounds 2 --epochs 2 --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
+timeout "${OCL_BENCH_BUDGET:-200}" python3 -m benchmarks --device opencl:0 --models all --rounds 1 --epochs 2 \
   --json "$OUT/bench_opencl.json" > "$OUT/bench_opencl.txt" 2>&1
-tail -n 3 "$OUT"/tests_*.txt; cat "$OUT"/bench_*.txt
+DP="python3 -m flowgraph.distributed.run"
+timeout "${DP_BUDGET:-60}" $DP --nproc-per-node 2 -m benchmarks.data_parallel --check --optimizer sgd --model mlp \
+  > "$OUT/data_parallel.txt" 2>&1
+for m in mlp residual_tower; do for c in "" "--capture"; do for n in 1 2; do
+  timeout "${DP_BUDGET:-60}" $DP --nproc-per-node $n --master-port $((29540 + n)) -m benchmarks.data_parallel \
+    --bench $c --model $m --epochs 3 --json "$OUT/data_parallel.jsonl" >> "$OUT/data_parallel.txt" 2>&1
+done; done; done
+timeout 60 python3 -m benchmarks.gpu_profile --models mlp --steps 3 > "$OUT/profile_cuda.txt" 2>&1
+tail -n 2 "$OUT"/tests_*.txt; cat "$OUT"/bench_*.txt; grep -E "^(check|bench)" "$OUT/data_parallel.txt"
