@@ -17,9 +17,11 @@ from .data_parallel import DataParallel, assign_buckets
 from .sampler import shard
 from .store import Heartbeat, StoreClient, StoreServer
 from .store import barrier as _store_barrier
+from .sync_batchnorm import SyncBatchNorm, all_reduce_sum, sync_batch_norm
 
 __all__ = [
     "Communicator", "DataParallel", "NcclCommunicator", "StoreClient", "StoreCommunicator", "StoreServer",
+    "SyncBatchNorm", "all_reduce_sum", "sync_batch_norm",
     "all_gather", "all_reduce", "assign_buckets", "barrier", "broadcast", "destroy", "get_rank",
     "get_world_size", "init", "is_initialized", "shard",
 ]

@@ -33,10 +33,15 @@ def _check_tensor(t: Any, what: str) -> None:
         raise FlowError(f"{what} needs a flowgraph Tensor, got {type(t).__name__}")
 
 
+def _c_order(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order, 0-d kept 0-d (``np.ascontiguousarray`` turns 0-d into shape ``(1,)``)."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
 def _write_host(tensor: Tensor, array: np.ndarray) -> None:
     """Copy a host array into ``tensor`` in place (outside autograd)."""
     with no_grad():
-        tensor.copy_(_wrap(tensor._backend.from_host(np.ascontiguousarray(array)), tensor._backend))
+        tensor.copy_(_wrap(tensor._backend.from_host(_c_order(array)), tensor._backend))
 
 
 class Communicator(ABC):
@@ -102,7 +107,7 @@ class StoreCommunicator(Communicator):
 
     @staticmethod
     def _host(tensor: Tensor) -> np.ndarray:
-        return np.ascontiguousarray(tensor._backend.to_host(tensor._data))
+        return _c_order(np.asarray(tensor._backend.to_host(tensor._data)))
 
     def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
         """Reduce over all ranks in place; the sum is taken in rank order, so every rank gets identical bits."""

@@ -60,9 +60,10 @@ class DataParallel(Module):
     assigned to buckets (:func:`assign_buckets`); each bucket is all-reduced as soon as all its gradients are
     ready, and the averaged gradients are in ``.grad`` when ``backward`` returns. ``broadcast_buffers`` copies
     rank 0's buffers (e.g. BatchNorm running statistics) to every rank at each training forward.
-    ``sync_batchnorm=True`` (BatchNorm statistics over the global batch) is not implemented: BatchNorm layers use
-    local statistics only, and asking for it raises. ``find_unused_parameters=True`` lets some parameters get no
-    gradient in a step; then call :meth:`finish_gradients` after ``backward`` (they are reduced as zeros).
+    ``sync_batchnorm=True`` replaces the module's BatchNorm layers by :class:`SyncBatchNorm` (statistics over the
+    global batch, sharing the same parameters and buffers); otherwise each rank normalises with its local batch.
+    ``find_unused_parameters=True`` lets some parameters get no gradient in a step; then call
+    :meth:`finish_gradients` after ``backward`` (they are reduced as zeros).
     ``communicator`` defaults to the one ``flowgraph.distributed.init()`` created. The wrapped model is
     ``.module``; save ``dp.module.state_dict()`` to get the keys of the unwrapped model.
     """
@@ -73,13 +74,14 @@ class DataParallel(Module):
         super().__init__()
         if not isinstance(module, Module):
             raise FlowError(f"DataParallel wraps an nn.Module, got {type(module).__name__}")
-        if sync_batchnorm:
-            raise FlowError("DataParallel(sync_batchnorm=True) is not implemented: BatchNorm uses each rank's local "
-                            "batch statistics; pass sync_batchnorm=False")
         if communicator is None:
             from . import get_communicator
 
             communicator = get_communicator()
+        if sync_batchnorm:
+            from .sync_batchnorm import SyncBatchNorm
+
+            module = SyncBatchNorm.convert_sync_batchnorm(module, communicator)
         self.module = module
         object.__setattr__(self, "_comm", communicator)
         object.__setattr__(self, "broadcast_buffers", bool(broadcast_buffers))

@@ -23,6 +23,23 @@ def _two_gpus() -> bool:
     "local",
     pytest.param("nccl", marks=pytest.mark.skipif(not _two_gpus(), reason="NCCL needs two CUDA devices here")),
 ])
+def test_sync_batchnorm_two_processes_match_single_process_full_batch(tmp_path, backend):
+    worker = Path(__file__).with_name("_syncbn_worker.py")
+    out = tmp_path / "res"
+    res = subprocess.run([sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(free_port()), str(worker), str(out), backend],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        synced, local = (float(v) for v in (tmp_path / f"res.{rank}").read_text().split())
+        assert synced <= 1e-5, f"rank {rank}: SyncBatchNorm vs single process: {synced}"
+        assert local > 1e-3, f"rank {rank}: local BatchNorm should differ from the global batch, got {local}"
+
+
+@pytest.mark.parametrize("backend", [
+    "local",
+    pytest.param("nccl", marks=pytest.mark.skipif(not _two_gpus(), reason="NCCL needs two CUDA devices here")),
+])
 def test_two_processes_match_single_process(tmp_path, backend):
     worker = Path(__file__).with_name("_dp_worker.py")
     out = tmp_path / "res"
@@ -111,9 +128,17 @@ def test_unused_parameter_needs_find_unused():
     assert m.a.weight.grad is not None and float(abs(m.b.weight.grad.detach().numpy()).max()) == 0.0
 
 
-def test_sync_batchnorm_is_refused_and_init_needs_env(monkeypatch):
-    with pytest.raises(FlowError, match="sync_batchnorm=True"):
-        dist.DataParallel(_model(), sync_batchnorm=True, communicator=_Loopback())
+def test_sync_batchnorm_conversion_shares_parameters_and_init_needs_env(monkeypatch):
+    m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Sequential(nn.BatchNorm1d(4)))
+    params = [id(p) for p in m.parameters()]
+    buffers = [id(b) for b in m.buffers()]
+    keys = list(m.state_dict())
+    dp = dist.DataParallel(m, sync_batchnorm=True, communicator=_Loopback())
+    assert isinstance(m[1], dist.SyncBatchNorm) and isinstance(m[2][0], dist.SyncBatchNorm)
+    assert [id(p) for p in m.parameters()] == params and [id(b) for b in m.buffers()] == buffers
+    assert list(m.state_dict()) == keys
+    out = dp(fg.randn(6, 3))  # a world of one: plain batch norm
+    assert out.shape == (6, 4)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(FlowError, match="environment variable RANK"):
