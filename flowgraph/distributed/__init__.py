@@ -23,7 +23,7 @@ __all__ = [
     "Communicator", "DataParallel", "NcclCommunicator", "StoreClient", "StoreCommunicator", "StoreServer",
     "SyncBatchNorm", "all_reduce_sum", "sync_batch_norm",
     "all_gather", "all_reduce", "assign_buckets", "barrier", "broadcast", "destroy", "get_rank",
-    "get_world_size", "init", "is_initialized", "shard",
+    "get_world_size", "init", "is_initialized", "is_main_process", "shard",
 ]
 
 
@@ -115,6 +115,15 @@ def _get() -> _State:
 def is_initialized() -> bool:
     """True between ``init()`` and ``destroy()``."""
     return _state is not None
+
+
+def is_main_process() -> bool:
+    """True outside a process group and on rank 0: where checkpoints, reports and the dashboard happen.
+
+    ``Graph.save_checkpoint`` and the ``Monitor`` (dashboard, console, report, exports) act only where this is
+    True, so one training script runs unchanged on every rank.
+    """
+    return _state is None or _state.rank == 0
 
 
 def get_rank() -> int:

@@ -85,8 +85,14 @@ class Monitor:
             raise FlowError(f"Monitor: total_epochs must be a positive int, got {total_epochs!r}")
         if not isinstance(client_queue_size, int) or client_queue_size < 1:
             raise FlowError(f"Monitor: client_queue_size must be a positive int, got {client_queue_size!r}")
+        from ..distributed import is_main_process
+
+        #: False on ranks other than 0 of a ``flowgraph.distributed`` process group: there the monitor keeps
+        #: its history but prints nothing, serves no dashboard and writes no report or export.
+        self.main_process = is_main_process()
+        quiet = quiet or not self.main_process
         self.total_epochs = total_epochs
-        self.report_path = None if report_path is None else Path(report_path)
+        self.report_path = None if report_path is None or not self.main_process else Path(report_path)
         self.title = title
         self.quiet = quiet
         self._stream = stream if stream is not None else sys.stderr
@@ -320,6 +326,7 @@ class Monitor:
         """Start the live dashboard on ``http://host:port`` in a background thread; return its URL.
 
         Returns only once the server accepts connections. ``port=0`` picks a free port (see :attr:`url`).
+        On ranks other than 0 of a distributed run it starts nothing and returns ``""``.
         The default host only accepts connections from this machine; ``host="0.0.0.0"`` exposes the
         dashboard (training metrics, model structure) to the whole network, without authentication.
 
@@ -327,6 +334,8 @@ class Monitor:
             FlowError: the port is in use, the host is invalid, the server failed to start, or the
                 server packages (``pip install 'flowgraph[monitor]'``) are missing.
         """
+        if not self.main_process:
+            return ""  # rank 0 serves the dashboard
         if self._server is not None:
             raise FlowError(f"Monitor.serve: already serving on {self._url}; call close() first")
         try:
@@ -400,8 +409,12 @@ class Monitor:
     # -- exports -------------------------------------------------------------------------------------------
 
     def save_html(self, path: str | os.PathLike[str]) -> Path:
-        """Write the dashboard with every epoch embedded: one HTML file that opens offline, no server."""
+        """Write the dashboard with every epoch embedded: one HTML file that opens offline, no server.
+
+        On ranks other than 0 of a distributed run nothing is written (the path is returned)."""
         target = Path(path)
+        if not self.main_process:
+            return target
         data = {
             "meta": self._meta(),
             "epochs": self._history,
@@ -416,8 +429,11 @@ class Monitor:
 
         Metric columns are in order of first appearance, so a metric that starts later or is only logged
         by a subtree gets its own column; cells where it is missing (or was not finite) are empty.
-        Resource columns are named ``resource.cpu``, ``resource.ram_used``, ...
+        Resource columns are named ``resource.cpu``, ``resource.ram_used``, ... On ranks other than 0 of a
+        distributed run nothing is written (the path is returned).
         """
+        if not self.main_process:
+            return Path(path)
         metric_names: dict[str, None] = {}
         resource_names: dict[str, None] = {}
         for record in self._history:

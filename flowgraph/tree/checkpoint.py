@@ -125,8 +125,18 @@ def _atomic_write(path: str | os.PathLike, data: bytes) -> None:
 
 
 def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = None) -> None:
-    """Save ``module``'s parameters and buffers (and ``optimizer``'s state) to a safetensors file, atomically."""
+    """Save ``module``'s parameters and buffers (and ``optimizer``'s state) to a safetensors file, atomically.
+
+    Inside a ``flowgraph.distributed`` process group only rank 0 writes (the others return at once: their
+    replicas are identical), so a training script saves unchanged on every rank; call
+    ``distributed.barrier()`` before other ranks read the file.
+    """
     from safetensors.numpy import save
+
+    from ..distributed import is_main_process
+
+    if not is_main_process():
+        return
 
     tensors: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
