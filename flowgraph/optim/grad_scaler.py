@@ -16,14 +16,16 @@ and lower the scale; raise it again after ``growth_interval`` clean steps::
         scaler.update()
 
 The scale, the growth counter and the inf flags are device tensors updated with tensor ops; ``step()``
-reads one flag back to the host (as PyTorch's does). It works on every backend and with float32 too.
+reads one flag back to the host (as PyTorch's does). Inside ``fg.capture`` it reads nothing: the step runs
+and is undone on the device where a gradient overflowed, so a captured mixed-precision step keeps skipping
+bad steps on every replay. It works on every backend and with float32 too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..autograd.grad_mode import no_grad
+from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError
 from ..tensor import Tensor, float32, full, int32, stack, where
 from .optimizer import Optimizer
@@ -135,9 +137,37 @@ class GradScaler:
         flags = list(state["found_inf_per_device"].values())
         found = flags[0] if len(flags) == 1 else stack([f.to(flags[0].device) for f in flags]).sum()
         result = None
-        if not found.item():  # the one host read per step
+        if STATE.capture_hooks is not None:
+            result = self._masked_step(optimizer, found, args, kwargs)
+        elif not found.item():  # the one host read per step
             result = optimizer.step(*args, **kwargs)
         state["stage"] = _STEPPED
+        return result
+
+    @staticmethod
+    def _masked_step(optimizer: Optimizer, found: Tensor, args: tuple, kwargs: dict) -> Any:
+        """Inside ``fg.capture``: no host read. The step always runs, then every parameter and optimizer
+        state tensor it touched is put back where ``found`` says a gradient overflowed (a device-side
+        skip: two extra passes per tensor, replayed with the graph)."""
+        hooks = STATE.capture_hooks
+        tensors: list[Tensor] = []
+        with no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is None or not p.requires_grad:
+                        continue
+                    st = optimizer.state[p]
+                    if not st:
+                        optimizer._init_state(p, st, group)
+                    if optimizer._capturable:
+                        optimizer._device_scalars(group, st, p, hooks)  # step counts become device tensors now
+                    tensors.append(p)
+                    tensors += [v for v in st.values() if isinstance(v, Tensor)]
+            saved = [t.clone() for t in tensors]
+        result = optimizer.step(*args, **kwargs)
+        with no_grad():
+            for t, old in zip(tensors, saved):
+                t.copy_(where(found.to(t.device) > 0, old, t))
         return result
 
     def update(self, new_scale: float | Tensor | None = None) -> None:

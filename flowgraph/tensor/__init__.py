@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..autograd.grad_mode import STATE
 from . import creation, elementwise, extra, indexing, linalg, reduction, shape
 from .amp import autocast, is_autocast_enabled
 from .creation import (
@@ -308,19 +309,25 @@ def _install() -> None:
         """Fill with zeros in place."""
         return fill_(self, 0)
 
+    def _overwrite(s, new):
+        """``new`` with a zero-gradient path to ``s`` when autograd records (an in-place overwrite keeps ``s`` in
+        the graph). A mask, not ``new + s * 0``: an inf/NaN in the old values must not leak into the result."""
+        if STATE.enabled and (s.requires_grad or new.requires_grad):
+            return where(zeros(s.shape, dtype=bool_, device=s.device), s, new)
+        return new
+
     def fill_(self, value):
         """Fill with ``value`` in place."""
         return apply_inplace(self, lambda s: full_like(s, value.item() if isinstance(value, Tensor) else value)
                              if not isinstance(value, Tensor) or not value.requires_grad
-                             else value.expand(s.shape) + s * 0, "fill_")
+                             else _overwrite(s, value.to(s.dtype).expand(s.shape)), "fill_")
 
     def copy_(self, src):
         """Copy ``src`` (broadcast, cast, moved across devices) into this tensor in place."""
         if not isinstance(src, Tensor):
             src = tensor(src, dtype=self.dtype, device=self.device)
-        return apply_inplace(self, lambda s: shape.to(src, self.device, self.dtype).expand(s.shape) + s * 0
-                             if src.requires_grad or s.requires_grad
-                             else shape.to(src, self.device, self.dtype).expand(s.shape), "copy_", src)
+        return apply_inplace(self, lambda s: _overwrite(s, shape.to(src, self.device, self.dtype).expand(s.shape)),
+                             "copy_", src)
 
     def uniform_(self, a: float = 0.0, b: float = 1.0):
         """Fill with uniform samples in [a, b)."""

@@ -59,6 +59,41 @@ def test_scale_sequence_and_skips_match_torch(device, growth_interval):
     assert skipped == 4
 
 
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
+def test_skips_on_the_device_inside_capture(device, opt_name):
+    """Inside fg.capture step() must not read the flag: the step is undone on the device instead. Simulated
+    here on every backend by turning capture mode on as fg.capture does; same results as PyTorch's skips."""
+    from flowgraph.autograd.grad_mode import STATE
+
+    init = np.random.default_rng(0)
+    values = [init.standard_normal((3, 2)).astype(np.float32), init.standard_normal(4).astype(np.float32)]
+    fp = [fg.tensor(v, device=device, requires_grad=True) for v in values]
+    tp = [torch.tensor(v, requires_grad=True) for v in values]
+    kw = dict(lr=0.1, momentum=0.9) if opt_name == "SGD" else dict(lr=0.01)
+    fopt, topt = getattr(optim, opt_name)(fp, **kw), getattr(torch.optim, opt_name)(tp, **kw)
+    fs = optim.GradScaler(init_scale=2.0 ** 10, growth_interval=3)
+    ts = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3)
+    fs.scale(fg.tensor(1.0, device=device))
+    ts.scale(torch.tensor(1.0))
+    for step, poison in enumerate(PATTERN):
+        scale = fs.get_scale()
+        for p, t, g in zip(fp, tp, _grads(step, poison)):
+            p.grad = fg.tensor(g * scale, device=device)
+            t.grad = torch.tensor(g * scale)
+        prev, STATE.capture_hooks = STATE.capture_hooks, []
+        try:
+            fs.step(fopt)  # a host read here would be an error under a real capture
+            fs.update()
+        finally:
+            STATE.capture_hooks = prev
+        ts.step(topt)
+        ts.update()
+        for p, t in zip(fp, tp):
+            np.testing.assert_allclose(p.detach().numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"step {step} ({poison})")
+        assert fs.get_scale() == ts.get_scale()
+
+
 def test_unscale_then_clip_then_step(device):
     p = fg.tensor([1.0, 2.0], device=device, requires_grad=True)
     opt = optim.SGD([p], lr=1.0)

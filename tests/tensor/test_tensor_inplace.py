@@ -148,3 +148,25 @@ def test_detach_shares_version(device):
     d.add_(1.0)  # writes through the shared storage: backward must notice
     with pytest.raises(fg.FlowError, match="modified in place"):
         y.sum().backward()
+
+
+def test_copy_and_fill_overwrite_inf_and_nan(device):
+    x = fg.tensor([float("inf"), float("nan"), 1.0], device=device)
+    x.copy_(fg.tensor([1.0, 2.0, 3.0], device=device))
+    assert x.tolist() == [1.0, 2.0, 3.0]
+    w = fg.tensor([float("inf"), float("nan")], device=device, requires_grad=True)
+    with fg.no_grad():
+        w.copy_(fg.tensor([5.0, 6.0], device=device))
+    assert w.tolist() == [5.0, 6.0]
+    # recorded: the old values get a zero gradient, the source its gradient, and no NaN leaks into values
+    a = fg.tensor([float("nan"), 1.0], device=device, requires_grad=True)
+    b = a * 1
+    src = fg.tensor([3.0, 4.0], device=device, requires_grad=True)
+    b.copy_(src)
+    (b * fg.tensor([1.0, 2.0], device=device)).sum().backward()
+    assert b.tolist() == [3.0, 4.0] and a.grad.tolist() == [0.0, 0.0] and src.grad.tolist() == [1.0, 2.0]
+    v = fg.tensor(7.0, device=device, requires_grad=True)
+    c = fg.tensor([float("inf"), 0.0], device=device, requires_grad=True) * 1
+    c.fill_(v)
+    c.sum().backward()
+    assert c.tolist() == [7.0, 7.0] and v.grad.item() == 2.0
