@@ -427,3 +427,52 @@ def test_capture_random_numbers_change_per_replay():
     a = graphed(fg.zeros(8, device="cuda")).numpy().copy()
     b = graphed(fg.zeros(8, device="cuda")).numpy().copy()
     assert not np.array_equal(a, b) and 0 <= a.min() and a.max() < 1
+
+
+def _amp_run(captured: bool, steps: int = 12, warmup: int = 3):
+    from flowgraph import nn, optim
+
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 1)).to("cuda")
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+    scaler = optim.GradScaler(init_scale=2.0 ** 10, growth_interval=4)
+
+    def step(x, y):
+        opt.zero_grad()
+        with fg.autocast(fg.float16):
+            out = model(x)
+        loss = ((out.float() - y) ** 2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    rng = np.random.default_rng(4)
+    data = []
+    for i in range(steps):
+        x = rng.normal(size=(32, 16)).astype(F32)
+        if i == 5:
+            x[3, 2] = np.inf  # this step overflows: skipped, scale backs off
+        data.append((x, rng.normal(size=(32, 1)).astype(F32)))
+    x0 = fg.tensor(data[0][0], device="cuda")
+    y0 = fg.tensor(data[0][1], device="cuda")
+    run = fg.capture(step, x0, y0, warmup=warmup) if captured else step
+    if captured:
+        assert run.captured
+    else:
+        for _ in range(warmup):
+            step(x0, y0)
+    losses = [run(fg.tensor(x, device="cuda"), fg.tensor(y, device="cuda")).item() for x, y in data]
+    return np.array(losses), [p.detach().numpy() for p in model.parameters()], scaler.get_scale()
+
+
+@gpu
+def test_capture_with_autocast_and_grad_scaler_matches_eager():
+    eager, eager_params, eager_scale = _amp_run(captured=False)
+    graphed, graphed_params, graphed_scale = _amp_run(captured=True)
+    assert not np.isfinite(eager[5]) and np.isfinite(eager[6:]).all()
+    np.testing.assert_allclose(graphed, eager, rtol=1e-3, atol=1e-5)  # inf/NaN at the same step
+    for p, q in zip(graphed_params, eager_params):
+        assert np.isfinite(p).all()
+        np.testing.assert_allclose(p, q, rtol=1e-3, atol=1e-5)
+    assert graphed_scale == eager_scale
