@@ -39,12 +39,14 @@ class SGD(Optimizer):
                             f"(got momentum={group['momentum']}, dampening={group['dampening']})")
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        momentum = group["momentum"]
+        buf = state.get("momentum_buffer")
+        if momentum != 0 and buf is not None and self._fused_update(p, grad, buf, group):
+            return
         g = -grad if group["maximize"] else grad
         if group["weight_decay"] != 0:
             g = g + p * group["weight_decay"]
-        momentum = group["momentum"]
         if momentum != 0:
-            buf = state.get("momentum_buffer")
             if buf is None:
                 buf = state["momentum_buffer"] = g.detach().clone()
             else:
@@ -52,3 +54,18 @@ class SGD(Optimizer):
                 write_(buf, buf * momentum + damped)
             g = g + buf * momentum if group["nesterov"] else buf
         write_(p, p - g * group["lr"])
+
+    @staticmethod
+    def _fused_update(p: Tensor, grad: Tensor, buf: Tensor, group: dict[str, Any]) -> bool:
+        """The backend's one-kernel momentum step where it has one (CUDA, OpenCL); False otherwise."""
+        fused = getattr(p._backend, "sgd_step", None)
+        if fused is None:
+            return False
+        lr = group["lr"]
+        lr = lr._data if isinstance(lr, Tensor) else lr
+        if not fused(p._data, grad._data, buf._data, lr, group["momentum"], group["dampening"],
+                     group["weight_decay"], group["nesterov"], group["maximize"]):
+            return False
+        p._bump_version()
+        buf._bump_version()
+        return True

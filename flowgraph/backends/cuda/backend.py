@@ -873,6 +873,42 @@ class CupyBackend(ArrayBackend):
                t(-1.0 if maximize else 1.0), p, m, v)
         return True
 
+    def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
+                 weight_decay: float, nesterov: bool, maximize: bool) -> bool:
+        """Optional fused composite: one SGD-with-momentum step in one kernel (``p`` and ``buf`` in place).
+
+        ``lr`` is a host number or a 0-d float32 device array (inside ``fg.capture``). False (the caller takes
+        the generic path) unless ``p`` and ``buf`` are contiguous float32/float64 arrays of one dtype.
+        """
+        self._use()
+        p, buf = self._arr(p), self._arr(buf)
+        if p.dtype not in (K.F32, K.F64) or buf.dtype != p.dtype or buf.shape != p.shape or not (
+                p.flags.c_contiguous and buf.flags.c_contiguous):
+            return False
+        g = self._arr(g)
+        if g.shape != p.shape:
+            return False
+        if g.dtype != p.dtype:
+            g = g.astype(p.dtype)
+        device = not isinstance(lr, (int, float, np.generic))
+        if device:
+            lr = self._arr(lr)
+            if lr.dtype != K.F32:
+                return False
+            lr = lr.reshape(1)
+        kind = "device" if device else "host"
+        kernel = self._kernels.get(("sgd", kind))
+        if kernel is None:
+            kernel = cupy.ElementwiseKernel(K.SGD_IN[kind], "T p, T buf", K.SGD_PRE[kind] + K.SGD_BODY,
+                                            name=f"fg_sgd_{kind}")
+            self._kernels[("sgd", kind)] = kernel
+        for b in (p, buf):
+            self._flush_readers(b, keep=None)
+        t = p.dtype.type
+        kernel(g, lr if device else t(lr), t(momentum), t(1.0 - dampening), t(weight_decay),
+               t(-1.0 if maximize else 1.0), bool(nesterov), p, buf)
+        return True
+
     # ----------------------------------------------------------------- linear algebra
     def _blas_handle(self) -> Cublas:
         if self._blas is None:

@@ -158,6 +158,21 @@ ADAM_IN = {
 ADAM_PRE = {"host": "", "device": "T SS = (T)ss[0]; T EH = (T)eh[0];\n"}
 
 
+#: One SGD step with momentum per element, in place on ``p`` and the momentum buffer ``buf``
+#: (``CupyBackend.sgd_step``); ``LR`` is a host scalar or, inside ``fg.capture``, a float32 device scalar.
+SGD_BODY = """
+T gg = sign * g + wd * p;
+T b = mom * buf + damp1 * gg;
+buf = b;
+p = p - LR * (nesterov ? gg + mom * b : b);
+"""
+SGD_IN = {
+    "host": "T g, T LR, T mom, T damp1, T wd, T sign, bool nesterov",
+    "device": "T g, raw float32 lr, T mom, T damp1, T wd, T sign, bool nesterov",
+}
+SGD_PRE = {"host": "", "device": "T LR = (T)lr[0];\n"}
+
+
 # ---------------------------------------------------------------------------------------- reductions
 #: Leaf and output dtypes the own reduction kernel takes; others go through ``cupy.ReductionKernel``.
 RSUM_TYPES = frozenset({F32, F64})

@@ -795,6 +795,37 @@ class OpenCLBackend(Backend):
             self._launch(kernel, p.size, args)
         return True
 
+    def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
+                 weight_decay: float, nesterov: bool, maximize: bool) -> bool:
+        """Optional fused composite: one SGD-with-momentum step in one kernel (see ``CupyBackend.sgd_step``)."""
+        p, buf = (self.realize(self._own(x, "sgd_step")) for x in (p, buf))
+        if p.dtype not in (_F32, _F64) or buf.dtype != p.dtype or buf.shape != p.shape:
+            return False
+        if not (is_contiguous(p.shape, p.strides) and is_contiguous(buf.shape, buf.strides)):
+            return False
+        g = self._own(g, "sgd_step")
+        if g.shape != p.shape:
+            return False
+        if g.dtype != p.dtype:
+            g = self.cast(g, p.dtype)
+        g = self.contiguous(g)
+        device = not isinstance(lr, (int, float, np.generic))
+        if device:
+            lr = self.realize(self._own(lr, "sgd_step"))
+            if lr.dtype != _F32:
+                return False
+        kernel = self._kernel(("sgd", p.dtype.str, device), lambda: K.sgd_source(p.dtype, device))
+        for x in (p, buf):
+            self._flush_readers(x.buffer, keep=None)
+        t = p.dtype.type
+        args: list[Any] = [p.size, p.buffer, p.offset, buf.buffer, buf.offset, g.buffer, g.offset]
+        args += [lr.buffer, lr.offset] if device else [t(lr)]
+        args += [t(momentum), t(1.0 - dampening), t(weight_decay), t(-1.0 if maximize else 1.0),
+                 np.int32(bool(nesterov))]
+        if p.size:
+            self._launch(kernel, p.size, args)
+        return True
+
     # ----------------------------------------------------------------- linear algebra
     def matmul(self, a: Array, b: Array) -> Array:
         a = self.realize(self._own(a, "matmul"))

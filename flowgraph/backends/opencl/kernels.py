@@ -325,6 +325,36 @@ def adam_source(dtype: np.dtype, device_scalars: bool) -> KernelSource:
     return assemble("fg_adam", emitter, {dtype}, params, lines)
 
 
+def sgd_source(dtype: np.dtype, device_lr: bool) -> KernelSource:
+    """One SGD-with-momentum step per work-item, in place on ``p`` and ``buf`` (see ``OpenCLBackend.sgd_step``)."""
+    emitter = OpenCLEmitter()
+    t = ctype(dtype)
+    params = Params()
+    params.long("n")
+    for name, const in (("p", False), ("buf", False), ("g", True)):
+        params.buffer(dtype, name, const)
+        params.long(f"{name}_off")
+    if device_lr:
+        params.buffer(np.dtype(np.float32), "lr", const=True)
+        params.long("lr_off")
+    else:
+        params.scalar(dtype, "lr")
+    for name in ("mom", "damp1", "wd", "sign"):
+        params.scalar(dtype, name)
+    params.scalar(np.dtype(np.int32), "nesterov")
+    lines = [
+        "long i = get_global_id(0);",
+        "if (i >= n) return;",
+        f"{t} LR = {'(' + t + ')lr[lr_off]' if device_lr else 'lr'};",
+        f"{t} pp = p[p_off + i];",
+        f"{t} gg = sign * g[g_off + i] + wd * pp;",
+        f"{t} b = mom * buf[buf_off + i] + damp1 * gg;",
+        "buf[buf_off + i] = b;",
+        "p[p_off + i] = pp - LR * (nesterov ? gg + mom * b : b);",
+    ]
+    return assemble("fg_sgd", emitter, {dtype}, params, lines)
+
+
 def cumsum_source(rank: int, dtype: np.dtype, acc_dtype: np.dtype) -> KernelSource:
     """Inclusive scan: one work-item per line along the scanned axis (``len`` elements, axis strides)."""
     emitter = OpenCLEmitter()
