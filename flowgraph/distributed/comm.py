@@ -115,16 +115,17 @@ class StoreCommunicator(Communicator):
         _check_op(op)
         host = self._host(tensor)
         parts = [np.frombuffer(b, dtype=host.dtype).reshape(host.shape) for b in self._exchange(host.tobytes())]
-        if op == "max":
-            out = np.maximum.reduce(parts)
-        else:
-            out = parts[0].copy()
-            for p in parts[1:]:
-                out += p
-            if op == "avg":
-                out = (out / self.world_size).astype(host.dtype, copy=False)
-        _write_host(tensor, out)
+        _write_host(tensor, self._combine(parts, op))
         return tensor
+
+    def _combine(self, parts: list[np.ndarray], op: str) -> np.ndarray:
+        """Every rank's array reduced with ``op``, in rank order (identical bits on every rank)."""
+        if op == "max":
+            return np.maximum.reduce(parts)
+        out = parts[0].copy()
+        for p in parts[1:]:
+            out += p
+        return (out / self.world_size).astype(out.dtype, copy=False) if op == "avg" else out
 
     def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
         """One exchange for all ``tensors`` (their host copies concatenated); same result as one by one."""
@@ -135,15 +136,7 @@ class StoreCommunicator(Communicator):
         if len({h.dtype for h in hosts}) > 1:
             return super().all_reduce_coalesced(tensors, op)
         flat = np.concatenate([h.reshape(-1) for h in hosts]) if hosts else np.zeros(0, np.float32)
-        parts = [np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())]
-        if op == "max":
-            out = np.maximum.reduce(parts)
-        else:
-            out = parts[0].copy()
-            for p in parts[1:]:
-                out += p
-            if op == "avg":
-                out = (out / self.world_size).astype(flat.dtype, copy=False)
+        out = self._combine([np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())], op)
         offset = 0
         for t, h in zip(tensors, hosts):
             _write_host(t, out[offset:offset + h.size].reshape(h.shape))

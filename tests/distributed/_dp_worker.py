@@ -7,6 +7,7 @@ on ``cuda:r``.
 import sys
 
 import numpy as np
+from _util import sgd  # the launcher runs this file as a script, next to _util.py
 
 import flowgraph as fg
 import flowgraph.distributed as dist
@@ -18,14 +19,6 @@ def make_model() -> nn.Module:
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
     model[0].requires_grad_(False)  # frozen subtree: never bucketed, never reduced
     return model
-
-
-def sgd(model: nn.Module, lr: float = 0.1) -> None:
-    with fg.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p.sub_(p.grad * lr)
-                p.grad = None
 
 
 def main(out_path: str, backend: str = "local") -> None:

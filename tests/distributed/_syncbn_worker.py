@@ -7,6 +7,7 @@ same with local BatchNorm>`` to ``OUT.<rank>``.
 import sys
 
 import numpy as np
+from _util import sgd  # the launcher runs this file as a script, next to _util.py
 
 import flowgraph as fg
 import flowgraph.distributed as dist
@@ -16,14 +17,6 @@ from flowgraph import nn
 def make_model() -> nn.Module:
     fg.manual_seed(0)
     return nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 2))
-
-
-def sgd(model: nn.Module, lr: float = 0.1) -> None:
-    with fg.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p.sub_(p.grad * lr)
-                p.grad = None
 
 
 def state(model: nn.Module) -> list[np.ndarray]:

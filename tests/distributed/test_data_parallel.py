@@ -19,34 +19,33 @@ def _two_gpus() -> bool:
     return sum(d.startswith("cuda") for d in fg.available_devices()) >= 2
 
 
-@pytest.mark.parametrize("backend", [
+#: Both transports: the store on CPU processes everywhere, NCCL where two GPUs are visible.
+BACKENDS = pytest.mark.parametrize("backend", [
     "local",
     pytest.param("nccl", marks=pytest.mark.skipif(not _two_gpus(), reason="NCCL needs two CUDA devices here")),
 ])
-def test_sync_batchnorm_two_processes_match_single_process_full_batch(tmp_path, backend):
-    worker = Path(__file__).with_name("_syncbn_worker.py")
-    out = tmp_path / "res"
+
+
+def _launch_two(worker: str, tmp_path, backend: str) -> None:
+    """Run ``worker`` on 2 ranks through the launcher (it writes ``res.<rank>`` into ``tmp_path``)."""
     res = subprocess.run([sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(free_port()), str(worker), str(out), backend],
-                         capture_output=True, text=True, timeout=120)
+                          "--master-port", str(free_port()), str(Path(__file__).with_name(worker)),
+                          str(tmp_path / "res"), backend], capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+@BACKENDS
+def test_sync_batchnorm_two_processes_match_single_process_full_batch(tmp_path, backend):
+    _launch_two("_syncbn_worker.py", tmp_path, backend)
     for rank in (0, 1):
         synced, local = (float(v) for v in (tmp_path / f"res.{rank}").read_text().split())
         assert synced <= 1e-5, f"rank {rank}: SyncBatchNorm vs single process: {synced}"
         assert local > 1e-3, f"rank {rank}: local BatchNorm should differ from the global batch, got {local}"
 
 
-@pytest.mark.parametrize("backend", [
-    "local",
-    pytest.param("nccl", marks=pytest.mark.skipif(not _two_gpus(), reason="NCCL needs two CUDA devices here")),
-])
+@BACKENDS
 def test_two_processes_match_single_process(tmp_path, backend):
-    worker = Path(__file__).with_name("_dp_worker.py")
-    out = tmp_path / "res"
-    res = subprocess.run([sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(free_port()), str(worker), str(out), backend],
-                         capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, res.stderr[-3000:]
+    _launch_two("_dp_worker.py", tmp_path, backend)
     for rank in (0, 1):
         worst, gathered = (tmp_path / f"res.{rank}").read_text().split(" ", 1)
         assert float(worst) <= 1e-6, f"rank {rank}: max |dp - single| = {worst}"

@@ -833,6 +833,19 @@ class CupyBackend(ArrayBackend):
         if dst.size:
             cupy.copyto(dst, value, casting="unsafe")
 
+    def _optimizer_operands(self, p: Array, g: Array, state: tuple) -> tuple | None:
+        """``(p, g, state)`` as cupy arrays for a fused optimizer kernel, or None (the generic path runs) unless
+        ``p`` and the state buffers are contiguous float32/float64 arrays of one dtype and shape."""
+        self._use()
+        p, state = self._arr(p), tuple(self._arr(x) for x in state)
+        if p.dtype not in (K.F32, K.F64) or not p.flags.c_contiguous or not all(
+                x.dtype == p.dtype and x.shape == p.shape and x.flags.c_contiguous for x in state):
+            return None
+        g = self._arr(g)
+        if g.shape != p.shape:
+            return None
+        return p, g if g.dtype == p.dtype else g.astype(p.dtype), state
+
     def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
                   eps_hat: Any, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
         """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
@@ -841,16 +854,10 @@ class CupyBackend(ArrayBackend):
         (read on the device, so a replayed graph uses the step's current values). False (the caller takes
         the generic path) unless ``p``, ``m``, ``v`` are contiguous float32/float64 arrays of one dtype.
         """
-        self._use()
-        p, m, v = self._arr(p), self._arr(m), self._arr(v)
-        if p.dtype not in (K.F32, K.F64) or len({p.dtype, m.dtype, v.dtype}) != 1 or not all(
-                a.flags.c_contiguous and a.shape == p.shape for a in (m, v)) or not p.flags.c_contiguous:
+        operands = self._optimizer_operands(p, g, (m, v))
+        if operands is None:
             return False
-        g = self._arr(g)
-        if g.shape != p.shape:
-            return False
-        if g.dtype != p.dtype:
-            g = g.astype(p.dtype)
+        p, g, (m, v) = operands
         device = not isinstance(step_size, (int, float, np.generic))
         kind = "device" if device else "host"
         key = ("adam", kind)
@@ -880,16 +887,10 @@ class CupyBackend(ArrayBackend):
         ``lr`` is a host number or a 0-d float32 device array (inside ``fg.capture``). False (the caller takes
         the generic path) unless ``p`` and ``buf`` are contiguous float32/float64 arrays of one dtype.
         """
-        self._use()
-        p, buf = self._arr(p), self._arr(buf)
-        if p.dtype not in (K.F32, K.F64) or buf.dtype != p.dtype or buf.shape != p.shape or not (
-                p.flags.c_contiguous and buf.flags.c_contiguous):
+        operands = self._optimizer_operands(p, g, (buf,))
+        if operands is None:
             return False
-        g = self._arr(g)
-        if g.shape != p.shape:
-            return False
-        if g.dtype != p.dtype:
-            g = g.astype(p.dtype)
+        p, g, (buf,) = operands
         device = not isinstance(lr, (int, float, np.generic))
         if device:
             lr = self._arr(lr)

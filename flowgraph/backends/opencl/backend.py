@@ -760,6 +760,20 @@ class OpenCLBackend(Backend):
             self._add_readers(dst.buffer, (src,))
         return dst
 
+    def _optimizer_operands(self, p: Array, g: Array, state: tuple, where: str) -> tuple | None:
+        """``(p, g, state)`` realized (``g`` contiguous, in ``p``'s dtype) for a fused optimizer kernel, or None
+        (the generic path runs) unless ``p`` and the state buffers are contiguous float32/float64 arrays of one
+        dtype and shape."""
+        p = self.realize(self._own(p, where))
+        state = tuple(self.realize(self._own(x, where)) for x in state)
+        if p.dtype not in (_F32, _F64) or not is_contiguous(p.shape, p.strides) or not all(
+                x.dtype == p.dtype and x.shape == p.shape and is_contiguous(x.shape, x.strides) for x in state):
+            return None
+        g = self._own(g, where)
+        if g.shape != p.shape:
+            return None
+        return p, self.contiguous(g if g.dtype == p.dtype else self.cast(g, p.dtype)), state
+
     def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
                   eps_hat: Any, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
         """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
@@ -767,18 +781,10 @@ class OpenCLBackend(Backend):
         ``step_size``/``eps_hat`` are host numbers or 0-d float32 device arrays. False (the caller takes the
         generic path) unless ``p``, ``m``, ``v`` are contiguous float32/float64 arrays of one dtype.
         """
-        p, m, v = (self.realize(self._own(x, "adam_step")) for x in (p, m, v))
-        if p.dtype not in (_F32, _F64) or len({p.dtype, m.dtype, v.dtype}) != 1:
+        operands = self._optimizer_operands(p, g, (m, v), "adam_step")
+        if operands is None:
             return False
-        if not all(x.shape == p.shape and is_contiguous(x.shape, x.strides) for x in (m, v)) or not is_contiguous(
-                p.shape, p.strides):
-            return False
-        g = self._own(g, "adam_step")
-        if g.shape != p.shape:
-            return False
-        if g.dtype != p.dtype:
-            g = self.cast(g, p.dtype)
-        g = self.contiguous(g)
+        p, g, (m, v) = operands
         device = not isinstance(step_size, (int, float, np.generic))
         if device:
             ss, eh = (self.realize(self._own(x, "adam_step")) for x in (step_size, eps_hat))
@@ -798,17 +804,10 @@ class OpenCLBackend(Backend):
     def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
                  weight_decay: float, nesterov: bool, maximize: bool) -> bool:
         """Optional fused composite: one SGD-with-momentum step in one kernel (see ``CupyBackend.sgd_step``)."""
-        p, buf = (self.realize(self._own(x, "sgd_step")) for x in (p, buf))
-        if p.dtype not in (_F32, _F64) or buf.dtype != p.dtype or buf.shape != p.shape:
+        operands = self._optimizer_operands(p, g, (buf,), "sgd_step")
+        if operands is None:
             return False
-        if not (is_contiguous(p.shape, p.strides) and is_contiguous(buf.shape, buf.strides)):
-            return False
-        g = self._own(g, "sgd_step")
-        if g.shape != p.shape:
-            return False
-        if g.dtype != p.dtype:
-            g = self.cast(g, p.dtype)
-        g = self.contiguous(g)
+        p, g, (buf,) = operands
         device = not isinstance(lr, (int, float, np.generic))
         if device:
             lr = self.realize(self._own(lr, "sgd_step"))
