@@ -149,20 +149,11 @@ class GradScaler:
         """Inside ``fg.capture``: no host read. The step always runs, then every parameter and optimizer
         state tensor it touched is put back where ``found`` says a gradient overflowed (a device-side
         skip: two extra passes per tensor, replayed with the graph)."""
-        hooks = STATE.capture_hooks
         tensors: list[Tensor] = []
         with no_grad():
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is None or not p.requires_grad:
-                        continue
-                    st = optimizer.state[p]
-                    if not st:
-                        optimizer._init_state(p, st, group)
-                    if optimizer._capturable:
-                        optimizer._device_scalars(group, st, p, hooks)  # step counts become device tensors now
-                    tensors.append(p)
-                    tensors += [v for v in st.values() if isinstance(v, Tensor)]
+            for p, st, _ in optimizer._prepared():  # state exists and step counts are device tensors now
+                tensors.append(p)
+                tensors += [v for v in st.values() if isinstance(v, Tensor)]
             saved = [t.clone() for t in tensors]
         result = optimizer.step(*args, **kwargs)
         with no_grad():

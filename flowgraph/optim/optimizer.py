@@ -190,20 +190,26 @@ class Optimizer(ABC):
         if closure is not None:
             with enable_grad():
                 loss = closure()
-        hooks = STATE.capture_hooks
         with no_grad():
-            for group in self.param_groups:
-                view = group
-                for p in group["params"]:
-                    if p.grad is None or not p.requires_grad:
-                        continue
-                    state = self.state[p]
-                    if not state:
-                        self._init_state(p, state, group)
-                    if hooks is not None:
-                        view = self._device_scalars(group, state, p, hooks)
-                    self._update(p, p.grad, state, view)
+            for p, state, view in self._prepared():
+                self._update(p, p.grad, state, view)
         return loss
+
+    def _prepared(self):
+        """``(parameter, state, group view)`` for every parameter the next step updates, state initialised;
+        inside ``fg.capture`` the view's ``lr`` and the state's step count are device tensors."""
+        hooks = STATE.capture_hooks
+        for group in self.param_groups:
+            view = group
+            for p in group["params"]:
+                if p.grad is None or not p.requires_grad:
+                    continue
+                state = self.state[p]
+                if not state:
+                    self._init_state(p, state, group)
+                if hooks is not None:
+                    view = self._device_scalars(group, state, p, hooks)
+                yield p, state, view
 
     #: Whether ``_update`` works with device-tensor ``lr`` and step counts (needed inside ``fg.capture``).
     _capturable = False
