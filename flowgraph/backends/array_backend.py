@@ -330,11 +330,23 @@ class NumpyBackend(ArrayBackend):
         """``sum(prod(operands), axes)`` in one ``einsum`` pass (no product temporary; ~2x a ``sum`` of
         one array), reshaped to ``shape`` or keeping the reduced dims as 1."""
         full = operands[0].shape
+        if shape is None:
+            shape = tuple(1 if i in axes else n for i, n in enumerate(full))
+        frame = NumpyBackend._frame(operands[0])
+        if frame != tuple(range(len(full))):
+            # A permuted view (a convolution's batch-last output): reduce in its memory order, where the
+            # passes stream contiguously; the kept dims are then permuted back (a tiny array).
+            kept_axes = [f for f in frame if f not in axes]  # original axis of each kept dim, in frame order
+            operands = tuple(o.transpose(frame) for o in operands)
+            axes = tuple(j for j, f in enumerate(frame) if f in axes)
+            letters = "abcdefghijklmnopqrstuvwxyz"[: len(full)]
+            kept = "".join(c for i, c in enumerate(letters) if i not in axes)
+            out = np.einsum(",".join([letters] * len(operands)) + "->" + kept, *operands)
+            order = sorted(range(len(kept_axes)), key=lambda i: kept_axes[i])
+            return out.transpose(order).reshape(shape)
         letters = "abcdefghijklmnopqrstuvwxyz"[: len(full)]
         kept = "".join(c for i, c in enumerate(letters) if i not in axes)
         out = np.einsum(",".join([letters] * len(operands)) + "->" + kept, *operands)
-        if shape is None:
-            shape = tuple(1 if i in axes else n for i, n in enumerate(full))
         return out.reshape(shape)
 
     @staticmethod
@@ -433,48 +445,62 @@ class NumpyBackend(ArrayBackend):
         return a.reshape(shape)
 
     @staticmethod
-    def _lead_order(a: np.ndarray) -> tuple[int, ...]:
-        """``(1, 0, 2, ...)`` when ``a`` is a ``(N, C, *S)`` view of a contiguous ``(C, N, *S)`` array (a
-        convolution's channels-first output and everything elementwise after it), else the identity:
-        block views are then taken in that frame without a copy."""
+    def _frame(a: np.ndarray) -> tuple[int, ...]:
+        """The axis order in which ``a`` is C-contiguous when it is a permuted view of a contiguous array
+        (a convolution's ``(N, C, *S)`` output laid out ``(C, *S, N)``, and everything elementwise after it),
+        else the identity: block views are then taken in that frame without a copy."""
         order = tuple(range(a.ndim))
         if not a.flags.c_contiguous and a.ndim >= 2:
-            swapped = (1, 0) + order[2:]
-            if a.transpose(swapped).flags.c_contiguous:
-                return swapped
+            frame = tuple(sorted(order, key=lambda i: (-a.strides[i], i)))
+            if a.transpose(frame).flags.c_contiguous:
+                return frame
         return order
 
     @staticmethod
-    def _blocks(a: np.ndarray, kernel: tuple[int, ...]) -> np.ndarray:
-        """``(N, C, *S)`` viewed (or copied, when not contiguous) as ``(N, C, o1, k1, o2, k2, ...)``."""
-        split: tuple[int, ...] = ()
-        for n, k in zip(a.shape[2:], kernel):
-            split += (n // k, k)
-        return a.reshape(a.shape[:2] + split)
+    def _block_view(b: np.ndarray, frame: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[np.ndarray, list]:
+        """``b = a.transpose(frame)`` with each spatial axis of ``a`` (``2 + i``) split into ``(n // k, k)``
+        (a view of a contiguous ``b``), and the position of each ``k`` axis in that view."""
+        shape: tuple[int, ...] = ()
+        k_axes = [0] * len(kernel)
+        for n, orig in zip(b.shape, frame):
+            if orig >= 2:
+                k = kernel[orig - 2]
+                shape += (n // k, k)
+                k_axes[orig - 2] = len(shape) - 1
+            else:
+                shape += (n,)
+        return b.reshape(shape), k_axes
+
+    @staticmethod
+    def _inverse(frame: tuple[int, ...]) -> tuple[int, ...]:
+        inv = [0] * len(frame)
+        for i, f in enumerate(frame):
+            inv[f] = i
+        return tuple(inv)
 
     def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array | None:
         """Optional composite: the maximum of each non-overlapping ``kernel`` block of ``(N, C, *S)``
         (stride equal to the kernel, every ``S[i]`` a multiple of ``kernel[i]``), NaN propagating.
 
-        One ``maximum`` per pair of block slices, innermost dim first, on a reshaped view: no window stack
-        and no index array (a reduction over the split axes is ~40x slower in NumPy). None when ``a`` is not
-        a NumPy array or the blocks do not tile it (the caller then takes the generic path).
+        One ``maximum`` per pair of block slices, innermost axis first, on a reshaped view taken in the
+        input's memory order: no window stack, no index array (a reduction over the split axes is ~40x
+        slower in NumPy) and no copy of a permuted input. None when ``a`` is not a NumPy array or the
+        blocks do not tile it (the caller then takes the generic path).
         """
         if type(a) is not np.ndarray or a.ndim != len(kernel) + 2:
             return None
         if any(k < 1 or n % k for n, k in zip(a.shape[2:], kernel)):
             return None
-        order = self._lead_order(a)  # its own inverse
-        m = self._blocks(a.transpose(order), kernel)
-        for i in reversed(range(len(kernel))):
-            axis = 3 + 2 * i
-            lead = (slice(None),) * axis
+        frame = self._frame(a)
+        m, k_axes = self._block_view(a.transpose(frame), frame, kernel)
+        for i in sorted(range(len(kernel)), key=lambda i: -k_axes[i]):  # innermost first: positions stay valid
+            lead = (slice(None),) * k_axes[i]
             best = m[lead + (0,)]
             for j in range(1, kernel[i]):
                 best = np.maximum(best, m[lead + (j,)], out=best if j > 1 else None)
             m = best
         out = m.copy() if all(k == 1 for k in kernel) else m  # a 1x1 kernel: a copy, never an alias
-        return out.transpose(order)
+        return out.transpose(self._inverse(frame))
 
     def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
         """The gradient of ``max_pool_blocks`` for ``a``: each block's gradient goes to its first maximum in
@@ -482,19 +508,24 @@ class NumpyBackend(ArrayBackend):
 
         The masks are computed here from ``a`` and the forward's ``best``: one compare per block offset on
         output-sized arrays, an ``and not`` against the offsets already taken, and one masked product
-        written straight into that offset's strided view of the result.
+        written straight into that offset's strided view of the result (laid out like ``a``).
         """
-        order = self._lead_order(a)  # the forward's frame: no copy of ``a``, and ``gx`` laid out like it
-        a, best, g = a.transpose(order), best.transpose(order), g.transpose(order)
-        blocks = self._blocks(a, kernel)
+        frame = self._frame(a)  # the forward's frame: no copy of ``a``, and ``gx`` laid out like it
+        a, best, g = a.transpose(frame), best.transpose(frame), g.transpose(frame)
+        blocks, k_axes = self._block_view(a, frame, kernel)
         gx = np.empty(a.shape, dtype=g.dtype)
         gblocks = gx.reshape(blocks.shape)
+        # Index positions in the output-sized arrays: each k axis removed (innermost first).
+        drop = sorted(k_axes, reverse=True)
         indices = []
         for off in itertools.product(*(range(k) for k in kernel)):
-            index: tuple = (slice(None), slice(None))
-            for k in off:
-                index += (slice(None), k)
-            indices.append(index)
+            index = [slice(None)] * blocks.ndim
+            for i, o in enumerate(off):
+                index[k_axes[i]] = o
+            indices.append(tuple(index))
+        small = [n for j, n in enumerate(blocks.shape) if j not in drop]
+        best = best.reshape(small)
+        g = g.reshape(small)
         taken = None
         for n, index in enumerate(indices):
             if n == len(indices) - 1 and taken is not None:
@@ -516,7 +547,7 @@ class NumpyBackend(ArrayBackend):
                 first = hit if taken is None else hit & ~taken
                 taken = hit if taken is None else taken | hit
                 np.copyto(gblocks[index], np.where(first, g, 0), where=nan_blocks)
-        return gx.transpose(order)
+        return gx.transpose(self._inverse(frame))
 
     @staticmethod
     def is_available() -> bool:

@@ -63,52 +63,89 @@ def _check_input(x: Tensor, nd: int, where: str) -> tuple[Tensor, bool]:
     )
 
 
-def _offset_slices(offset: Sequence[int], stride, dilation, out) -> tuple[slice, ...]:
-    return (slice(None), slice(None)) + tuple(
-        slice(o * d, o * d + (n - 1) * s + 1, s) for o, s, d, n in zip(offset, stride, dilation, out)
-    )
+def _offset_slices(offset: Sequence[int], stride, dilation, out, batch_last: bool = False) -> tuple[slice, ...]:
+    spatial = tuple(slice(o * d, o * d + (n - 1) * s + 1, s) for o, s, d, n in zip(offset, stride, dilation, out))
+    if batch_last:
+        return (slice(None),) + spatial + (slice(None),)
+    return (slice(None), slice(None)) + spatial
 
 
 # ---------------------------------------------------------------------- the shared window primitive
-def _windows(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, axis: int = 2) -> Tensor:
+def _windows(
+    x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, axis: int = 2, batch_last: bool = False
+) -> Tensor:
     """``(A, B, *S) -> (A, B, K, *out)`` (``axis=2``) or ``(A, K, B, *out)`` (``axis=1``): every kernel
     offset's strided slice of an (already padded) input, stacked along a new dim at ``axis``.
+
+    With ``batch_last`` the input is ``(A, *S, B)`` and the result ``(A, K, *out, B)`` (``axis`` is then
+    ignored): each slice then copies runs of ``out[-1] * B`` contiguous elements instead of ``out[-1]``,
+    which is what makes small feature maps cheap.
 
     ``out`` must satisfy ``out[i] == (S[i] - dilation[i]*(kernel[i]-1) - 1) // stride[i] + 1`` or be smaller.
     """
     bk = x._backend
     d = x._data
-    lead = list(d.shape[:2])
-    lead.insert(axis, 1)
-    piece_shape = tuple(lead) + tuple(out)
+    if batch_last:
+        axis = 1
+        piece_shape = (d.shape[0], 1) + tuple(out) + (d.shape[-1],)
+    else:
+        lead = list(d.shape[:2])
+        lead.insert(axis, 1)
+        piece_shape = tuple(lead) + tuple(out)
     pieces = [
-        bk.reshape(bk.slice(d, _offset_slices(off, stride, dilation, out)), piece_shape)
+        bk.reshape(bk.slice(d, _offset_slices(off, stride, dilation, out, batch_last)), piece_shape)
         for off in itertools.product(*(range(k) for k in kernel))
     ]
     result = _wrap(pieces[0] if len(pieces) == 1 else bk.concatenate(pieces, axis), bk)
     if x.requires_grad and STATE.enabled:
         shape = x.shape
-        _attach(result, lambda g: (_fold_windows(g, shape, kernel, stride, dilation, axis),), (x,), "Windows")
+        _attach(
+            result,
+            lambda g: (_fold_windows(g, shape, kernel, stride, dilation, axis, batch_last),),
+            (x,),
+            "Windows",
+        )
     return result
 
 
-def _fold_windows(cols: Tensor, shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, axis: int = 2) -> Tensor:
+def _fold_windows(
+    cols: Tensor,
+    shape: tuple,
+    kernel: tuple,
+    stride: tuple,
+    dilation: tuple,
+    axis: int = 2,
+    batch_last: bool = False,
+) -> Tensor:
     """The adjoint of ``_windows``: the ``K`` slices along ``axis`` added back into zeros of ``shape``
-    ``(A, B, *S)`` (overlapping windows sum)."""
+    ``(A, B, *S)`` (``(A, *S, B)`` with ``batch_last``; overlapping windows sum)."""
     bk = cols._backend
     g = cols._data
-    out = tuple(cols.shape[3:])
+    if batch_last:
+        axis = 1
+        out = tuple(cols.shape[2:-1])
+        piece_shape = (shape[0],) + out + (shape[-1],)
+    else:
+        out = tuple(cols.shape[3:])
+        piece_shape = tuple(shape[:2]) + out
     base = bk.full(tuple(shape), 0, g.dtype)
-    piece_shape = tuple(shape[:2]) + out
+    add_into = getattr(bk, "add_into", None)
     for k, off in enumerate(itertools.product(*(range(kk) for kk in kernel))):
-        index = [slice(None)] * (3 + len(out))
+        index = [slice(None)] * g.ndim
         index[axis] = slice(k, k + 1)
         piece = bk.reshape(bk.slice(g, tuple(index)), piece_shape)
-        view = bk.slice(base, _offset_slices(off, stride, dilation, out))
-        bk.assign(view, bk.add(view, piece))
+        view = bk.slice(base, _offset_slices(off, stride, dilation, out, batch_last))
+        summed = bk.add(view, piece) if add_into is None else add_into(view, piece)
+        if summed is not view:  # add_into adds in place into a writable view of ``base``
+            bk.assign(view, summed)
     result = _wrap(base, bk)
     if cols.requires_grad and STATE.enabled:
-        _attach(result, lambda gg: (_windows(gg, kernel, stride, dilation, out, axis),), (cols,), "FoldWindows")
+        _attach(
+            result,
+            lambda gg: (_windows(gg, kernel, stride, dilation, out, axis, batch_last),),
+            (cols,),
+            "FoldWindows",
+        )
     return result
 
 
@@ -203,14 +240,31 @@ def _convnd(
             f"{where}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', got {padding_mode!r}"
         )
     k = math.prod(kernel)
-    # Channels first, batch second: the windows then stack to (C, K, N, *out), which is (C*K, N*L) with
-    # no copy, and the whole convolution is one GEMM per group (BLAS-sized, not N small ones).
-    xt = x.transpose(0, 1)
+    # Channels first, batch last: the input is laid out (C, *S, N), its windows stack to (C, K, *out, N),
+    # which is (C*K, L*N) with no copy, and the whole convolution is one GEMM per group (BLAS-sized, not N
+    # small ones). With the batch innermost every window slice copies runs of out[-1]*N elements (not
+    # out[-1]), so small feature maps stay cheap, and the output (C_out, *out, N) is returned as an
+    # (N, C_out, *out) view: the next convolution finds its input already in this layout.
+    to_last = (1,) + tuple(range(2, nd + 2)) + (0,)
     if k == 1 and all(s == 1 for s in stride) and not any(lo or hi for lo, hi in widths):
         out_size = tuple(x.shape[2:])
-        cols = xt  # a 1x1 convolution is a plain matmul over channels
+        cols = x.permute(to_last)  # a 1x1 convolution is a plain matmul over channels
     else:
-        cols, out_size = _im2col(xt, kernel, stride, dilation, widths, mode, where=where, axis=1)
+        if mode == "constant":
+            flat = [0, 0]
+            for lo, hi in reversed(widths):
+                flat += [lo, hi]
+            xp = pad(x.permute(to_last), flat, "constant", 0.0) if any(flat) else x.permute(to_last)
+        else:
+            xp = _pad_spatial(x, widths, mode).permute(to_last)
+        out_size = tuple(_window_out(m, kk, s, d) for m, kk, s, d in zip(xp.shape[1:-1], kernel, stride, dilation))
+        if any(o <= 0 for o in out_size):
+            raise ShapeError(
+                f"{where}: input of spatial size {tuple(x.shape[2:])} (padded {tuple(xp.shape[1:-1])}) is "
+                f"smaller than the kernel's extent (kernel {kernel}, dilation {dilation}); the output would be "
+                "empty"
+            )
+        cols = _windows(xp, kernel, stride, dilation, out_size, batch_last=True)
     length = n * math.prod(out_size)
     if groups > 1:
         cols = cols.reshape(groups, c_in_g * k, length)
@@ -218,7 +272,7 @@ def _convnd(
     else:
         cols = cols.reshape(c_in_g * k, length)
         w = weight.reshape(c_out, c_in_g * k)
-    out = w.matmul(cols).reshape((c_out, n) + out_size).transpose(0, 1)
+    out = w.matmul(cols).reshape((c_out,) + out_size + (n,)).permute((nd + 1, 0) + tuple(range(1, nd + 1)))
     if bias is not None:
         out = out + bias.reshape((1, c_out) + (1,) * nd)
     return out.squeeze(0) if unbatched else out
