@@ -8,11 +8,14 @@ One n-d path serves every dimensionality (and pooling, ``unfold`` and ``fold``):
   one concatenate).
 * ``_fold_windows`` is its adjoint (col2im): it adds each of the ``K`` slices back into a zero buffer of
   the padded shape. Each one is the other's backward, so both are differentiable to any order.
+* With ``batch_last`` both work on ``(A, *S, B)`` inputs and ``(A, K, *out, B)`` windows.
 
-A convolution runs channels-first: the input is transposed to ``(C_in, N, *S)``, so its windows are
-``(C_in, K, N, *out)`` = ``(C_in * K, N * L)`` without a copy, and the whole convolution is one GEMM per
-group, ``weight.reshape(G, C_out/G, C_in/G * K) @ cols``. A transposed convolution is the same GEMM with
-the transposed weight, followed by ``_fold_windows``.
+A convolution runs channels-first, batch-last: the input is laid out ``(C_in, *S, N)``, so its windows
+are ``(C_in, K, *out, N)`` = ``(C_in * K, L * N)`` without a copy, each window slice copies runs of
+``out[-1] * N`` elements (small feature maps stay cheap), and the whole convolution is one GEMM per group,
+``weight.reshape(G, C_out/G, C_in/G * K) @ cols``. Its ``(C_out, *out, N)`` result is returned as an
+``(N, C_out, *out)`` view, which the next convolution reads without a copy. A transposed convolution is
+the same GEMM with the transposed weight, followed by ``_fold_windows`` (in the ``(C, N, *S)`` layout).
 """
 
 from __future__ import annotations
