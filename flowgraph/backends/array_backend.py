@@ -236,6 +236,10 @@ class ArrayBackend(Backend):
 class NumpyBackend(ArrayBackend):
     """The CPU backend: NumPy arrays, NumPy's BLAS for matmul."""
 
+    #: Convolutions lay the batch out last, ``(C, *S, N)`` (see ``nn.conv``): window copies run over
+    #: ``out_w * N`` elements instead of ``out_w``, which is what NumPy's one-op-at-a-time passes need.
+    conv_batch_last = True
+
     def __init__(self, device: str = "cpu"):
         super().__init__(np, "cpu", "cpu")
         # Overflow to inf, 0/0 and log(0) are values here, as in PyTorch, not warnings.

@@ -188,6 +188,10 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for all queued work on the device."""
 
+    #: A layout hint for ``nn`` convolutions: True asks for the batch-last im2col layout ``(C, *S, N)``
+    #: (faster with NumPy), False (default) for ``(C, N, *S)`` (faster on the GPU backends, as measured).
+    conv_batch_last = False
+
     def memory_stats(self) -> dict[str, int]:
         """Device memory figures in bytes where the backend tracks them (``allocated``, ``peak``, ``total``)."""
         return {}
