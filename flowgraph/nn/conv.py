@@ -235,6 +235,14 @@ def _weight_gemm(w: Tensor, cols: Tensor) -> Tensor:
     return out
 
 
+def _gemm_operands(weight: Tensor, cols: Tensor, groups: int, rows: int, length: int) -> tuple[Tensor, Tensor]:
+    """The convolution GEMM's operands: ``(C_out, rows) @ (rows, length)``, batched over ``groups``."""
+    c_out = weight.shape[0]
+    if groups > 1:
+        return weight.reshape(groups, c_out // groups, rows), cols.reshape(groups, rows, length)
+    return weight.reshape(c_out, rows), cols.reshape(rows, length)
+
+
 def _convnd(
     x: Tensor,
     weight: Tensor,
@@ -300,13 +308,7 @@ def _convnd(
                 "empty"
             )
         cols = _windows(xp, kernel, stride, dilation, out_size, batch_last=True)
-    length = n * math.prod(out_size)
-    if groups > 1:
-        cols = cols.reshape(groups, c_in_g * k, length)
-        w = weight.reshape(groups, c_out // groups, c_in_g * k)
-    else:
-        cols = cols.reshape(c_in_g * k, length)
-        w = weight.reshape(c_out, c_in_g * k)
+    w, cols = _gemm_operands(weight, cols, groups, c_in_g * k, n * math.prod(out_size))
     out = _weight_gemm(w, cols).reshape((c_out,) + out_size + (n,)).permute((nd + 1, 0) + tuple(range(1, nd + 1)))
     if bias is not None:
         out = out + bias.reshape((1, c_out) + (1,) * nd)
@@ -327,13 +329,7 @@ def _convnd_batch_second(x: Tensor, weight: Tensor, bias: Tensor | None, stride,
         cols = xt  # a 1x1 convolution is a plain matmul over channels
     else:
         cols, out_size = _im2col(xt, tuple(weight.shape[2:]), stride, dilation, widths, mode, where=where, axis=1)
-    length = n * math.prod(out_size)
-    if groups > 1:
-        cols = cols.reshape(groups, c_in_g * k, length)
-        w = weight.reshape(groups, c_out // groups, c_in_g * k)
-    else:
-        cols = cols.reshape(c_in_g * k, length)
-        w = weight.reshape(c_out, c_in_g * k)
+    w, cols = _gemm_operands(weight, cols, groups, c_in_g * k, n * math.prod(out_size))
     out = w.matmul(cols).reshape((c_out, n) + out_size).transpose(0, 1)
     if bias is not None:
         out = out + bias.reshape((1, c_out) + (1,) * nd)
