@@ -36,3 +36,21 @@ def test_every_example_has_a_help_and_device_flag(script):
     out = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--device" in out.stdout
+
+
+def test_data_parallel_example_on_two_cpu_processes(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(port), str(ROOT / "examples/data_parallel/train.py"),
+                          "--device", "cpu", "--epochs", "6", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("trained on 2 rank(s)")]
+    assert len(lines) == 1, out.stdout  # rank 0 only
+    first, last = (float(v) for v in lines[0].split("loss ")[1].split(";")[0].split(" -> "))
+    assert last < 0.5 * first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["regressor.safetensors", "report.html"]
