@@ -79,7 +79,7 @@ def run_blocks(path: pathlib.Path, selected: list[tuple[int, str]]) -> list[tupl
 
 def test_every_tutorial_is_there():
     names = [p.name for p in DOCS if p.parent.name == "tutorials"]
-    for i in range(11):
+    for i in range(12):
         assert any(n.startswith(f"{i:02d}-") for n in names), f"docs/tutorials/{i:02d}-*.md is missing"
     assert (ROOT / "docs" / "migration.md").exists()
 
