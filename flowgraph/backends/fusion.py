@@ -544,6 +544,57 @@ class CEmitter:
         return "".join(self.helpers.values())
 
 
+# ------------------------------------------------------------------ optimizer update kernels (C dialects)
+class UpdateKernel:
+    """A fused optimizer update written once in dialect-neutral C, for every accelerated backend.
+
+    Per element the kernel reads ``g``, ``p`` and the ``state`` buffers as values of type ``T`` (the
+    parameter's float type), runs ``statements`` (which assign ``p`` and the state names) and writes
+    ``p`` and the state back. ``step_scalars`` are host numbers or, inside ``fg.capture``, float32 device
+    scalars the kernel reads (so a replayed graph sees each step's values); ``scalars`` are host numbers.
+    A backend supplies the loads, stores and signature in its own dialect.
+    """
+
+    def __init__(self, name: str, state: tuple[str, ...], step_scalars: tuple[str, ...],
+                 scalars: tuple[str, ...], statements: str) -> None:
+        self.name, self.state, self.step_scalars, self.scalars = name, state, step_scalars, scalars
+        self.statements = statements.strip()
+
+
+#: Adam/AdamW: ``c1``/``c2`` are ``1 - beta`` rounded once from the Python floats (as the tensor-op path
+#: and PyTorch round them), ``sign`` is -1 with ``maximize``, ``decay`` is AdamW's ``1 - lr * wd``.
+ADAM_UPDATE = UpdateKernel("adam", ("m", "v"), ("SS", "EH"), ("b1", "c1", "b2", "c2", "l2", "decay", "sign"), """
+T gg = sign * g + l2 * p;
+m = b1 * m + c1 * gg;
+v = b2 * v + c2 * gg * gg;
+p = p * decay - SS * m / (sqrt(v) + EH);
+""")
+
+#: SGD with momentum (``damp1`` is ``1 - dampening``, ``nest`` 1 for Nesterov momentum, else 0).
+SGD_UPDATE = UpdateKernel("sgd", ("buf",), ("LR",), ("mom", "damp1", "wd", "sign", "nest"), """
+T gg = sign * g + wd * p;
+T b = mom * buf + damp1 * gg;
+buf = b;
+p = p - LR * (nest != 0 ? gg + mom * b : b);
+""")
+
+
+def adam_update_scalars(beta1: float, beta2: float, l2: float, decay: float, maximize: bool) -> tuple:
+    """``ADAM_UPDATE.scalars`` from ``adam_step``'s arguments."""
+    return beta1, 1.0 - beta1, beta2, 1.0 - beta2, l2, decay, -1.0 if maximize else 1.0
+
+
+def sgd_update_scalars(momentum: float, dampening: float, weight_decay: float, nesterov: bool,
+                       maximize: bool) -> tuple:
+    """``SGD_UPDATE.scalars`` from ``sgd_step``'s arguments."""
+    return momentum, 1.0 - dampening, weight_decay, -1.0 if maximize else 1.0, 1.0 if nesterov else 0.0
+
+
+def is_host_scalar(x: Any) -> bool:
+    """A Python/NumPy number (as opposed to a device array holding a step scalar inside ``fg.capture``)."""
+    return isinstance(x, (int, float, np.generic))
+
+
 # ------------------------------------------------------------------ strided indexing (C dialects)
 def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Drop size-1 axes and merge neighbours that are contiguous in every operand.
@@ -584,6 +635,20 @@ def offset_expr(base: str, name: str, coords: str, rank: int, suffix: str = "s")
     """``base + c0*name_s0 + ...``: the element offset of operand ``name`` at coordinates ``coords``."""
     terms = [base] + [f"{coords}{i} * {name}_{suffix}{i}" for i in range(rank)]
     return " + ".join(terms)
+
+
+def reduction_layout(shape: Sequence[int], axes: tuple[int, ...], strides: Sequence[Sequence[int]]) -> tuple:
+    """How a reduction kernel walks its operands: ``(kept_shape, (kdims, kstrides), (rdims, rstrides))``.
+
+    ``axes`` are the reduced axes (sorted), ``strides`` one stride tuple per operand (in elements). The kept
+    and the reduced axes are collapsed separately (:func:`collapse`), so the kernel indexes each operand by
+    ``len(kdims)`` output coordinates and ``len(rdims)`` reduction coordinates.
+    """
+    kept = [d for d in range(len(shape)) if d not in axes]
+    kept_shape = tuple(shape[d] for d in kept)
+    red_shape = tuple(shape[d] for d in axes)
+    return (kept_shape, collapse(kept_shape, [tuple(st[d] for d in kept) for st in strides]),
+            collapse(red_shape, [tuple(st[d] for d in axes) for st in strides]))
 
 
 #: ``cupy.ReductionKernel`` gives each output element one thread block: below this many outputs a long

@@ -30,7 +30,21 @@ from ...errors import BackendError, FlowError, ShapeError
 from .. import fusion
 from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
-from ..fusion import MIN_REDUCTION_BLOCKS, Expr, Scalar, collapse, linearize, result_dtype, split_reduction
+from ..fusion import (
+    ADAM_UPDATE,
+    MIN_REDUCTION_BLOCKS,
+    SGD_UPDATE,
+    Expr,
+    Scalar,
+    UpdateKernel,
+    adam_update_scalars,
+    is_host_scalar,
+    linearize,
+    reduction_layout,
+    result_dtype,
+    sgd_update_scalars,
+    split_reduction,
+)
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
 
@@ -676,14 +690,10 @@ class CupyBackend(ArrayBackend):
         """
         key_struct, leaves, scalars = flat
         shape = a.shape
-        kept_axes = [d for d in range(len(shape)) if d not in axes]
-        kept_shape = tuple(shape[d] for d in kept_axes)
-        red_shape = tuple(shape[d] for d in axes)
-        n_out, n_in = math.prod(kept_shape), math.prod(red_shape)
         values = [leaf.value for leaf in leaves]
-        strides = [tuple(s // v.itemsize for s in v.strides) for v in values]
-        kdims, kstrides = collapse(kept_shape, [tuple(st[d] for d in kept_axes) for st in strides])
-        rdims, rstrides = collapse(red_shape, [tuple(st[d] for d in axes) for st in strides])
+        kept_shape, (kdims, kstrides), (rdims, rstrides) = reduction_layout(
+            shape, axes, [tuple(s // v.itemsize for s in v.strides) for v in values])
+        n_out, n_in = math.prod(kept_shape), math.prod(shape[d] for d in axes)
         threads = 256 if n_in >= 1024 else max(32, 1 << (n_in - 1).bit_length())
         parts = 1
         if n_out < MIN_REDUCTION_BLOCKS and n_in >= 16 * threads:
@@ -854,31 +864,8 @@ class CupyBackend(ArrayBackend):
         (read on the device, so a replayed graph uses the step's current values). False (the caller takes
         the generic path) unless ``p``, ``m``, ``v`` are contiguous float32/float64 arrays of one dtype.
         """
-        operands = self._optimizer_operands(p, g, (m, v))
-        if operands is None:
-            return False
-        p, g, (m, v) = operands
-        device = not isinstance(step_size, (int, float, np.generic))
-        kind = "device" if device else "host"
-        key = ("adam", kind)
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            kernel = cupy.ElementwiseKernel(K.ADAM_IN[kind], "T p, T m, T v", K.ADAM_PRE[kind] + K.ADAM_BODY,
-                                            name=f"fg_adam_{kind}")
-            self._kernels[key] = kernel
-        if device:
-            ss, eh = self._arr(step_size), self._arr(eps_hat)
-            if ss.dtype != K.F32 or eh.dtype != K.F32:
-                return False
-            ss, eh = ss.reshape(1), eh.reshape(1)
-        else:
-            ss, eh = p.dtype.type(step_size), p.dtype.type(eps_hat)
-        for buffer in (p, m, v):  # pending expressions reading the old values run first
-            self._flush_readers(buffer, keep=None)
-        t = p.dtype.type
-        kernel(g, ss, eh, t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(l2), t(decay),
-               t(-1.0 if maximize else 1.0), p, m, v)
-        return True
+        return self._update_step(ADAM_UPDATE, p, g, (m, v), (step_size, eps_hat),
+                                 adam_update_scalars(beta1, beta2, l2, decay, maximize))
 
     def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
                  weight_decay: float, nesterov: bool, maximize: bool) -> bool:
@@ -887,27 +874,31 @@ class CupyBackend(ArrayBackend):
         ``lr`` is a host number or a 0-d float32 device array (inside ``fg.capture``). False (the caller takes
         the generic path) unless ``p`` and ``buf`` are contiguous float32/float64 arrays of one dtype.
         """
-        operands = self._optimizer_operands(p, g, (buf,))
+        return self._update_step(SGD_UPDATE, p, g, (buf,), (lr,),
+                                 sgd_update_scalars(momentum, dampening, weight_decay, nesterov, maximize))
+
+    def _update_step(self, spec: UpdateKernel, p: Array, g: Array, state: tuple, steps: tuple,
+                     scalars: tuple) -> bool:
+        """Run the fused optimizer update ``spec`` in place on ``p`` and ``state``; False where it cannot."""
+        operands = self._optimizer_operands(p, g, state)
         if operands is None:
             return False
-        p, g, (buf,) = operands
-        device = not isinstance(lr, (int, float, np.generic))
+        p, g, state = operands
+        device = not is_host_scalar(steps[0])
         if device:
-            lr = self._arr(lr)
-            if lr.dtype != K.F32:
+            steps = tuple(self._arr(x) for x in steps)
+            if any(x.dtype != K.F32 for x in steps):
                 return False
-            lr = lr.reshape(1)
-        kind = "device" if device else "host"
-        kernel = self._kernels.get(("sgd", kind))
-        if kernel is None:
-            kernel = cupy.ElementwiseKernel(K.SGD_IN[kind], "T p, T buf", K.SGD_PRE[kind] + K.SGD_BODY,
-                                            name=f"fg_sgd_{kind}")
-            self._kernels[("sgd", kind)] = kernel
-        for b in (p, buf):
-            self._flush_readers(b, keep=None)
+            steps = tuple(x.reshape(1) for x in steps)
         t = p.dtype.type
-        kernel(g, lr if device else t(lr), t(momentum), t(1.0 - dampening), t(weight_decay),
-               t(-1.0 if maximize else 1.0), bool(nesterov), p, buf)
+        key = (spec.name, device)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = cupy.ElementwiseKernel(*K.update_spec(spec, device), name=f"fg_{spec.name}")
+            self._kernels[key] = kernel
+        for buffer in (p, *state):  # pending expressions reading the old values run first
+            self._flush_readers(buffer, keep=None)
+        kernel(g, *(steps if device else (t(x) for x in steps)), *(t(x) for x in scalars), p, *state)
         return True
 
     # ----------------------------------------------------------------- linear algebra

@@ -16,7 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..fusion import CEmitter, FusedProgram, decompose, offset_expr
+from ..fusion import CEmitter, FusedProgram, UpdateKernel, decompose, offset_expr
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -139,38 +139,17 @@ def sum_spec(program: FusedProgram, acc: np.dtype, out_dtype: np.dtype) -> dict[
 
 
 # ---------------------------------------------------------------------------------------- optimizers
-#: One Adam/AdamW update per element, in place on ``p``, ``m``, ``v`` (the arguments of
-#: ``CupyBackend.adam_step``): the generic tensor-op update costs three fused launches plus ~15 tensor ops
-#: of host time per parameter; this is one launch.
-ADAM_BODY = """
-T gg = sign * g + l2 * p;
-m = b1 * m + c1 * gg;
-v = b2 * v + c2 * gg * gg;
-p = p * decay - SS * m / (sqrt(v) + EH);
-"""
-#: ``c1``/``c2`` are ``1 - beta`` rounded once from the Python floats (as the tensor-op path and PyTorch
-#: round them), not ``1 - (T)beta``. ``step_size``/``eps_hat`` are host scalars, or (inside ``fg.capture``)
-#: 1-element float32 device arrays.
-ADAM_IN = {
-    "host": "T g, T SS, T EH, T b1, T c1, T b2, T c2, T l2, T decay, T sign",
-    "device": "T g, raw float32 ss, raw float32 eh, T b1, T c1, T b2, T c2, T l2, T decay, T sign",
-}
-ADAM_PRE = {"host": "", "device": "T SS = (T)ss[0]; T EH = (T)eh[0];\n"}
+def update_spec(kernel: UpdateKernel, device_scalars: bool) -> tuple[str, str, str]:
+    """``(in_params, out_params, operation)`` of the ``cupy.ElementwiseKernel`` running ``kernel``.
 
-
-#: One SGD step with momentum per element, in place on ``p`` and the momentum buffer ``buf``
-#: (``CupyBackend.sgd_step``); ``LR`` is a host scalar or, inside ``fg.capture``, a float32 device scalar.
-SGD_BODY = """
-T gg = sign * g + wd * p;
-T b = mom * buf + damp1 * gg;
-buf = b;
-p = p - LR * (nesterov ? gg + mom * b : b);
-"""
-SGD_IN = {
-    "host": "T g, T LR, T mom, T damp1, T wd, T sign, bool nesterov",
-    "device": "T g, raw float32 lr, T mom, T damp1, T wd, T sign, bool nesterov",
-}
-SGD_PRE = {"host": "", "device": "T LR = (T)lr[0];\n"}
+    ``p`` and the state are output parameters (read and written in place); step scalars are ``T`` values, or
+    1-element float32 arrays (``raw``) read into locals with ``device_scalars``.
+    """
+    steps = [f"raw float32 {n}_d" if device_scalars else f"T {n}" for n in kernel.step_scalars]
+    in_params = ", ".join(["T g", *steps, *(f"T {n}" for n in kernel.scalars)])
+    out_params = ", ".join(f"T {n}" for n in ("p", *kernel.state))
+    loads = "".join(f"T {n} = (T){n}_d[0];\n" for n in kernel.step_scalars) if device_scalars else ""
+    return in_params, out_params, loads + kernel.statements
 
 
 # ---------------------------------------------------------------------------------------- reductions

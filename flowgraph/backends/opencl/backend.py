@@ -18,7 +18,20 @@ import numpy as np
 from ...errors import BackendError, ShapeError
 from .. import fusion
 from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
-from ..fusion import Expr, FusedProgram, Scalar, linearize, result_dtype
+from ..fusion import (
+    ADAM_UPDATE,
+    SGD_UPDATE,
+    Expr,
+    FusedProgram,
+    Scalar,
+    UpdateKernel,
+    adam_update_scalars,
+    is_host_scalar,
+    linearize,
+    reduction_layout,
+    result_dtype,
+    sgd_update_scalars,
+)
 from . import kernels as K
 from .array import CLArray, contiguous_strides, is_contiguous, shape_size
 from .runtime import build_program, cl, compile_stats, device_context, list_devices
@@ -518,10 +531,11 @@ class OpenCLBackend(Backend):
         for axis in axes:
             if not 0 <= axis < a.ndim:
                 raise ShapeError(f"{op}: axis {axis} is out of range for an array of shape {a.shape}")
-        kept = [d for d in range(a.ndim) if d not in axes]
-        kept_shape = tuple(a.shape[d] for d in kept)
-        red_shape = tuple(a.shape[d] for d in axes)
-        n_out, n_in = shape_size(kept_shape), shape_size(red_shape)
+        program = linearize(a)
+        leaves = program.leaves
+        kept_shape, (kdims, kstrides), (rdims, rstrides) = reduction_layout(
+            a.shape, axes, [leaf.strides for leaf in leaves])
+        n_out, n_in = shape_size(kept_shape), shape_size(tuple(a.shape[d] for d in axes))
         if n_in == 0 and op in ("max", "min", "argmax", "argmin"):
             raise BackendError(
                 f"{op}: zero-size reduction over axes {axes} of shape {a.shape} has no identity; "
@@ -535,10 +549,6 @@ class OpenCLBackend(Backend):
         if n_out < self.SPLIT_BELOW_OUTPUTS and n_in > self.SPLIT_ABOVE_INPUTS and op not in ("argmax", "argmin"):
             parts = min(self.MAX_PARTS, -(-n_in // self.SPLIT_ABOVE_INPUTS))
         out = self.empty(out_shape if parts == 1 else (n_out, parts), out_dtype if parts == 1 else acc_dtype)
-        program = linearize(a)
-        leaves = program.leaves
-        kdims, kstrides = K.collapse(kept_shape, [tuple(leaf.strides[d] for d in kept) for leaf in leaves])
-        rdims, rstrides = K.collapse(red_shape, [tuple(leaf.strides[d] for d in axes) for leaf in leaves])
         kr, rr = len(kdims), len(rdims)
         written = out.dtype  # out_dtype, or acc_dtype for partial results
         key = ("reduce", op, program.key, acc_dtype.str, written.str, kr, rr)
@@ -781,46 +791,36 @@ class OpenCLBackend(Backend):
         ``step_size``/``eps_hat`` are host numbers or 0-d float32 device arrays. False (the caller takes the
         generic path) unless ``p``, ``m``, ``v`` are contiguous float32/float64 arrays of one dtype.
         """
-        operands = self._optimizer_operands(p, g, (m, v), "adam_step")
-        if operands is None:
-            return False
-        p, g, (m, v) = operands
-        device = not isinstance(step_size, (int, float, np.generic))
-        if device:
-            ss, eh = (self.realize(self._own(x, "adam_step")) for x in (step_size, eps_hat))
-            if ss.dtype != _F32 or eh.dtype != _F32:
-                return False
-        kernel = self._kernel(("adam", p.dtype.str, device), lambda: K.adam_source(p.dtype, device))
-        for x in (p, m, v):  # pending expressions reading the old values run first
-            self._flush_readers(x.buffer, keep=None)
-        t = p.dtype.type
-        args: list[Any] = [p.size, p.buffer, p.offset, m.buffer, m.offset, v.buffer, v.offset, g.buffer, g.offset]
-        args += [ss.buffer, ss.offset, eh.buffer, eh.offset] if device else [t(step_size), t(eps_hat)]
-        args += [t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(l2), t(decay), t(-1.0 if maximize else 1.0)]
-        if p.size:
-            self._launch(kernel, p.size, args)
-        return True
+        return self._update_step(ADAM_UPDATE, p, g, (m, v), (step_size, eps_hat),
+                                 adam_update_scalars(beta1, beta2, l2, decay, maximize))
 
     def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
                  weight_decay: float, nesterov: bool, maximize: bool) -> bool:
         """Optional fused composite: one SGD-with-momentum step in one kernel (see ``CupyBackend.sgd_step``)."""
-        operands = self._optimizer_operands(p, g, (buf,), "sgd_step")
+        return self._update_step(SGD_UPDATE, p, g, (buf,), (lr,),
+                                 sgd_update_scalars(momentum, dampening, weight_decay, nesterov, maximize))
+
+    def _update_step(self, spec: UpdateKernel, p: Array, g: Array, state: tuple, steps: tuple,
+                     scalars: tuple) -> bool:
+        """Run the fused optimizer update ``spec`` in place on ``p`` and ``state``; False where it cannot."""
+        operands = self._optimizer_operands(p, g, state, f"{spec.name}_step")
         if operands is None:
             return False
-        p, g, (buf,) = operands
-        device = not isinstance(lr, (int, float, np.generic))
-        if device:
-            lr = self.realize(self._own(lr, "sgd_step"))
-            if lr.dtype != _F32:
-                return False
-        kernel = self._kernel(("sgd", p.dtype.str, device), lambda: K.sgd_source(p.dtype, device))
-        for x in (p, buf):
-            self._flush_readers(x.buffer, keep=None)
+        p, g, state = operands
+        device = not is_host_scalar(steps[0])
         t = p.dtype.type
-        args: list[Any] = [p.size, p.buffer, p.offset, buf.buffer, buf.offset, g.buffer, g.offset]
-        args += [lr.buffer, lr.offset] if device else [t(lr)]
-        args += [t(momentum), t(1.0 - dampening), t(weight_decay), t(-1.0 if maximize else 1.0),
-                 np.int32(bool(nesterov))]
+        if device:
+            steps = tuple(self.realize(self._own(x, f"{spec.name}_step")) for x in steps)
+            if any(x.dtype != _F32 for x in steps):
+                return False
+            step_args = [a for x in steps for a in (x.buffer, x.offset)]
+        else:
+            step_args = [t(x) for x in steps]
+        kernel = self._kernel((spec.name, p.dtype.str, device), lambda: K.update_source(spec, p.dtype, device))
+        for x in (p, *state):  # pending expressions reading the old values run first
+            self._flush_readers(x.buffer, keep=None)
+        args: list[Any] = [p.size] + [a for x in (p, *state, g) for a in (x.buffer, x.offset)]
+        args += step_args + [t(x) for x in scalars]
         if p.size:
             self._launch(kernel, p.size, args)
         return True

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import BackendError
-from ..fusion import CEmitter, FusedProgram, collapse, decompose, offset_expr  # noqa: F401 - re-exported
+from ..fusion import CEmitter, FusedProgram, UpdateKernel, collapse, decompose, offset_expr  # noqa: F401
 
 LONG = np.dtype(np.int64)
 BOOL = np.dtype(bool)
@@ -287,72 +287,35 @@ def reduce_source(
 
 
 # ----------------------------------------------------------------------------------------- line kernels
-def adam_source(dtype: np.dtype, device_scalars: bool) -> KernelSource:
-    """One Adam/AdamW update per work-item, in place on ``p``, ``m``, ``v`` (see ``OpenCLBackend.adam_step``).
+def update_source(kernel: UpdateKernel, dtype: np.dtype, device_scalars: bool) -> KernelSource:
+    """The fused optimizer update ``kernel`` (see ``fusion.UpdateKernel``), one work-item per element.
 
-    ``c1``/``c2`` are ``1 - beta`` rounded on the host; ``step_size``/``eps_hat`` are scalars, or with
-    ``device_scalars`` float32 values read from device buffers (inside a captured step).
+    Buffers are ``{name}_buf`` with an element offset; each element of ``p``, the state and ``g`` is loaded
+    into a local of its own name, the shared statements run on those, ``p`` and the state are stored back.
+    Step scalars are ``dtype`` scalars, or float32 buffers (``{name}_d``) with ``device_scalars``.
     """
     emitter = OpenCLEmitter()
-    t = ctype(dtype)
     params = Params()
     params.long("n")
-    for name, const in (("p", False), ("m", False), ("v", False), ("g", True)):
-        params.buffer(dtype, name, const)
+    written = ("p", *kernel.state)
+    for name in (*written, "g"):
+        params.buffer(dtype, f"{name}_buf", const=name == "g")
         params.long(f"{name}_off")
+    for name in kernel.step_scalars:
+        if device_scalars:
+            params.buffer(np.dtype(np.float32), f"{name}_d", const=True)
+            params.long(f"{name}_d_off")
+        else:
+            params.scalar(dtype, name)
+    for name in kernel.scalars:
+        params.scalar(dtype, name)
+    lines = ["long i = get_global_id(0);", "if (i >= n) return;", f"typedef {ctype(dtype)} T;"]
     if device_scalars:
-        for name in ("ss", "eh"):
-            params.buffer(np.dtype(np.float32), name, const=True)
-            params.long(f"{name}_off")
-    else:
-        params.scalar(dtype, "ss")
-        params.scalar(dtype, "eh")
-    for name in ("b1", "c1", "b2", "c2", "l2", "decay", "sign"):
-        params.scalar(dtype, name)
-    lines = [
-        "long i = get_global_id(0);",
-        "if (i >= n) return;",
-        f"{t} SS = {'(' + t + ')ss[ss_off]' if device_scalars else 'ss'};",
-        f"{t} EH = {'(' + t + ')eh[eh_off]' if device_scalars else 'eh'};",
-        f"{t} pp = p[p_off + i];",
-        f"{t} gg = sign * g[g_off + i] + l2 * pp;",
-        f"{t} mm = b1 * m[m_off + i] + c1 * gg;",
-        f"{t} vv = b2 * v[v_off + i] + c2 * gg * gg;",
-        "m[m_off + i] = mm;",
-        "v[v_off + i] = vv;",
-        "p[p_off + i] = pp * decay - SS * mm / (sqrt(vv) + EH);",
-    ]
-    return assemble("fg_adam", emitter, {dtype}, params, lines)
-
-
-def sgd_source(dtype: np.dtype, device_lr: bool) -> KernelSource:
-    """One SGD-with-momentum step per work-item, in place on ``p`` and ``buf`` (see ``OpenCLBackend.sgd_step``)."""
-    emitter = OpenCLEmitter()
-    t = ctype(dtype)
-    params = Params()
-    params.long("n")
-    for name, const in (("p", False), ("buf", False), ("g", True)):
-        params.buffer(dtype, name, const)
-        params.long(f"{name}_off")
-    if device_lr:
-        params.buffer(np.dtype(np.float32), "lr", const=True)
-        params.long("lr_off")
-    else:
-        params.scalar(dtype, "lr")
-    for name in ("mom", "damp1", "wd", "sign"):
-        params.scalar(dtype, name)
-    params.scalar(np.dtype(np.int32), "nesterov")
-    lines = [
-        "long i = get_global_id(0);",
-        "if (i >= n) return;",
-        f"{t} LR = {'(' + t + ')lr[lr_off]' if device_lr else 'lr'};",
-        f"{t} pp = p[p_off + i];",
-        f"{t} gg = sign * g[g_off + i] + wd * pp;",
-        f"{t} b = mom * buf[buf_off + i] + damp1 * gg;",
-        "buf[buf_off + i] = b;",
-        "p[p_off + i] = pp - LR * (nesterov ? gg + mom * b : b);",
-    ]
-    return assemble("fg_sgd", emitter, {dtype}, params, lines)
+        lines += [f"T {name} = (T){name}_d[{name}_d_off];" for name in kernel.step_scalars]
+    lines += [f"T {name} = {name}_buf[{name}_off + i];" for name in (*written, "g")]
+    lines += kernel.statements.splitlines()
+    lines += [f"{name}_buf[{name}_off + i] = {name};" for name in written]
+    return assemble(f"fg_{kernel.name}", emitter, {dtype}, params, lines)
 
 
 def cumsum_source(rank: int, dtype: np.dtype, acc_dtype: np.dtype) -> KernelSource:
