@@ -50,21 +50,19 @@ class Communicator(ABC):
     rank: int
     world_size: int
 
-    @abstractmethod
     def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
         """Reduce ``tensor`` over all ranks in place (``op``: ``"sum"``, ``"avg"``, ``"max"``); returns it."""
+        self.all_reduce_coalesced([tensor], op)
+        return tensor
 
+    @abstractmethod
     def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
-        """``all_reduce`` of several tensors in place, as one operation where the transport can; returns them.
+        """``all_reduce`` of several tensors in place, as one operation; returns them.
 
-        The default reduces them one by one; transports override it (NCCL: one group of calls, no copies).
         ``async_op=True`` lets an asynchronous transport return before later work is ordered after the
         collective: call :meth:`synchronize` before reading the tensors (``DataParallel`` does, so the
         all-reduce overlaps the rest of backward).
         """
-        for t in tensors:
-            self.all_reduce(t, op)
-        return tensors
 
     @abstractmethod
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
@@ -109,34 +107,28 @@ class StoreCommunicator(Communicator):
     def _host(tensor: Tensor) -> np.ndarray:
         return _c_order(np.asarray(tensor._backend.to_host(tensor._data)))
 
-    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
-        """Reduce over all ranks in place; the sum is taken in rank order, so every rank gets identical bits."""
-        _check_tensor(tensor, "all_reduce")
-        _check_op(op)
-        host = self._host(tensor)
-        parts = [np.frombuffer(b, dtype=host.dtype).reshape(host.shape) for b in self._exchange(host.tobytes())]
-        _write_host(tensor, self._combine(parts, op))
-        return tensor
-
-    def _combine(self, parts: list[np.ndarray], op: str) -> np.ndarray:
-        """Every rank's array reduced with ``op``, in rank order (identical bits on every rank)."""
-        if op == "max":
-            return np.maximum.reduce(parts)
-        out = parts[0].copy()
-        for p in parts[1:]:
-            out += p
-        return (out / self.world_size).astype(out.dtype, copy=False) if op == "avg" else out
-
     def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
-        """One exchange for all ``tensors`` (their host copies concatenated); same result as one by one."""
+        """One exchange for all ``tensors`` of one dtype (their host copies concatenated; one exchange per dtype
+        otherwise). Sums are taken in rank order, so every rank gets identical bits."""
         _check_op(op)
         for t in tensors:
-            _check_tensor(t, "all_reduce_coalesced")
+            _check_tensor(t, "all_reduce")
         hosts = [self._host(t) for t in tensors]
-        if len({h.dtype for h in hosts}) > 1:
-            return super().all_reduce_coalesced(tensors, op)
+        dtypes = list(dict.fromkeys(h.dtype for h in hosts))
+        if len(dtypes) > 1:
+            for dt in dtypes:
+                self.all_reduce_coalesced([t for t, h in zip(tensors, hosts) if h.dtype == dt], op)
+            return tensors
         flat = np.concatenate([h.reshape(-1) for h in hosts]) if hosts else np.zeros(0, np.float32)
-        out = self._combine([np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())], op)
+        parts = [np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())]
+        if op == "max":
+            out = np.maximum.reduce(parts)
+        else:
+            out = parts[0].copy()
+            for p in parts[1:]:
+                out += p
+            if op == "avg":
+                out = (out / self.world_size).astype(flat.dtype, copy=False)
         offset = 0
         for t, h in zip(tensors, hosts):
             _write_host(t, out[offset:offset + h.size].reshape(h.shape))
@@ -234,19 +226,6 @@ class NcclCommunicator(Communicator):
 
     def _enter(self) -> None:
         self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
-
-    def all_reduce(self, tensor: Tensor, op: str = "sum") -> Tensor:
-        """NCCL all-reduce in place on ``self.stream``."""
-        _check_op(op)
-        arr = self._array(tensor)
-        self._enter()
-        self.comm.allReduce(arr.data.ptr, arr.data.ptr, arr.size, self._dtype(arr),
-                            getattr(self.nccl, self._NCCL_OPS[op]), self.stream.ptr)
-        if op == "avg":
-            with self.stream:
-                arr /= self.world_size
-        self.synchronize()
-        return tensor
 
     def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
         """One NCCL group of in-place all-reduces (no flattening copies); ``avg`` with NCCL's own average."""
