@@ -1,20 +1,32 @@
 """Graph nodes and the backward engine.
 
-Each differentiable op that records produces one ``Node`` for its single output tensor. The node keeps
-exactly what backward needs (Chainer's explicit retention): a closure over the saved values, the input
-tensors that require grad, and ``(tensor, version)`` pairs for saved tensors so an in-place change
-between forward and backward is an error rather than a silently wrong gradient.
+Every recorded op produces one ``Node``. A node holds its *edges*, recorded when the op runs: for each
+input, the node that produced it (and which of that node's outputs it was) or, for a leaf that requires
+grad, the leaf's ``AccumulateGrad`` node. Because edges are fixed at op time, an in-place op that later
+gives a tensor a new ``grad_fn`` cannot change what an earlier op's gradient flows to (PyTorch's rule).
 
-The engine collects the nodes reachable from the roots with an explicit stack (no recursion: graphs of
-tens of thousands of ops are fine) and runs them in decreasing creation order, which is a valid
-topological order because an op can only consume tensors created before it.
+A node's ``backward`` reads only what the op saved: ``saved`` holds ``(tensor, version)`` pairs, checked
+against the tensors' version counters before the backward runs, and the tensors are passed to it as
+arguments, so an in-place change between forward and backward is an error, never a silently wrong
+gradient.
+
+The engine (``run_backward``) works in four parts a reader can hold one at a time:
+
+1. ``_collect``: walk the edges from the roots, counting for each node how many edges point at it;
+2. ``_prune``: for ``autograd.grad``, keep only the nodes on a path to a requested input;
+3. the schedule: a node runs once every node that feeds it gradient has run (a real topological order,
+   whatever the creation order); among ready nodes the newest op runs first and leaves run at once, as
+   in PyTorch, so a leaf's hooks (``DataParallel``'s all-reduce) fire while the rest of backward runs;
+4. gradient buffers (``_Buffers``): contributions to one output are summed, in place where the engine
+   owns the sum.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import weakref
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AnomalyError, FlowError
@@ -25,76 +37,172 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _SEQ = itertools.count()
 
+#: An edge: the node a gradient flows to, and which of that node's outputs it is the gradient of.
+Edge = tuple  # (Node, int)
+
 
 class Node:
-    """A recorded op: ``backward(grad_of_output) -> tuple of input grads`` (``None`` where not needed)."""
+    """A recorded op: ``backward(grad, *saved) -> tuple of input grads`` (``None`` where not needed).
 
-    __slots__ = ("backward", "inputs", "name", "seq", "saved", "hooks", "retain", "__weakref__")
+    ``edges[i]`` is where the gradient of input ``i`` goes (``None`` for inputs that need none);
+    ``dtypes`` are the dtypes of the op's outputs (an incoming gradient is cast to them); ``n_out`` > 1
+    for ops with several outputs (``fg.autograd.Function``), whose backward then takes a tuple of grads.
+    """
 
-    def __init__(self, backward: Callable, inputs: tuple, name: str, saved: tuple = ()):
+    __slots__ = ("backward", "edges", "name", "seq", "saved", "hooks", "retain", "dtypes", "n_out",
+                 "__weakref__")
+
+    def __init__(self, backward: Callable | None, edges: tuple, name: str, saved: tuple = (),
+                 dtypes: tuple = (), n_out: int = 1):
         self.backward = backward
-        self.inputs = inputs
+        self.edges = edges
         self.name = name
         self.seq = next(_SEQ)
         self.saved = saved
-        self.hooks: list | None = None
-        self.retain: Any = None  # weakref to the output when retain_grad() was called
+        self.hooks: dict | None = None  # output index -> hooks run on that output's gradient
+        self.retain: dict | None = None  # output index -> weakref of a tensor whose .grad is kept
+        self.dtypes = dtypes
+        self.n_out = n_out
 
     def __repr__(self) -> str:
         return f"<{self.name}Backward #{self.seq}>"
 
+    @property
     def next_functions(self) -> tuple:
-        """The nodes feeding this one (``None`` for leaves), like PyTorch's ``grad_fn.next_functions``."""
-        return tuple(None if t is None else t._grad_fn for t in self.inputs)
+        """``((node, output_index) or (None, 0), ...)`` per input, like PyTorch's ``grad_fn.next_functions``."""
+        return tuple((None, 0) if e is None else e for e in self.edges)
+
+    def register_hook(self, hook: Callable, index: int = 0) -> None:
+        """Run ``hook(grad)`` on the gradient of output ``index`` before this node's backward."""
+        if self.hooks is None:
+            self.hooks = {}
+        self.hooks.setdefault(index, []).append(hook)
 
 
-_by_seq = attrgetter("seq")
+class AccumulateGrad(Node):
+    """The node of a leaf that requires grad: runs the leaf's hooks and adds the gradient to ``.grad``.
+
+    It holds the leaf weakly (the leaf holds its node): a leaf nobody can see any more gets no gradient.
+    """
+
+    __slots__ = ("variable",)
+
+    def __init__(self, leaf: Tensor):
+        super().__init__(None, (), "AccumulateGrad", dtypes=(leaf._data.dtype,))
+        self.variable = weakref.ref(leaf)
 
 
-def _collect(roots: Sequence[Node]) -> list[Node]:
-    seen: set[Node] = set(roots)
-    order: list[Node] = list(seen)
-    stack = list(order)
-    push, pop, mark, keep = stack.append, stack.pop, seen.add, order.append
+# ---------------------------------------------------------------------- 1. collect
+def _collect(roots: Sequence[Node]) -> dict[Node, int]:
+    """Every node reachable from ``roots`` -> how many edges from reachable nodes point at it."""
+    deps: dict[Node, int] = dict.fromkeys(roots, 0)
+    stack = list(deps)
+    pop, push = stack.pop, stack.append
+    get = deps.get
     while stack:
-        for t in pop().inputs:
-            if t is not None:
-                fn = t._grad_fn
-                if fn is not None and fn not in seen:
-                    mark(fn)
-                    keep(fn)
-                    push(fn)
-    order.sort(key=_by_seq, reverse=True)
-    return order
+        for e in pop().edges:
+            if e is not None:
+                m = e[0]
+                n = get(m)
+                if n is None:
+                    deps[m] = 1
+                    push(m)
+                else:
+                    deps[m] = n + 1
+    return deps
 
 
-#: How many hooks are registered on leaf tensors (``Tensor.register_hook``). While there are any, backward
-#: finishes each hooked leaf (hooks, ``.grad``) right after the last node feeding it ran, not at the end:
-#: ``DataParallel`` then starts a bucket's all-reduce while the rest of backward still runs.
-LEAF_HOOKS = [0]
+# ---------------------------------------------------------------------- 2. prune (autograd.grad)
+def _prune(deps: dict[Node, int], targets: set[Node]) -> tuple[dict[Node, int], set[Node]]:
+    """Keep the nodes that lie on a path to a target; return their dependency counts and the nodes whose
+    backward must run (those with a target below them)."""
+    parents: dict[Node, list[Node]] = {}
+    for n in deps:
+        for e in n.edges:
+            if e is not None:
+                parents.setdefault(e[0], []).append(n)
+    run: set[Node] = set()
+    stack = [t for t in targets if t in deps]
+    while stack:
+        for p in parents.get(stack.pop(), ()):
+            if p not in run:
+                run.add(p)
+                stack.append(p)
+    keep = run | (targets & deps.keys())
+    pruned = dict.fromkeys(keep, 0)
+    for n in run:
+        for e in n.edges:
+            if e is not None and e[0] in keep:
+                pruned[e[0]] += 1
+    return pruned, run
 
 
-def _last_uses(order: list[Node]) -> dict[int, list[Tensor]]:
-    """Position in ``order`` -> the hooked leaves whose gradient is complete once that node has run."""
-    last: dict[int, tuple[int, Tensor]] = {}
-    for pos, node in enumerate(order):
-        for t in node.inputs:
-            if t is not None and t._grad_fn is None and t._hooks:
-                last[id(t)] = (pos, t)
-    by_pos: dict[int, list[Tensor]] = {}
-    for pos, t in last.values():
-        by_pos.setdefault(pos, []).append(t)
-    return by_pos
+# ---------------------------------------------------------------------- 4. gradient buffers
+class _Buffers:
+    """Per-node gradient sums. A sum the engine made itself is added to in place where the backend can
+    (``Backend.add_into``): a leaf used at every step of an unrolled loop gets one buffer, not one per step."""
+
+    __slots__ = ("grads", "owned", "create_graph")
+
+    def __init__(self, create_graph: bool):
+        self.grads: dict[Node, Any] = {}
+        self.owned: dict[int, Any] = {}  # array id -> array (keeps the id from being reused)
+        self.create_graph = create_graph
+
+    def add(self, node: Node, index: int, g: Tensor) -> None:
+        want = node.dtypes[index] if node.dtypes else None
+        if want is not None and g._data.dtype != want:  # a gradient takes its tensor's dtype
+            from ..tensor.dtype import from_numpy_dtype
+
+            g = g.to(from_numpy_dtype(want))
+        grads = self.grads
+        if node.n_out == 1:
+            prev = grads.get(node)
+            grads[node] = g if prev is None else self._sum(prev, g)
+        else:
+            slot = grads.get(node)
+            if slot is None:
+                slot = grads[node] = [None] * node.n_out
+            prev = slot[index]
+            slot[index] = g if prev is None else self._sum(prev, g)
+
+    def take(self, node: Node):
+        g = self.grads.pop(node, None)
+        if self.owned and g is not None:
+            for t in (g if isinstance(g, list) else (g,)):
+                if t is not None:
+                    self.owned.pop(id(t._data), None)  # handed on: no longer the engine's alone
+        return g
+
+    def _sum(self, prev: Tensor, g: Tensor) -> Tensor:
+        pd, gd = prev._data, g._data
+        if self.create_graph or pd.dtype != gd.dtype or prev._backend is not g._backend or pd.shape != gd.shape:
+            return prev + g
+        from ..tensor.tensor import _wrap
+
+        bk = prev._backend
+        owned = self.owned
+        if owned.get(id(pd)) is pd:
+            total = bk.add_into(pd, gd)
+            if total is pd:
+                return prev
+            del owned[id(pd)]
+        else:
+            total = bk.add(pd, gd)
+        owned[id(total)] = total
+        return _wrap(total, bk)
 
 
-def _check_versions(node: Node) -> None:
+# ---------------------------------------------------------------------- helpers
+def check_saved(node: Node) -> None:
+    """Raise if a tensor ``node`` saved for its backward was modified in place since."""
     for t, version in node.saved:
         vc = t._vc
         if (0 if vc is None else vc[0]) != version:
             raise FlowError(
-                f"a tensor saved by {node.name} for its backward was modified in place afterwards "
-                f"(version {version} when saved, {t._version} now); use an out-of-place op "
-                f"(e.g. x = x + y instead of x.add_(y)) or .clone() before modifying it"
+                f"a tensor saved by {node.name} for its backward was modified in place afterwards (version "
+                f"{version} when saved, {t._version} now), so its gradient would be wrong; use an out-of-place op "
+                "(x = x + y instead of x.add_(y)) or .clone() the tensor before modifying it"
             )
 
 
@@ -112,6 +220,25 @@ def _apply_hooks(hooks: list | None, grad: Tensor) -> Tensor:
     return grad
 
 
+def _materialize(node: Node, g):
+    """The gradient argument of ``node.backward``: one tensor, or a tuple for several outputs."""
+    return g if node.n_out == 1 else tuple(g)
+
+
+def _finish_leaf(node: AccumulateGrad, g: Tensor, create_graph: bool) -> None:
+    """Run the leaf's hooks and add ``g`` to its ``.grad``."""
+    t = node.variable()
+    if t is None:
+        return
+    g = _apply_hooks(t._hooks, g)
+    if g.shape != t.shape:
+        raise FlowError(f"internal: gradient of shape {g.shape} for a leaf of shape {t.shape}")
+    if not create_graph:
+        g = g.detach()
+    t.grad = g if t.grad is None else t.grad + g
+
+
+# ---------------------------------------------------------------------- the engine
 def run_backward(
     roots: Sequence[Tensor],
     grads: Sequence[Tensor],
@@ -125,128 +252,51 @@ def run_backward(
     Without ``capture`` the gradients of leaves that require grad accumulate into ``.grad``. With
     ``capture`` (``fg.autograd.grad``) nothing accumulates: the gradients of those tensors are returned.
     """
-    pending: dict[Node, Tensor] = {}
-    leaf_grads: dict[int, list] = {}
-    capture_nodes: dict[Node, int] = {}
-    capture_leaves: dict[int, int] = {}
+    from ..tensor.tensor import gradient_edge
+
+    root_edges = [gradient_edge(t) for t in roots]
+    targets: dict[tuple, int] = {}  # edge of a captured tensor -> its position in the result
     captured: list[Tensor | None] = []
     if capture is not None:
         captured = [None] * len(capture)
         for i, t in enumerate(capture):
-            if t._grad_fn is not None:
-                capture_nodes[t._grad_fn] = i
-            else:
-                capture_leaves[id(t)] = i
+            e = gradient_edge(t)
+            if e is None:
+                raise FlowError(f"autograd.grad: input {i} does not require grad")
+            targets[e] = i
+    deps = _collect([e[0] for e in root_edges if e is not None])
+    run = None
+    if capture is not None:
+        deps, run = _prune(deps, {e[0] for e in targets})
+    buffers = _Buffers(create_graph)
+    for e, g in zip(root_edges, grads):
+        if e is not None and e[0] in deps:
+            buffers.add(e[0], e[1], g)
 
-    from ..tensor.tensor import _wrap
+    anomaly = STATE.anomaly
+    ready: list = []
+    counter = itertools.count()
+    push, pop = heapq.heappush, heapq.heappop
+    for node, n in deps.items():
+        if n == 0:
+            push(ready, (-_priority(node), next(counter), node))
 
-    # Sums the engine made itself (array id -> array, which keeps the id from being reused): nobody else
-    # holds them, so further contributions can be added in place where the backend offers ``add_into``
-    # (a leaf used at every step of an unrolled loop gets one buffer, not one fresh array per step).
-    owned: dict[int, Any] = {}
-
-    def accumulate(prev: Tensor, g: Tensor) -> Tensor:
-        # the common case runs on the arrays directly: same dtype, no graph to record for the sum
-        pd, gd = prev._data, g._data
-        if not create_graph and pd.dtype == gd.dtype and prev._backend is g._backend and pd.shape == gd.shape:
-            bk = prev._backend
-            if owned.get(id(pd)) is pd:
-                total = bk.add_into(pd, gd)
-                if total is pd:
-                    return prev
-                del owned[id(pd)]
-            else:
-                total = bk.add(pd, gd)
-            if getattr(bk, "add_into", None) is not None:
-                owned[id(total)] = total
-            return _wrap(total, bk)
-        return prev + g
-
-    def route_leaf(t: Tensor, g: Tensor) -> None:
-        entry = leaf_grads.get(id(t))
-        if entry is None:
-            leaf_grads[id(t)] = [t, g]
-        else:
-            entry[1] = accumulate(entry[1], g)
-
-    def finish_leaf(t: Tensor, g: Tensor) -> None:
-        g = _apply_hooks(t._hooks, g)
-        if g.shape != t.shape:
-            raise FlowError(f"internal: gradient of shape {g.shape} for a leaf of shape {t.shape}")
-        if g._data.dtype != t._data.dtype:  # e.g. a float16 leaf used in a float32 op: grad in float16
-            g = g.to(t.dtype)
-        if capture is not None:
-            i = capture_leaves.get(id(t))
-            if i is not None:
-                captured[i] = g
-            return
-        if not create_graph:
-            g = g.detach()
-        t.grad = g if t.grad is None else t.grad + g
-
-    grad_ctx = enable_grad() if create_graph else no_grad()
-    with grad_ctx:
-        for t, g in zip(roots, grads):
-            fn = t._grad_fn
-            if fn is not None:
-                prev = pending.get(fn)
-                pending[fn] = g if prev is None else accumulate(prev, g)
-            elif t.requires_grad:
-                route_leaf(t, g)
-        anomaly = STATE.anomaly
-        pending_pop = pending.pop
-        pending_get = pending.get
-        order = _collect([t._grad_fn for t in roots if t._grad_fn is not None])
-        early = _last_uses(order) if LEAF_HOOKS[0] and capture is None else None
-        for pos, node in enumerate(order):
-            if early and pos - 1 in early:
-                for t in early.pop(pos - 1):
-                    entry = leaf_grads.pop(id(t), None)
-                    if entry is not None:
-                        finish_leaf(*entry)
-            g = pending_pop(node, None)
-            if g is None:
-                continue
-            if owned:
-                owned.pop(id(g._data), None)  # handed to the node's backward: no longer the engine's alone
-            if node.hooks:
-                g = _apply_hooks(node.hooks, g)
-            if node.retain is not None:
-                out = node.retain()
-                if out is not None:
-                    out.grad = g if out.grad is None else out.grad + g
-            if capture_nodes and node in capture_nodes:
-                captured[capture_nodes[node]] = g
-            backward = node.backward
-            if backward is None:
-                raise FlowError(
-                    f"backward through {node.name} a second time: its saved values were freed after the first "
-                    "backward; pass retain_graph=True to the first backward() if you need to run it twice"
-                )
-            for t, version in node.saved:
-                vc = t._vc
-                if (0 if vc is None else vc[0]) != version:
-                    _check_versions(node)  # raises, naming the op and both versions
-            in_grads = backward(g)
-            if not retain_graph:
-                node.backward = None
-                node.saved = ()
-            for t, gi in zip(node.inputs, in_grads):
-                if gi is None or t is None:
-                    continue
-                if anomaly:
-                    _check_finite(gi, f"the backward of {node.name}")
-                if gi._data.dtype != t._data.dtype:
-                    # a gradient takes its tensor's dtype (float16 input of a promoting op: float16 gradient)
-                    gi = gi.to(t.dtype)
-                fn = t._grad_fn
-                if fn is not None:
-                    prev = pending_get(fn)
-                    pending[fn] = gi if prev is None else accumulate(prev, gi)
-                elif t.requires_grad:
-                    route_leaf(t, gi)
-        for t, g in leaf_grads.values():
-            finish_leaf(t, g)
+    with enable_grad() if create_graph else no_grad():
+        while ready:
+            node = pop(ready)[2]
+            g = buffers.take(node)
+            if g is not None:
+                _run_node(node, g, buffers, retain_graph, create_graph, targets, captured, run, anomaly)
+            for e in node.edges if run is None or node in run else ():
+                if e is not None:
+                    m = e[0]
+                    left = deps.get(m)
+                    if left is None:
+                        continue
+                    left -= 1
+                    deps[m] = left
+                    if left == 0:
+                        push(ready, (-_priority(m), next(counter), m))
     if capture is not None:
         if not allow_unused:
             for i, g in enumerate(captured):
@@ -257,3 +307,70 @@ def run_backward(
                     )
         return captured
     return None
+
+
+def _priority(node: Node) -> int:
+    """Leaves first (their hooks start data-parallel reductions early), then the newest op, as in PyTorch."""
+    return 1 << 62 if type(node) is AccumulateGrad else node.seq
+
+
+def _run_node(node: Node, g, buffers: _Buffers, retain_graph: bool, create_graph: bool,
+              targets: dict, captured: list, run, anomaly: bool) -> None:
+    """Hooks, ``retain_grad``, capture, then the node's backward; its input gradients go to the buffers."""
+    multi = node.n_out != 1
+    if node.hooks:
+        for i, hooks in node.hooks.items():
+            if multi:
+                if g[i] is not None:
+                    g[i] = _apply_hooks(hooks, g[i])
+            else:
+                g = _apply_hooks(hooks, g)
+    if node.retain:
+        for i, ref in node.retain.items():
+            out = ref()
+            gi = g[i] if multi else g
+            if out is not None and gi is not None:
+                gi = gi if create_graph else gi.detach()
+                out.grad = gi if out.grad is None else out.grad + gi
+    if targets:
+        for i in range(node.n_out):
+            pos = targets.get((node, i))
+            if pos is not None:
+                gi = g[i] if multi else g
+                if gi is not None and type(node) is AccumulateGrad:
+                    t = node.variable()
+                    gi = _apply_hooks(t._hooks, gi) if t is not None else gi
+                captured[pos] = gi
+    if type(node) is AccumulateGrad:
+        if run is None:
+            _finish_leaf(node, g, create_graph)
+        return
+    if run is not None and node not in run:
+        return
+    backward = node.backward
+    if backward is None:
+        raise FlowError(
+            f"backward through {node.name} a second time: its saved values were freed after the first "
+            "backward; pass retain_graph=True to the first backward() if you need to run it twice"
+        )
+    saved = node.saved
+    for t, version in saved:
+        vc = t._vc
+        if (0 if vc is None else vc[0]) != version:
+            check_saved(node)  # raises, naming the op and both versions
+    if saved:
+        in_grads = backward(_materialize(node, g), *[t for t, _ in saved])
+    else:
+        in_grads = backward(_materialize(node, g))
+    if not retain_graph:
+        node.backward = None
+        node.saved = ()
+    edges = node.edges
+    if len(in_grads) != len(edges):
+        raise FlowError(f"the backward of {node.name} returned {len(in_grads)} gradients for {len(edges)} inputs")
+    for e, gi in zip(edges, in_grads):
+        if gi is None or e is None:
+            continue
+        if anomaly:
+            _check_finite(gi, f"the backward of {node.name}")
+        buffers.add(e[0], e[1], gi)

@@ -1,8 +1,8 @@
 """``DataParallel``: gradient averaging across ranks with size-bounded buckets, as PyTorch's DDP.
 
 How it plugs into the engine: a per-parameter hook (``Tensor.register_hook``) marks the parameter ready and
-records its gradient. While leaf hooks exist, flowgraph's backward finishes each hooked leaf as soon as the last
-node feeding it has run (``autograd.node.LEAF_HOOKS``), so when every parameter of a bucket is ready (and every
+records its gradient. flowgraph's backward finishes each leaf (its ``AccumulateGrad`` node: hooks, then ``.grad``) as
+soon as the last node feeding it has run, so when every parameter of a bucket is ready (and every
 earlier bucket was launched: all ranks launch buckets in the same order) the bucket is all-reduced in place, as
 one collective group, while the rest of backward still runs (NCCL works on its own stream). When the last
 bucket completes, the hook finishes: it waits for the collectives (a device-side wait), writes the averaged

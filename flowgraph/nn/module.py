@@ -38,6 +38,9 @@ class Parameter(Tensor):
         p._grad_fn = None
         p._vc = None
         p._hooks = None
+        p._oi = 0
+        p._acc = None
+        p._view = None
         return p
 
     def __init__(self, data: Tensor | None = None, requires_grad: bool = True):

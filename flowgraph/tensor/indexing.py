@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.grad_mode import STATE, no_grad
+from ..autograd.node import Node
 from ..errors import FlowError, ShapeError
 from .dtype import as_dtype
-from .tensor import Tensor, _attach, _norm_dim, _share_version, _wrap
+from .tensor import Tensor, _attach, _make_view, _norm_dim, _record, _wrap, gradient_edge, replay_view
 
 _INT64 = np.dtype(np.int64)
 
@@ -136,12 +137,14 @@ def _basic(a: Tensor, slices, flips, squeeze_dims, final_shape) -> Tensor:
     full = all(s.start == 0 and s.stop == n and s.step == 1 for s, n in zip(slices, shape))
     data = a._data if full else bk.slice(a._data, slices)
     if flips:
-        data = bk.flip(data, flips)
+        data = bk.contiguous(bk.flip(data, flips))  # a copy on every backend: reversed order is no view here
     if data.shape != final_shape:
         data = bk.reshape(data, final_shape)
     if data is a._data:
         return a
-    out = _share_version(_wrap(data, bk), a)
+    out = _wrap(data, bk)
+    if not flips:
+        _make_view(out, a, _basic, slices, flips, squeeze_dims, final_shape)
     if a.requires_grad and STATE.enabled:
         sliced_shape = tuple(len(range(s.start, s.stop, s.step)) for s in slices)
 
@@ -337,32 +340,72 @@ def nonzero(a: Tensor, as_tuple: bool = False):
 
 # ---------------------------------------------------------------------- in-place machinery
 def _leaf_check(a: Tensor, op: str) -> None:
-    if a.requires_grad and a._grad_fn is None and STATE.enabled:
+    if not STATE.enabled:
+        return
+    if a.requires_grad and a._grad_fn is None and a._view is None:
         raise FlowError(
             f"{op}: in-place operation on a leaf tensor that requires grad (a parameter?); "
             "wrap it in `with fg.no_grad():` (as optimizers do) or use the out-of-place op"
         )
+    view = a._view
+    if view is not None and view[0].requires_grad and view[0]._grad_fn is None:
+        raise FlowError(
+            f"{op}: a view of a leaf tensor that requires grad is used in an in-place operation (it would change "
+            "the leaf behind autograd's back); wrap it in `with fg.no_grad():` or work on a .clone()"
+        )
+    data = a._data
+    strides = getattr(data, "strides", None)
+    if strides is not None and any(st == 0 and n > 1 for st, n in zip(strides, data.shape)):
+        raise FlowError(
+            f"{op}: in-place operation on an expanded tensor (several of its elements share one memory location); "
+            "call .clone() or .contiguous() first"
+        )
+
+
+def _identity_node(new: Tensor) -> Tensor:
+    """``new`` itself when it has a grad_fn, else an identity op over it (an in-place result is never a leaf)."""
+    if new._grad_fn is not None or not new.requires_grad:
+        return new
+    out = _wrap(new._data, new._backend)
+    return _record(out, "Identity", (new,), (), _pass_grad)
+
+
+def _pass_grad(g):
+    return (g,)
+
+
+def _copy_slices_backward(g, mask, *, chain):
+    """CopySlices: the base's old value gets the gradient outside the written view, the written value inside it."""
+    from .elementwise import where
+
+    return (where(mask, 0.0, g), replay_view(g, chain))
 
 
 def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
-    """Run ``compute(a_snapshot)`` and write its result into ``a``'s storage, rebasing autograd.
+    """Run ``compute(a_snapshot)`` and write its result into ``a``'s storage, rebasing autograd (PyTorch's rules).
 
-    Views of ``a`` see the new values; tensors saved for backward notice through the version counter.
+    The op records against ``a``'s current history; afterwards ``a`` has the op as its ``grad_fn``. When ``a`` is a
+    view, its base is rebased instead (a ``CopySlices`` node: the old base outside the view, the new values inside
+    it) and ``a`` becomes a view of the new base; other views of that base pick up the new history when next used.
+    Tensors saved for backward notice through the shared version counter.
     """
+    view = a._view
+    if view is not None:
+        from .tensor import _refresh_view
+
+        _refresh_view(a)
     _leaf_check(a, op)
     records = STATE.enabled and (a.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others))
     if records:
-        old = _wrap(a._data, a._backend)
-        old._grad_fn = a._grad_fn
-        old.requires_grad = a.requires_grad
-        # The snapshot shares the storage that is about to be overwritten, so it shares the version counter:
-        # an op that saved it for backward then raises instead of computing with the new values.
         if a._vc is None:
             a._vc = [0]
+        old = _wrap(a._data, a._backend)
+        old._grad_fn, old._oi, old.requires_grad = a._grad_fn, a._oi, a.requires_grad
+        old._acc = a._acc
+        # The snapshot shares the storage that is about to be overwritten, so it shares the version counter:
+        # an op that saved it for backward then raises instead of computing with the new values.
         old._vc = a._vc
         new = compute(old)
-        a._grad_fn = new._grad_fn
-        a.requires_grad = new.requires_grad
     else:
         with no_grad():
             new = compute(a)
@@ -372,8 +415,34 @@ def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
     if new.shape != a.shape:
         raise ShapeError(f"{op}: the result has shape {new.shape}, which cannot be written into shape {a.shape}")
     a._data = a._backend.assign(a._data, nd)
+    if records:
+        new = _identity_node(new)
+        if view is None:
+            if a._grad_fn is not None and a._grad_fn.retain and a._oi in a._grad_fn.retain:
+                new._grad_fn.retain = {0: a._grad_fn.retain.pop(a._oi)}
+            a._grad_fn, a._oi, a.requires_grad = new._grad_fn, new._oi, new.requires_grad
+        else:
+            _rebase_base(a, view, new)
     a._bump_version()
+    if view is not None:
+        view[2] = a._vc[0]
     return a
+
+
+def _rebase_base(a: Tensor, view, new: Tensor) -> None:
+    """After writing ``new`` into the view ``a``: the base's grad_fn becomes CopySlices, ``a`` a view of it."""
+    base, chain = view[0], view[1]
+    bk = base._backend
+    mask = _wrap(bk.full(base.shape, False, np.dtype(bool)), bk)
+    with no_grad():
+        region = replay_view(mask, chain)
+    bk.assign(region._data, True)
+    edges = (gradient_edge(base), gradient_edge(new))
+    node = Node(lambda g, m: _copy_slices_backward(g, m, chain=chain), edges, "CopySlices", ((mask, 0),),
+                (base._data.dtype,))
+    base._grad_fn, base._oi, base.requires_grad = node, 0, True
+    fresh = replay_view(base, chain)
+    a._grad_fn, a._oi, a.requires_grad = fresh._grad_fn, fresh._oi, True
 
 
 def setitem(a: Tensor, key, value) -> None:
@@ -382,6 +451,11 @@ def setitem(a: Tensor, key, value) -> None:
 
     if not isinstance(value, Tensor):
         value = a.new_full((), value) if not isinstance(value, (list, np.ndarray)) else _as_float_like(value, a)
+    if STATE.enabled and (a.requires_grad or value.requires_grad) and _is_basic(key):
+        target = a[key]
+        if target._view is not None:  # a real view: write through it (CopySlices rebases a's history)
+            target.copy_(value)
+            return
     if not (STATE.enabled and (a.requires_grad or value.requires_grad)) and _is_basic(key):
         _leaf_check(a, "__setitem__")
         bk = a._backend

@@ -10,7 +10,7 @@ from ..backends.registry import get_backend
 from ..errors import BackendError, FlowError, ShapeError
 from .dtype import DType, as_dtype
 from .elementwise import broadcast_shapes, sum_to
-from .tensor import Tensor, _attach, _norm_dim, _share_version, _wrap
+from .tensor import Tensor, _attach, _make_view, _norm_dim, _share_version, _wrap
 
 
 def _shape_arg(shape) -> tuple:
@@ -46,7 +46,10 @@ def reshape(a: Tensor, *shape) -> Tensor:
         return a
     shape = _infer_shape(shape, a.numel(), old)
     bk = a._backend
-    out = _share_version(_wrap(bk.reshape(a._data, shape), bk), a)
+    src = bk.contiguous(a._data)
+    out = _wrap(bk.reshape(src, shape), bk)
+    if src is a._data:  # a view of a contiguous tensor; a non-contiguous one is copied first (never aliased)
+        _make_view(out, a, reshape, shape)
     if a.requires_grad and STATE.enabled:
         _attach(out, lambda g: (g.reshape(old),), (a,), "Reshape")
     return out
@@ -65,7 +68,7 @@ def permute(a: Tensor, *dims) -> Tensor:
     if len(set(dims)) != nd:
         raise ShapeError(f"permute: dims {dims} repeat a dimension")
     bk = a._backend
-    out = _share_version(_wrap(bk.permute(a._data, dims), bk), a)
+    out = _make_view(_wrap(bk.permute(a._data, dims), bk), a, permute, dims)
     if a.requires_grad and STATE.enabled:
         inv = [0] * nd
         for i, d in enumerate(dims):
@@ -148,7 +151,7 @@ def expand(a: Tensor, *shape) -> Tensor:
         if s != 1 and s != shape[i + lead]:
             raise ShapeError(f"expand: cannot expand {old} to {shape}: dim {i} has size {s} (must be 1 or equal)")
     bk = a._backend
-    out = _share_version(_wrap(bk.expand(a._data, shape), bk), a)
+    out = _make_view(_wrap(bk.expand(a._data, shape), bk), a, expand, shape)
     if a.requires_grad and STATE.enabled:
         _attach(out, lambda g: (sum_to(g, old),), (a,), "Expand")
     return out

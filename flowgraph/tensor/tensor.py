@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.grad_mode import STATE
-from ..autograd.node import LEAF_HOOKS, Node, run_backward
+from ..autograd.node import AccumulateGrad, Node, run_backward
 from ..errors import AnomalyError, BackendError, FlowError
 from .dtype import DType, from_numpy_dtype
 
@@ -32,7 +32,10 @@ class Tensor:
         x.grad  # tensor([[2., 2.]])
     """
 
-    __slots__ = ("_data", "_backend", "requires_grad", "grad", "_grad_fn", "_vc", "_hooks", "__weakref__")
+    # _oi: which output of _grad_fn this tensor is; _acc: a leaf's AccumulateGrad node (made on first use);
+    # _view: [base, view chain, version] for a tensor that shares its base's storage (see _make_view).
+    __slots__ = ("_data", "_backend", "requires_grad", "grad", "_grad_fn", "_vc", "_hooks", "_oi", "_acc", "_view",
+                 "__weakref__")
     __array_priority__ = 1000  # numpy defers to Tensor's reflected operators
 
     # ------------------------------------------------------------------ construction
@@ -47,6 +50,9 @@ class Tensor:
         self._grad_fn = None
         self._vc = None
         self._hooks = None
+        self._oi = 0
+        self._acc = None
+        self._view = None
 
     # ------------------------------------------------------------------ basic properties
     @property
@@ -100,6 +106,8 @@ class Tensor:
     @property
     def grad_fn(self) -> Node | None:
         """The node that produced this tensor, or ``None`` for a leaf."""
+        if self._view is not None:
+            _refresh_view(self)
         return self._grad_fn
 
     @property
@@ -166,6 +174,8 @@ class Tensor:
 
     def detach_(self) -> Tensor:
         """Cut this tensor from the graph in place."""
+        if self._view is not None:
+            raise FlowError("detach_() on a view: use .detach(), which returns a new tensor cut from the graph")
         self._grad_fn = None
         self.requires_grad = False
         return self
@@ -183,31 +193,36 @@ class Tensor:
 
     def retain_grad(self) -> None:
         """Keep ``.grad`` on this non-leaf tensor after backward."""
-        if self._grad_fn is not None:
-            self._grad_fn.retain = weakref.ref(self)
+        fn = self.grad_fn
+        if fn is not None:
+            if fn.retain is None:
+                fn.retain = {}
+            fn.retain[self._oi] = weakref.ref(self)
 
     def register_hook(self, hook):
-        """Call ``hook(grad)`` when this tensor's gradient is computed; a non-None result replaces it."""
+        """Call ``hook(grad)`` when this tensor's gradient is computed; a non-None result replaces it.
+
+        On a leaf the hook runs before the gradient is added to ``.grad``; on a non-leaf it sees the gradient of
+        this tensor's value at the time of the call (an in-place op later gives the tensor a new ``grad_fn``).
+        """
         if not self.requires_grad:
             raise FlowError("register_hook on a tensor that does not require grad")
-        if self._grad_fn is not None:
-            if self._grad_fn.hooks is None:
-                self._grad_fn.hooks = []
-            hooks = self._grad_fn.hooks
+        fn = self.grad_fn
+        if fn is not None:
+            fn.register_hook(hook, self._oi)
+            hooks = fn.hooks[self._oi]
         else:
             if self._hooks is None:
                 self._hooks = []
             hooks = self._hooks
-            LEAF_HOOKS[0] += 1  # backward finishes hooked leaves early (see autograd.node.LEAF_HOOKS)
-        hooks.append(hook)
-        leaf = self._grad_fn is None
+            hooks.append(hook)
 
         class _Handle:
+            """Removes the hook."""
+
             def remove(self_inner) -> None:
                 if hook in hooks:
                     hooks.remove(hook)
-                    if leaf:
-                        LEAF_HOOKS[0] -= 1
 
         return _Handle()
 
@@ -293,29 +308,56 @@ def _wrap(data, backend) -> Tensor:
     t._grad_fn = None
     t._vc = None
     t._hooks = None
+    t._oi = 0
+    t._acc = None
+    t._view = None
     return t
 
 
-def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) -> Tensor:
-    """Record ``out`` as produced by an op. ``inputs`` are the op's tensor inputs (None for constants).
+def gradient_edge(t: Tensor):
+    """Where the gradient of ``t`` goes: ``(its grad_fn, output index)``, ``(its AccumulateGrad, 0)`` for a leaf
+    that requires grad, or ``None``. A view whose base was modified in place since gets its ``grad_fn`` anew."""
+    if t._view is not None:
+        _refresh_view(t)
+    fn = t._grad_fn
+    if fn is not None:
+        return (fn, t._oi)
+    if t.requires_grad:
+        acc = t._acc
+        if acc is None:
+            acc = t._acc = AccumulateGrad(t)
+        return (acc, 0)
+    return None
 
-    ``saved`` lists the tensors ``backward`` reads; their versions are recorded so an in-place change
-    before backward raises instead of giving a silently wrong gradient.
+
+def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Tensor:
+    """Record ``out`` as produced by an op (the thin form of ``fg.autograd.Function``).
+
+    ``inputs`` are the op's tensor inputs (``None`` for constants); ``backward(grad, *saved)`` returns one
+    gradient (or ``None``) per input and may read only ``saved`` (tensors whose versions are checked before it
+    runs) and non-tensor constants: a closure over a tensor is a bug the op table's test catches.
     """
+    edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
     if saved:
-        if len(saved) == 2:  # the binary ops: no comprehension
-            t0, t1 = saved
-            saved = ((t0, 0 if t0._vc is None else t0._vc[0]), (t1, 0 if t1._vc is None else t1._vc[0]))
-        else:
-            saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
-    out._grad_fn = Node(backward, inputs, name, saved)
+        saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
+    out._grad_fn = Node(backward, edges, name, saved, (out._data.dtype,))
+    out._oi = 0
     out.requires_grad = True
     if STATE.anomaly:
-        if out._data.dtype.kind == "f" and not bool(out._backend.to_host(
-                out._backend.all(out._backend.logical_not(out._backend.isnan(out._data)), tuple(range(out.ndim)),
-                                 False))):
-            raise AnomalyError(f"the forward of {name} produced NaN (detect_anomaly is on)")
+        _check_forward(out, name)
     return out
+
+
+def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) -> Tensor:
+    """Transitional form of ``_record`` whose ``backward(grad)`` reads its closure (being removed)."""
+    return _record(out, name, inputs, saved, lambda g, *s: backward(g))
+
+
+def _check_forward(out: Tensor, name: str) -> None:
+    bk = out._backend
+    if out._data.dtype.kind == "f" and not bool(bk.to_host(
+            bk.all(bk.logical_not(bk.isnan(out._data)), tuple(range(out.ndim)), False))):
+        raise AnomalyError(f"the forward of {name} produced NaN (detect_anomaly is on)")
 
 
 def _alias(t: Tensor) -> Tensor:
@@ -328,11 +370,47 @@ def _alias(t: Tensor) -> Tensor:
 
 
 def _share_version(out: Tensor, base: Tensor) -> Tensor:
-    """Mark ``out`` as a view of ``base``: in-place writes to either bump one counter."""
+    """Let ``out`` share ``base``'s version counter (a tensor over the same storage that is not a view op's
+    result, e.g. a detached alias)."""
     if base._vc is None:
         base._vc = [0]
     out._vc = base._vc
     return out
+
+
+def _make_view(out: Tensor, a: Tensor, fn, *args) -> Tensor:
+    """Mark ``out == fn(a, *args)`` as a view of ``a``: it shares the storage and the version counter of ``a``'s
+    base, and an in-place op on either side rebases the other's autograd history (PyTorch's view semantics).
+    ``fn(x, *args)`` must replay the view on any tensor shaped like ``a``."""
+    if a._vc is None:
+        a._vc = [0]
+    out._vc = vc = a._vc
+    parent = a._view
+    if parent is None:
+        out._view = [a, ((fn, args),), vc[0]]
+    else:
+        out._view = [parent[0], parent[1] + ((fn, args),), vc[0]]
+    return out
+
+
+def replay_view(t: Tensor, chain) -> Tensor:
+    """Apply a view chain (``Tensor._view[1]``) to ``t``."""
+    for fn, args in chain:
+        t = fn(t, *args)
+    return t
+
+
+def _refresh_view(t: Tensor) -> None:
+    """Give a view whose base was modified in place the ``grad_fn`` of a view of the base's new value."""
+    view = t._view
+    now = t._vc[0]
+    if view[2] == now:
+        return
+    view[2] = now
+    base = view[0]
+    if base.requires_grad and STATE.enabled:
+        fresh = replay_view(base, view[1])
+        t._grad_fn, t._oi, t.requires_grad = fresh._grad_fn, fresh._oi, fresh.requires_grad
 
 
 def _needs_grad(*tensors) -> bool:
