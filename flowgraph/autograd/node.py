@@ -41,6 +41,11 @@ _SEQ = itertools.count()
 Edge = tuple  # (Node, int)
 
 
+def next_seq() -> int:
+    """A sequence number: every node recorded after this call has a larger one."""
+    return next(_SEQ)
+
+
 class Node:
     """A recorded op: ``backward(grad, *saved) -> tuple of input grads`` (``None`` where not needed).
 

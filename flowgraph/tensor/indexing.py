@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.grad_mode import STATE, no_grad
-from ..autograd.node import Node
+from ..autograd.node import Node, next_seq
 from ..errors import FlowError, ShapeError
 from .dtype import as_dtype
 from .tensor import Tensor, _attach, _make_view, _norm_dim, _record, _wrap, gradient_edge, replay_view
@@ -402,10 +402,10 @@ def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
         old = _wrap(a._data, a._backend)
         old._grad_fn, old._oi, old.requires_grad = a._grad_fn, a._oi, a.requires_grad
         old._acc = a._acc
-        # The snapshot shares the storage that is about to be overwritten, so it shares the version counter:
-        # an op that saved it for backward then raises instead of computing with the new values.
         old._vc = a._vc
+        first = next_seq()
         new = compute(old)
+        _keep_saved_values(new, old, first)
     else:
         with no_grad():
             new = compute(a)
@@ -426,7 +426,51 @@ def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
     a._bump_version()
     if view is not None:
         view[2] = a._vc[0]
+    if records:
+        _saved_outputs_are_the_target(a, new._data, first)
     return a
+
+
+def _nodes_since(t: Tensor, first: int) -> list[Node]:
+    """The nodes recorded since sequence number ``first`` that ``t``'s gradient flows through."""
+    fn = t._grad_fn
+    if fn is None or fn.seq < first:
+        return []
+    found, stack = {fn}, [fn]
+    while stack:
+        for e in stack.pop().edges:
+            if e is not None and e[0].seq >= first and e[0] not in found:
+                found.add(e[0])
+                stack.append(e[0])
+    return list(found)
+
+
+def _keep_saved_values(new: Tensor, old: Tensor, first: int) -> None:
+    """An in-place op whose backward needs the overwritten values (``y.mul_(w)`` needs y for w's gradient) saves
+    a copy of them, as PyTorch saves ``original_self``: the snapshot's storage is about to be overwritten."""
+    copy = None
+    for node in _nodes_since(new, first):
+        if any(t is old for t, _ in node.saved):
+            if copy is None:
+                copy = _wrap(old._backend.contiguous(old._backend.add(old._data, 0)), old._backend)
+                copy._grad_fn, copy._oi, copy.requires_grad, copy._acc = old._grad_fn, old._oi, old.requires_grad, \
+                    old._acc
+            node.saved = tuple([(copy, 0) if t is old else (t, v) for t, v in node.saved])
+
+
+def _saved_outputs_are_the_target(a: Tensor, data, first: int) -> None:
+    """An op that saved its own output saved, for an in-place op, the modified tensor itself: a later in-place
+    change to it must make backward raise, as in PyTorch (``relu_(relu_(y))``)."""
+    version = a._vc[0]
+    for node in _nodes_since(a, first) if a._view is None else _nodes_since(a._view[0], first):
+        if any(t._data is data and t is not a for t, _ in node.saved):
+            node.saved = tuple([(_alias_of(a), version) if t._data is data else (t, v) for t, v in node.saved])
+
+
+def _alias_of(a: Tensor) -> Tensor:
+    out = _wrap(a._data, a._backend)
+    out._vc = a._vc
+    return out
 
 
 def _rebase_base(a: Tensor, view, new: Tensor) -> None:
