@@ -7,6 +7,7 @@ from .gradcheck import gradcheck
 from .node import AccumulateGrad, Node, run_backward
 
 __all__ = [
-    "AccumulateGrad", "Function", "FunctionCtx", "Node", "detect_anomaly", "enable_grad", "grad", "gradcheck", "is_grad_enabled", "no_grad", "run_backward",
+    "AccumulateGrad", "Function", "FunctionCtx", "Node", "detect_anomaly",
+    "enable_grad", "grad", "gradcheck", "is_grad_enabled", "no_grad", "run_backward",
     "set_grad_enabled",
 ]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..tensor.tensor import Tensor
 
 _SEQ = itertools.count()
+_LEAF_FIRST = 1 << 62
 
 #: An edge: the node a gradient flows to, and which of that node's outputs it is the gradient of.
 Edge = tuple  # (Node, int)
@@ -58,7 +59,7 @@ class Node:
                  "__weakref__")
 
     def __init__(self, backward: Callable | None, edges: tuple, name: str, saved: tuple = (),
-                 dtypes: tuple = (), n_out: int = 1):
+                 dtypes: tuple = (None,), n_out: int = 1):
         self.backward = backward
         self.edges = edges
         self.name = name
@@ -94,6 +95,7 @@ class AccumulateGrad(Node):
 
     def __init__(self, leaf: Tensor):
         super().__init__(None, (), "AccumulateGrad", dtypes=(leaf._data.dtype,))
+        self.seq += _LEAF_FIRST  # the schedule's priority: leaves run as soon as they are ready
         self.variable = weakref.ref(leaf)
 
 
@@ -155,36 +157,32 @@ class _Buffers:
         self.create_graph = create_graph
 
     def add(self, node: Node, index: int, g: Tensor) -> None:
-        want = node.dtypes[index] if node.dtypes else None
+        want = node.dtypes[index]
         if want is not None and g._data.dtype != want:  # a gradient takes its tensor's dtype
-            from ..tensor.dtype import from_numpy_dtype
-
-            g = g.to(from_numpy_dtype(want))
+            g = g.to(_tensor_api().from_numpy_dtype(want))
         grads = self.grads
         if node.n_out == 1:
             prev = grads.get(node)
-            grads[node] = g if prev is None else self._sum(prev, g)
+            grads[node] = g if prev is None else self.sum(prev, g)
         else:
             slot = grads.get(node)
             if slot is None:
                 slot = grads[node] = [None] * node.n_out
             prev = slot[index]
-            slot[index] = g if prev is None else self._sum(prev, g)
+            slot[index] = g if prev is None else self.sum(prev, g)
 
     def take(self, node: Node):
         g = self.grads.pop(node, None)
         if self.owned and g is not None:
-            for t in (g if isinstance(g, list) else (g,)):
+            for t in (g if type(g) is list else (g,)):
                 if t is not None:
                     self.owned.pop(id(t._data), None)  # handed on: no longer the engine's alone
         return g
 
-    def _sum(self, prev: Tensor, g: Tensor) -> Tensor:
+    def sum(self, prev: Tensor, g: Tensor) -> Tensor:
         pd, gd = prev._data, g._data
         if self.create_graph or pd.dtype != gd.dtype or prev._backend is not g._backend or pd.shape != gd.shape:
             return prev + g
-        from ..tensor.tensor import _wrap
-
         bk = prev._backend
         owned = self.owned
         if owned.get(id(pd)) is pd:
@@ -195,7 +193,26 @@ class _Buffers:
         else:
             total = bk.add(pd, gd)
         owned[id(total)] = total
-        return _wrap(total, bk)
+        return _tensor_api().wrap(total, bk)
+
+
+class _TensorAPI:
+    """The two tensor-layer functions the engine calls, imported on first use (tensor imports autograd)."""
+
+    def __init__(self) -> None:
+        from ..tensor.dtype import from_numpy_dtype
+        from ..tensor.tensor import _wrap, gradient_edge
+
+        self.wrap, self.gradient_edge, self.from_numpy_dtype = _wrap, gradient_edge, from_numpy_dtype
+
+
+_API: list = []
+
+
+def _tensor_api() -> _TensorAPI:
+    if not _API:
+        _API.append(_TensorAPI())
+    return _API[0]
 
 
 # ---------------------------------------------------------------------- helpers
@@ -225,11 +242,6 @@ def _apply_hooks(hooks: list | None, grad: Tensor) -> Tensor:
     return grad
 
 
-def _materialize(node: Node, g):
-    """The gradient argument of ``node.backward``: one tensor, or a tuple for several outputs."""
-    return g if node.n_out == 1 else tuple(g)
-
-
 def _finish_leaf(node: AccumulateGrad, g: Tensor, create_graph: bool) -> None:
     """Run the leaf's hooks and add ``g`` to its ``.grad``."""
     t = node.variable()
@@ -257,8 +269,7 @@ def run_backward(
     Without ``capture`` the gradients of leaves that require grad accumulate into ``.grad``. With
     ``capture`` (``fg.autograd.grad``) nothing accumulates: the gradients of those tensors are returned.
     """
-    from ..tensor.tensor import gradient_edge
-
+    gradient_edge = _tensor_api().gradient_edge
     root_edges = [gradient_edge(t) for t in roots]
     targets: dict[tuple, int] = {}  # edge of a captured tensor -> its position in the result
     captured: list[Tensor | None] = []
@@ -279,29 +290,50 @@ def run_backward(
             buffers.add(e[0], e[1], g)
 
     anomaly = STATE.anomaly
+    # ready nodes by priority: the largest sequence number first (newest op; leaves have the largest ones)
     ready: list = []
-    counter = itertools.count()
     push, pop = heapq.heappush, heapq.heappop
     for node, n in deps.items():
         if n == 0:
-            push(ready, (-_priority(node), next(counter), node))
+            push(ready, (-node.seq, node))
+    take, add, sum_ = buffers.take, buffers.add, buffers.sum
+    pending = buffers.grads
+    deps_get = deps.get
 
     with enable_grad() if create_graph else no_grad():
         while ready:
-            node = pop(ready)[2]
-            g = buffers.take(node)
+            node = pop(ready)[1]
+            g = take(node)
+            edges = node.edges
+            in_grads = None
             if g is not None:
-                _run_node(node, g, buffers, retain_graph, create_graph, targets, captured, run, anomaly)
-            for e in node.edges if run is None or node in run else ():
-                if e is not None:
-                    m = e[0]
-                    left = deps.get(m)
-                    if left is None:
-                        continue
-                    left -= 1
-                    deps[m] = left
-                    if left == 0:
-                        push(ready, (-_priority(m), next(counter), m))
+                if (node.hooks is None and node.retain is None and run is None and not targets
+                        and node.n_out == 1 and type(node) is Node):
+                    in_grads = _call_backward(node, g, retain_graph)  # the common case, kept lean
+                else:
+                    in_grads = _run_node(node, g, buffers, retain_graph, create_graph, targets, captured, run)
+            if run is not None and node not in run:
+                continue
+            for i, e in enumerate(edges):
+                if e is None:
+                    continue
+                m = e[0]
+                if in_grads is not None:
+                    gi = in_grads[i]
+                    if gi is not None:
+                        if anomaly:
+                            _check_finite(gi, f"the backward of {node.name}")
+                        if m.n_out == 1 and gi._data.dtype == m.dtypes[0]:
+                            prev = pending.get(m)
+                            pending[m] = gi if prev is None else sum_(prev, gi)
+                        else:
+                            add(m, e[1], gi)
+                left = deps_get(m)
+                if left is None:
+                    continue
+                if left == 1:
+                    push(ready, (-m.seq, m))
+                deps[m] = left - 1
     if capture is not None:
         if not allow_unused:
             for i, g in enumerate(captured):
@@ -314,14 +346,35 @@ def run_backward(
     return None
 
 
-def _priority(node: Node) -> int:
-    """Leaves first (their hooks start data-parallel reductions early), then the newest op, as in PyTorch."""
-    return 1 << 62 if type(node) is AccumulateGrad else node.seq
+def _call_backward(node: Node, g, retain_graph: bool) -> tuple:
+    """Check the saved versions, run ``node.backward``, free what it saved unless the graph is retained."""
+    backward = node.backward
+    if backward is None:
+        raise FlowError(
+            f"backward through {node.name} a second time: its saved values were freed after the first "
+            "backward; pass retain_graph=True to the first backward() if you need to run it twice"
+        )
+    saved = node.saved
+    if saved:
+        for t, version in saved:
+            vc = t._vc
+            if (0 if vc is None else vc[0]) != version:
+                check_saved(node)  # raises, naming the op and both versions
+        in_grads = backward(g, *[t for t, _ in saved])
+    else:
+        in_grads = backward(g)
+    if not retain_graph:
+        node.backward = None
+        node.saved = ()
+    if len(in_grads) != len(node.edges):
+        raise FlowError(f"the backward of {node.name} returned {len(in_grads)} gradients for {len(node.edges)} "
+                        "inputs")
+    return in_grads
 
 
 def _run_node(node: Node, g, buffers: _Buffers, retain_graph: bool, create_graph: bool,
-              targets: dict, captured: list, run, anomaly: bool) -> None:
-    """Hooks, ``retain_grad``, capture, then the node's backward; its input gradients go to the buffers."""
+              targets: dict, captured: list, run) -> tuple | None:
+    """The general case: hooks, ``retain_grad``, capture, leaves, several outputs; returns the input grads."""
     multi = node.n_out != 1
     if node.hooks:
         for i, hooks in node.hooks.items():
@@ -349,33 +402,7 @@ def _run_node(node: Node, g, buffers: _Buffers, retain_graph: bool, create_graph
     if type(node) is AccumulateGrad:
         if run is None:
             _finish_leaf(node, g, create_graph)
-        return
+        return None
     if run is not None and node not in run:
-        return
-    backward = node.backward
-    if backward is None:
-        raise FlowError(
-            f"backward through {node.name} a second time: its saved values were freed after the first "
-            "backward; pass retain_graph=True to the first backward() if you need to run it twice"
-        )
-    saved = node.saved
-    for t, version in saved:
-        vc = t._vc
-        if (0 if vc is None else vc[0]) != version:
-            check_saved(node)  # raises, naming the op and both versions
-    if saved:
-        in_grads = backward(_materialize(node, g), *[t for t, _ in saved])
-    else:
-        in_grads = backward(_materialize(node, g))
-    if not retain_graph:
-        node.backward = None
-        node.saved = ()
-    edges = node.edges
-    if len(in_grads) != len(edges):
-        raise FlowError(f"the backward of {node.name} returned {len(in_grads)} gradients for {len(edges)} inputs")
-    for e, gi in zip(edges, in_grads):
-        if gi is None or e is None:
-            continue
-        if anomaly:
-            _check_finite(gi, f"the backward of {node.name}")
-        buffers.add(e[0], e[1], gi)
+        return None
+    return _call_backward(node, tuple(g) if multi else g, retain_graph)

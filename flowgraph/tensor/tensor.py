@@ -337,9 +337,36 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
     gradient (or ``None``) per input and may read only ``saved`` (tensors whose versions are checked before it
     runs) and non-tensor constants: a closure over a tensor is a bug the op table's test catches.
     """
-    edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
+    # gradient_edge, inlined for the common cases (a non-view with a grad_fn, a leaf that has its node)
+    if len(inputs) == 2:
+        t, u = inputs
+        if t is None:
+            et = None
+        elif t._view is None and (t._grad_fn is not None or t._acc is not None):
+            et = (t._grad_fn, t._oi) if t._grad_fn is not None else (t._acc, 0)
+        else:
+            et = gradient_edge(t)
+        if u is None:
+            eu = None
+        elif u._view is None and (u._grad_fn is not None or u._acc is not None):
+            eu = (u._grad_fn, u._oi) if u._grad_fn is not None else (u._acc, 0)
+        else:
+            eu = gradient_edge(u)
+        edges = (et, eu)
+    elif len(inputs) == 1:
+        t = inputs[0]
+        edges = ((t._grad_fn, t._oi),) if t._view is None and t._grad_fn is not None else (gradient_edge(t),)
+    else:
+        edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
     if saved:
-        saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
+        if len(saved) == 1:
+            t = saved[0]
+            saved = ((t, 0 if t._vc is None else t._vc[0]),)
+        elif len(saved) == 2:
+            t, u = saved
+            saved = ((t, 0 if t._vc is None else t._vc[0]), (u, 0 if u._vc is None else u._vc[0]))
+        else:
+            saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
     out._grad_fn = Node(backward, edges, name, saved, (out._data.dtype,))
     out._oi = 0
     out.requires_grad = True
