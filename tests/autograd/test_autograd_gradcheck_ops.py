@@ -285,3 +285,45 @@ def test_gradgradcheck(device, name):
         return tuple(g for g in grads if g is not None)
 
     assert fg.gradcheck(first_derivative, inputs)
+
+
+def _closure_values(fn, depth: int = 0):
+    """Everything ``fn`` closes over, following closed-over functions (and partials) a few levels deep."""
+    cells = getattr(fn, "__closure__", None) or ()
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        yield value
+        if callable(value) and depth < 3 and not isinstance(value, type):
+            yield from _closure_values(value, depth + 1)
+
+
+def _graph_nodes(outputs):
+    seen, stack = set(), [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.extend(e[0] for e in node.edges if e is not None)
+    return seen
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_backward_reads_only_what_was_saved(name):
+    """No op's backward closes over a tensor or an array: what it reads comes through ``saved`` (version-checked)."""
+    from flowgraph.tensor.tensor import Tensor
+
+    fn, arrays = OPS[name]
+    inputs = [fg.tensor(a, dtype=fg.float64, requires_grad=True) for a in arrays]
+    out = fn(*inputs)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    for node in _graph_nodes([o for o in outs if isinstance(o, Tensor)]):
+        if node.backward is None:
+            continue
+        for value in _closure_values(node.backward):
+            assert not isinstance(value, (Tensor, np.ndarray)), (
+                f"{name}: the backward of {node.name} closes over a {type(value).__name__}; pass it through saved"
+            )
