@@ -33,7 +33,7 @@ from ..fusion import (
     sgd_update_scalars,
 )
 from . import kernels as K
-from .array import CLArray, contiguous_strides, is_contiguous, shape_size
+from .array import CLArray, contiguous_strides, is_contiguous, nocopy_strides, shape_size
 from .runtime import build_program, cl, compile_stats, device_context, list_devices
 
 _SCALAR_TYPES = (bool, int, float, np.generic)
@@ -663,6 +663,9 @@ class OpenCLBackend(Backend):
         if shape_size(shape) != a.size or any(n < 0 for n in shape):
             raise ShapeError(f"reshape: cannot reshape an array of shape {a.shape} ({a.size} elements) to {shape}")
         if not is_contiguous(a.shape, a.strides):
+            strides = nocopy_strides(a.shape, a.strides, shape)
+            if strides is not None:  # a view, as NumPy's reshape gives (squeezing a column keeps it a view)
+                return self._view(a, shape, strides, a.offset)
             a = self.contiguous(a)
         return self._view(a, shape, contiguous_strides(shape), a.offset)
 
