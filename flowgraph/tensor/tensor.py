@@ -431,11 +431,11 @@ def _refresh_view(t: Tensor) -> None:
     """Give a view whose base was modified in place the ``grad_fn`` of a view of the base's new value."""
     view = t._view
     now = t._vc[0]
-    if view[2] == now:
+    if view[2] == now or not STATE.enabled:  # under no_grad nothing records: refresh when recording resumes
         return
     view[2] = now
     base = view[0]
-    if base.requires_grad and STATE.enabled:
+    if base.requires_grad:
         fresh = replay_view(base, view[1])
         t._grad_fn, t._oi, t.requires_grad = fresh._grad_fn, fresh._oi, fresh.requires_grad
 
