@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..tensor import Tensor, cat, zeros
-from ..tensor.tensor import _attach
+from ..tensor.tensor import _record_multi
 
 
 def unbind_rows(x: Tensor) -> list[Tensor]:
@@ -18,26 +18,14 @@ def unbind_rows(x: Tensor) -> list[Tensor]:
     n = x.shape[0]
     if not (x.requires_grad and is_grad_enabled()):
         return [x[i:i + 1] for i in range(n)]
-    row_grads: list[Tensor | None] = [None] * n
     row_shape = (1,) + tuple(x.shape[1:])
 
-    def collect(_: Tensor) -> tuple:
-        parts = [g if g is not None else zeros(row_shape, dtype=x.dtype, device=x.device) for g in row_grads]
-        row_grads[:] = [None] * n
+    def collect(grads: tuple) -> tuple:
+        g0 = next(g for g in grads if g is not None)
+        parts = [g if g is not None else zeros(row_shape, dtype=g0.dtype, device=g0.device) for g in grads]
         return (cat(parts, 0),)
 
     with no_grad():
-        hub = x.detach()
-    _attach(hub, collect, (x,), "MapRows")
-    rows = []
-    for i in range(n):
-        with no_grad():
-            row = x[i:i + 1]
-
-        def route(g: Tensor, i: int = i) -> tuple:
-            row_grads[i] = g
-            # The collector ignores this value; a 0-d zero keeps the hand-off O(1) per row.
-            return (zeros((), dtype=g.dtype, device=g.device),)
-
-        rows.append(_attach(row, route, (hub,), "MapRow"))
+        rows = [x[i:i + 1] for i in range(n)]
+    _record_multi(rows, "MapRows", (x,), (), collect)
     return rows

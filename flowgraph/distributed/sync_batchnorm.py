@@ -15,7 +15,7 @@ from ..errors import FlowError, ShapeError
 from ..nn.module import Module
 from ..nn.normalization import _BatchNorm
 from ..tensor import Tensor, cat, float32, float64, full
-from ..tensor.tensor import _attach, _needs_grad
+from ..tensor.tensor import _needs_grad, _record
 from .comm import Communicator
 
 
@@ -36,7 +36,7 @@ def all_reduce_sum(tensor: Tensor, communicator: Communicator) -> Tensor:
                 communicator.all_reduce(total, "sum")
             return (total,)
 
-        _attach(out, backward, (tensor,), "AllReduceSum")
+        _record(out, "AllReduceSum", (tensor,), (), backward)
     return out
 
 

@@ -19,7 +19,7 @@ from ..tensor import softmax as _softmax
 from ..tensor import softplus as _softplus
 from ..tensor import tanh as _tanh
 from ..tensor.indexing import apply_inplace
-from ..tensor.tensor import _attach
+from ..tensor.tensor import _record
 from .module import Module, Parameter
 
 __all__ = [
@@ -44,13 +44,12 @@ def _pointwise(x: Tensor, forward, derivative, name: str) -> Tensor:
     with no_grad():
         out = forward(x)
     if x.requires_grad and STATE.enabled:
-        saved = x.detach()
 
-        def bw(g: Tensor):
+        def bw(g: Tensor, x: Tensor):
             # under create_graph the derivative is taken of x itself, so second derivatives flow through it
-            return (g * derivative(x if STATE.enabled else saved),)
+            return (g * derivative(x if STATE.enabled else x.detach()),)
 
-        _attach(out, bw, (x,), name, (x,))
+        _record(out, name, (x,), (x,), bw)
     return out
 
 

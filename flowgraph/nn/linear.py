@@ -7,7 +7,7 @@ import math
 from ..autograd.grad_mode import STATE, no_grad
 from ..tensor import Tensor, empty
 from ..tensor.amp import is_autocast_enabled, low_precision_inputs
-from ..tensor.tensor import _attach, _wrap
+from ..tensor.tensor import _record, _wrap
 from . import init
 from .module import Module, Parameter
 
@@ -36,14 +36,20 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     need_x, need_w = x.requires_grad, weight.requires_grad
     need_b = bias is not None and bias.requires_grad
 
-    def backward(g: Tensor):
+    def backward(g: Tensor, *saved: Tensor):
+        x, weight = (saved[0], saved[-1]) if need_x and need_w else (None, saved[0]) if need_x else (saved[0], None)
         g2 = g.reshape(-1, out_features)
         gx = g.matmul(weight) if need_x else None
         gw = g2.t().matmul(x.reshape(-1, in_features)) if need_w else None
         gb = g2.sum(0) if need_b else None
         return gx, gw, gb
 
-    return _attach(out, backward, (x, weight, bias), "Linear", (x, weight))
+    return _record(out, "Linear", (x, weight, bias), _linear_saved(x, weight, need_x, need_w), backward)
+
+
+def _linear_saved(x: Tensor, weight: Tensor, need_x: bool, need_w: bool) -> tuple:
+    """What linear's backward reads: x for the weight's gradient, the weight for x's gradient (in that order)."""
+    return ((x,) if need_w else ()) + ((weight,) if need_x else ())
 
 
 def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -61,16 +67,18 @@ def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if not (STATE.enabled and (need_x or need_w or need_b)):
         return out
 
-    def backward(g: Tensor):
+    def backward(g: Tensor, *saved: Tensor):
+        x, weight = (saved[0], saved[-1]) if need_x and need_w else (None, saved[0]) if need_x else (saved[0], None)
         if g.requires_grad:  # create_graph
             return (g.matmul(weight) if need_x else None, g.t().matmul(x) if need_w else None,
                     g.sum(0) if need_b else None)
         gd = g._data
+        bk = g._backend
         return (_wrap(bk.matmul(gd, weight._data), bk) if need_x else None,
                 _wrap(bk.matmul(bk.permute(gd, (1, 0)), x._data), bk) if need_w else None,
                 _wrap(bk.sum(gd, (0,), False), bk) if need_b else None)
 
-    return _attach(out, backward, (x, weight, bias), "Linear", (x, weight))
+    return _record(out, "Linear", (x, weight, bias), _linear_saved(x, weight, need_x, need_w), backward)
 
 
 class Linear(Module):

@@ -375,6 +375,17 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
     return out
 
 
+def _record_multi(outs: list, name: str, inputs: tuple, saved: tuple, backward) -> list:
+    """``_record`` for an op with several outputs: one node; ``backward(grads, *saved)`` gets a tuple with one
+    gradient per output (``None`` for outputs that got none) and returns one per input."""
+    edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
+    saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
+    node = Node(backward, edges, name, saved, tuple(o._data.dtype for o in outs), len(outs))
+    for i, o in enumerate(outs):
+        o._grad_fn, o._oi, o.requires_grad = node, i, True
+    return outs
+
+
 def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) -> Tensor:
     """Transitional form of ``_record`` whose ``backward(grad)`` reads its closure (being removed)."""
     return _record(out, name, inputs, saved, lambda g, *s: backward(g))
