@@ -23,7 +23,7 @@ from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, cat, empty, stack, zeros
 from ..tensor.shape import split_views
-from ..tensor.tensor import _attach, _wrap
+from ..tensor.tensor import _record, _wrap
 from . import init
 from .dropout import dropout as _dropout
 from .linear import linear
@@ -59,15 +59,17 @@ class _HiddenProjection:
         if STATE.enabled and w.requires_grad:
             bk = w._backend
             self.token = _wrap(bk.full((), 0, w._data.dtype), bk)
-            self.anchor = _attach(_wrap(w._data, bk), self._weight_backward, (w,), "HiddenWeight")
+            self.anchor = _record(_wrap(w._data, bk), "HiddenWeight", (w,), (), self._weight_backward)
 
     def _weight_backward(self, g: Tensor):
+        # ``filed`` holds the steps' (output gradient, h) arrays, filed during this backward by the steps'
+        # nodes from their own gradient and their saved h: no forward-time value is read here.
         if not self.filed:
             return (None if g.ndim == 0 else g,)
-        bk = self.w._backend
+        bk = g._backend
         grads = _wrap(bk.concatenate([gi for gi, _ in self.filed], 0), bk)
         hs = _wrap(bk.concatenate([hi for _, hi in self.filed], 0), bk)
-        self.filed.clear()  # the steps' closures hold this same list
+        self.filed.clear()
         dw = grads.t().matmul(hs)
         return (dw if g.ndim == 0 else g + dw,)
 
@@ -77,15 +79,15 @@ class _HiddenProjection:
         bk = h._backend
         out = _wrap(bk.matmul(h._data, self.w_t._data), bk)
         need_h = h.requires_grad
-        w, filed, token = self.w, self.filed, self.token
+        filed, token = self.filed, self.token
 
-        def bw(g: Tensor):
+        def bw(g: Tensor, h: Tensor, w: Tensor):
             if g.requires_grad:  # create_graph: differentiable gradients for both
                 return (g.matmul(w) if need_h else None, g.t().matmul(h))
             filed.append((g._data, h._data))
             return (g.matmul(w.detach()) if need_h else None, token)
 
-        return _attach(out, bw, (h if need_h else None, self.anchor), "HiddenProjection")
+        return _record(out, "HiddenProjection", (h if need_h else None, self.anchor), (h, self.w), bw)
 
 
 # ---------------------------------------------------------------------- one time step of each cell type
@@ -125,7 +127,7 @@ def _lstm_pointwise(gates: Tensor, c: Tensor, hidden: int) -> tuple[Tensor, Tens
         hc = cat([h_new, c_new], -1)
     need_gates, need_c = gates.requires_grad, c.requires_grad
 
-    def bw(grad: Tensor):
+    def bw(grad: Tensor, gates: Tensor, c: Tensor, i: Tensor, f: Tensor, g: Tensor, o: Tensor, tc: Tensor):
         if grad.requires_grad:  # create_graph: the same formulas on recorded values
             i_, f_, g_, o_, tc_, _, _ = _lstm_pieces(gates, c, hidden)
             c_prev = c
@@ -137,7 +139,7 @@ def _lstm_pointwise(gates: Tensor, c: Tensor, hidden: int) -> tuple[Tensor, Tens
                       gh * tc_ * o_ * (1.0 - o_)], -1) if need_gates else None
         return dgates, (dc * f_ if need_c else None)
 
-    hc = _attach(hc, bw, (gates, c), "LSTMCell")
+    hc = _record(hc, "LSTMCell", (gates, c), (gates, c, i, f, g, o, tc), bw)
     h_new, c_new = _split_views(hc, -1, (hidden, hidden))
     return h_new, c_new
 
@@ -186,10 +188,13 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
     h_new = _wrap(bk.add(n, bk.mul(z, h_minus_n)), bk)
     needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
 
-    def bw(grad: Tensor):
+    def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, rz_t: Tensor, n_t: Tensor, hmn_t: Tensor):
         if grad.requires_grad:
             return _gru_pointwise_grads(grad, *_gru_pieces(xp, hp, h, hidden)[:4], h, needs)
-        G = grad._data
+        bk = grad._backend
+        G, rz, n, h_minus_n = grad._data, rz_t._data, n_t._data, hmn_t._data
+        r, z = bk.slice(rz, (rows, slice(0, H))), bk.slice(rz, (rows, slice(H, 2 * H)))
+        hn = bk.slice(hp._data, (rows, slice(2 * H, 3 * H)))
         srz = bk.mul(rz, bk.add(bk.neg(rz), 1.0))  # r(1-r) and z(1-z) in one pass
         dn = bk.mul(bk.mul(G, bk.add(bk.neg(z), 1.0)), bk.add(bk.neg(bk.mul(n, n)), 1.0))
         dr = bk.mul(bk.mul(dn, hn), bk.slice(srz, (rows, slice(0, H))))
@@ -198,7 +203,8 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
                 _wrap(bk.concatenate([dr, dz, bk.mul(dn, r)], 1), bk) if needs[1] else None,
                 _wrap(bk.mul(G, z), bk) if needs[2] else None)
 
-    return _attach(h_new, bw, (xp, hp, h), "GRUCell")
+    saved = (xp, hp, h, _wrap(rz, bk), _wrap(n, bk), _wrap(h_minus_n, bk))
+    return _record(h_new, "GRUCell", (xp, hp, h), saved, bw)
 
 
 def _gru_pointwise_grads(grad: Tensor, r: Tensor, z: Tensor, n: Tensor, hn: Tensor, h_prev: Tensor,
@@ -218,12 +224,12 @@ def _gru_pointwise_composed(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> T
         r, z, n, h_n, h_new = _gru_pieces(xp, hp, h, hidden)
     needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
 
-    def bw(grad: Tensor):
+    def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, r: Tensor, z: Tensor, n: Tensor, h_n: Tensor):
         if grad.requires_grad:
             return _gru_pointwise_grads(grad, *_gru_pieces(xp, hp, h, hidden)[:4], h, needs)
         return _gru_pointwise_grads(grad, r, z, n, h_n, h.detach(), needs)
 
-    return _attach(h_new, bw, (xp, hp, h), "GRUCell")
+    return _record(h_new, "GRUCell", (xp, hp, h), (xp, hp, h, r, z, n, h_n), bw)
 
 
 def _gru_step(xp: Tensor, h: Tensor, project, b_hh: Tensor | None, hidden: int) -> Tensor:
