@@ -54,9 +54,9 @@ def _pointwise(x: Tensor, forward, derivative, name: str) -> Tensor:
 
 
 def _maybe_inplace(x: Tensor, fn, inplace: bool, name: str) -> Tensor:
-    # fn runs on a copy: the core's apply_inplace overwrites the storage its ops saved for backward
-    # (e.g. silu saves its input), which would silently corrupt their gradients.
-    return apply_inplace(x, lambda s: fn(s.clone()), name + "_") if inplace else fn(x)
+    # apply_inplace keeps a copy of the overwritten input where fn's backward needs it (silu) and makes a
+    # saved output refer to x itself (relu), as PyTorch's in-place activations do.
+    return apply_inplace(x, fn, name + "_") if inplace else fn(x)
 
 
 # ---------------------------------------------------------------------- functional forms
