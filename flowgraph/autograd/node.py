@@ -228,6 +228,14 @@ def check_saved(node: Node) -> None:
             )
 
 
+def _with_history(alias: Tensor, node: Node) -> Tensor:
+    """A saved output (see ``tensor._saved_output``) as the output of ``node``, for a differentiable backward."""
+    out = _tensor_api().wrap(alias._data, alias._backend)
+    out._vc = alias._vc
+    out._grad_fn, out._oi, out.requires_grad = node, 0, True
+    return out
+
+
 def _check_finite(value: Tensor, where: str) -> None:
     if value.dtype.is_floating_point and not bool(value.isfinite().all().item()):
         raise AnomalyError(f"{where} produced NaN or infinity (detect_anomaly is on)")
@@ -360,7 +368,10 @@ def _call_backward(node: Node, g, retain_graph: bool) -> tuple:
             vc = t._vc
             if (0 if vc is None else vc[0]) != version:
                 check_saved(node)  # raises, naming the op and both versions
-        in_grads = backward(g, *[t for t, _ in saved])
+        args = [t for t, _ in saved]
+        if STATE.enabled:  # create_graph: a saved output carries this node as its history
+            args = [_with_history(t, node) if t._oi == -1 else t for t in args]
+        in_grads = backward(g, *args)
     else:
         in_grads = backward(g)
     if not retain_graph:

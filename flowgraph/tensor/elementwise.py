@@ -13,7 +13,7 @@ import numpy as np
 from ..autograd.grad_mode import STATE
 from ..errors import BackendError, FlowError, ShapeError
 from .dtype import from_numpy_dtype, get_default_dtype, promote_types
-from .tensor import Tensor, _alias, _attach, _wrap
+from .tensor import Tensor, _record, _wrap
 
 _SCALAR_TYPES = (int, float, bool)
 _FLOAT_KINDS = "fV"  # "V": ml_dtypes' bfloat16 reports kind 'V'
@@ -161,24 +161,33 @@ def _operands(a, b, name: str):
     raise FlowError(f"{name}: expected at least one Tensor operand, got {type(a).__name__} and {type(b).__name__}")
 
 
-def _saved_pair(at, bt) -> tuple:
-    """The tensors among an op's two operands (either may be None for a scalar), for version checks."""
-    if at is None:
-        return (bt,)
-    if bt is None:
-        return (at,)
-    return (at, bt)
+def _needs(at, bt) -> tuple[bool, bool]:
+    """Which of a binary op's operands (None for a scalar) need a gradient."""
+    return at is not None and at.requires_grad, bt is not None and bt.requires_grad
 
 
-def _grads(ga, gb, at, bt):
-    return (None if at is None or ga is None else sum_to(ga, at._data.shape),
-            None if bt is None or gb is None else sum_to(gb, bt._data.shape))
+def _binary_saved(a, b, at, bt):
+    """What a binary op whose gradient formulas read both operands saves: its tensor operands, and a function
+    ``unpack(saved) -> (a, b)`` that puts the Python scalar operands back in their places."""
+    if at is not None and bt is not None:
+        return (at, bt), _both
+    if at is not None:
+        return (at,), lambda sv: (sv[0], b)
+    return (bt,), lambda sv: (a, sv[0])
 
 
-def _record(out, bw, at, bt, name, saved=()):
-    if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        _attach(out, bw, (at, bt), name, saved)
-    return out
+def _both(sv):
+    return sv[0], sv[1]
+
+
+def _grads(ga, gb, sa, sb):
+    """Input gradients reduced to the operands' shapes (``None`` for a scalar operand's shape)."""
+    return (None if sa is None or ga is None else sum_to(ga, sa),
+            None if sb is None or gb is None else sum_to(gb, sb))
+
+
+def _shape_of(t):
+    return None if t is None else t._data.shape
 
 
 # ---------------------------------------------------------------------- arithmetic
@@ -200,7 +209,7 @@ def add(a, b, alpha: float = 1) -> Tensor:
             return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
                     None if sb is None else (g if gs == sb else sum_to(g, sb)))
 
-        _attach(out, bw, (at, bt), "Add")
+        _record(out, "Add", (at, bt), (), bw)
     return out
 
 
@@ -227,7 +236,7 @@ def sub(a, b, alpha: float = 1) -> Tensor:
             return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
                     None if sb is None else (-g if gs == sb else sum_to(-g, sb)))
 
-        _attach(out, bw, (at, bt), "Sub")
+        _record(out, "Sub", (at, bt), (), bw)
     return out
 
 
@@ -239,32 +248,39 @@ def mul(a, b) -> Tensor:
     except ValueError as exc:
         raise _shape_error("mul", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        need_a = at is not None and at.requires_grad
-        need_b = bt is not None and bt.requires_grad
+        need_a, need_b = _needs(at, bt)
         out_dtype = out._data.dtype
+        sa, sb = _shape_of(at), _shape_of(bt)
+        # Each operand is saved only for the other's gradient (so x.mul_(2) on a graph tensor stays valid); a
+        # Python scalar operand is a constant of the closure.
+        ka, kb = need_b and at is not None, need_a and bt is not None
+        ca = None if at is not None else a
+        cb = None if bt is not None else b
+        saved = ((bt,) if kb else ()) + ((at,) if ka else ())
 
-        def bw(g):
+        def bw(g, *sv):
+            tb = sv[0] if kb else None
+            ta = sv[-1] if ka else None
+            fb = cb if tb is None else tb
+            fa = ca if ta is None else ta
             gd = g._data
-            if STATE.enabled or gd.dtype != out_dtype:  # create_graph (or an odd dtype): differentiable tensor ops
-                return (sum_to(g * b, at._data.shape) if need_a else None,
-                        sum_to(g * a, bt._data.shape) if need_b else None)
-            # the common case on the arrays directly: the forward's (promoted) operands times g
+            if STATE.enabled or gd.dtype != out_dtype or out_dtype.kind != "f":
+                # create_graph (or an odd dtype): differentiable tensor ops, PyTorch's promotion
+                return (sum_to(g * fb, sa) if need_a else None, sum_to(g * fa, sb) if need_b else None)
+            # the common case on the arrays directly, in the forward's (promoted) dtype
+            bk = g._backend
             ga = gb = None
             if need_a:
-                ga = bk.mul(gd, bd)
-                ga = _wrap(ga, bk) if ga.shape == at._data.shape else _sum_to_array(bk, ga, at._data.shape)
+                od = fb if tb is None else (tb._data if tb._data.dtype == out_dtype else bk.cast(tb._data, out_dtype))
+                ga = bk.mul(gd, od)
+                ga = _wrap(ga, bk) if ga.shape == sa else _sum_to_array(bk, ga, sa)
             if need_b:
-                gb = bk.mul(gd, ad)
-                gb = _wrap(gb, bk) if gb.shape == bt._data.shape else _sum_to_array(bk, gb, bt._data.shape)
+                od = fa if ta is None else (ta._data if ta._data.dtype == out_dtype else bk.cast(ta._data, out_dtype))
+                gb = bk.mul(gd, od)
+                gb = _wrap(gb, bk) if gb.shape == sb else _sum_to_array(bk, gb, sb)
             return ga, gb
 
-        # Each operand is needed only for the other's gradient (so x.mul_(2) on a graph tensor stays valid).
-        keep_a = need_b and at is not None
-        if bt is not None and need_a:
-            saved = (bt, at) if keep_a else (bt,)
-        else:
-            saved = (at,) if keep_a else ()
-        _attach(out, bw, (at, bt), "Mul", saved)
+        _record(out, "Mul", (at, bt), saved, bw)
     return out
 
 
@@ -287,14 +303,22 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
     except ValueError as exc:
         raise _shape_error("div", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca, cb = a, b
+        need_a, need_b = _needs(at, bt)
+        sa, sb = _shape_of(at), _shape_of(bt)
+        # a's gradient reads b; b's reads a and b (PyTorch saves the same): a / 4 saves nothing
+        keep_a, keep_b = need_b and at is not None, (need_a or need_b) and bt is not None
+        ca = None if at is not None else a
+        cb = None if bt is not None else b
+        saved = ((at,) if keep_a else ()) + ((bt,) if keep_b else ())
 
-        def bw(g):
-            ga = g / cb if at is not None and at.requires_grad else None
-            gb = -g * ca / (cb * cb) if bt is not None and bt.requires_grad else None
-            return _grads(ga, gb, at, bt)
+        def bw(g, *sv):
+            fa = sv[0] if keep_a else ca
+            fb = sv[-1] if keep_b else cb
+            ga = g / fb if need_a else None
+            gb = -g * fa / (fb * fb) if need_b else None
+            return _grads(ga, gb, sa, sb)
 
-        _attach(out, bw, (at, bt), "Div", _saved_pair(at, bt))
+        _record(out, "Div", (at, bt), saved, bw)
     return out
 
 
@@ -319,26 +343,28 @@ def pow(a, b) -> Tensor:  # noqa: A001 - PyTorch's name
     except ValueError as exc:
         raise _shape_error("pow", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca, cb = a, b
-        y = _alias(out)
+        need_a, need_b = _needs(at, bt)
+        sa, sb = _shape_of(at), _shape_of(bt)
+        operands, unpack = _binary_saved(a, b, at, bt)
 
-        def bw(g):
+        def bw(g, *sv):
+            ca, cb = unpack(sv[:-1] if need_b else sv)
             ga = gb = None
-            if at is not None and at.requires_grad:
+            if need_a:
                 if isinstance(cb, _SCALAR_TYPES):
                     ga = g * cb * ca ** (cb - 1) if cb != 0 else g * 0.0
                 else:
                     ga = g * cb * ca ** (cb - 1)
                     ga = where(cb == 0, 0.0, ga)
-            if bt is not None and bt.requires_grad:
-                base = ca if isinstance(ca, Tensor) else _wrap(bk.full((), ca, y._data.dtype), bk)
-                yy = y if not STATE.enabled else ca**cb  # create_graph: the output with its graph
-                gb = g * yy * where(base > 0, base, 1.0).log()
+            if need_b:
+                y = sv[-1]
+                base = ca if isinstance(ca, Tensor) else _wrap(g._backend.full((), ca, y._data.dtype), g._backend)
+                gb = g * y * where(base > 0, base, 1.0).log()
                 # base < 0: NaN (as torch); a NaN constant, not gb * nan, keeps double backward NaN-free
                 gb = where(base > 0, gb, where(base == 0, 0.0, float("nan")).to(gb.dtype))
-            return _grads(ga, gb, at, bt)
+            return _grads(ga, gb, sa, sb)
 
-        _attach(out, bw, (at, bt), "Pow", _saved_pair(at, bt) + (out,))
+        _record(out, "Pow", (at, bt), operands + ((out,) if need_b else ()), bw)
     return out
 
 
@@ -349,8 +375,12 @@ def neg(a: Tensor) -> Tensor:
         raise FlowError("neg: negation of a bool tensor is not supported (as in PyTorch); use ~mask or logical_not()")
     out = _wrap(bk.neg(a._data), bk)
     if a.requires_grad and STATE.enabled:
-        _attach(out, lambda g: (-g,), (a,), "Neg")
+        _record(out, "Neg", (a,), (), _neg_backward)
     return out
+
+
+def _neg_backward(g):
+    return (-g,)
 
 
 def _binary_nograd(prim: str, a, b, name: str) -> Tensor:
@@ -369,15 +399,17 @@ def _minmax(prim: str, name: str):
         except ValueError as exc:
             raise _shape_error(name, a, b, exc) from None
         if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-            ca, cb = a, b
+            sa, sb = _shape_of(at), _shape_of(bt)
+            operands, unpack = _binary_saved(a, b, at, bt)
 
-            def bw(g):
+            def bw(g, *sv):
+                ca, cb = unpack(sv)
                 pick_a = (ca > cb) if prim == "maximum" else (ca < cb)
                 tie = ca == cb
                 wa = where(pick_a, 1.0, where(tie, 0.5, 0.0)).to(g.dtype)
-                return _grads(g * wa, g * (1.0 - wa), at, bt)
+                return _grads(g * wa, g * (1.0 - wa), sa, sb)
 
-            _attach(out, bw, (at, bt), name.capitalize(), _saved_pair(at, bt))
+            _record(out, name.capitalize(), (at, bt), operands, bw)
         return out
 
     op.__name__ = name
@@ -394,13 +426,15 @@ def atan2(a, b) -> Tensor:
     bk, ad, bd, at, bt = _operands(a, b, "atan2")
     out = _wrap(bk.atan2(ad, bd), bk)
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca, cb = a, b
+        sa, sb = _shape_of(at), _shape_of(bt)
+        operands, unpack = _binary_saved(a, b, at, bt)
 
-        def bw(g):
+        def bw(g, *sv):
+            ca, cb = unpack(sv)
             den = ca * ca + cb * cb
-            return _grads(g * cb / den, -g * ca / den, at, bt)
+            return _grads(g * cb / den, -g * ca / den, sa, sb)
 
-        _attach(out, bw, (at, bt), "Atan2", _saved_pair(at, bt))
+        _record(out, "Atan2", (at, bt), operands, bw)
     return out
 
 
@@ -453,12 +487,19 @@ def remainder(a, b) -> Tensor:
     bk, ad, bd, at, bt = _operands(a, b, "remainder")
     out = _wrap(bk.remainder(ad, bd), bk)
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        ca, cb = a, b
+        need_a, need_b = _needs(at, bt)
+        sa, sb = _shape_of(at), _shape_of(bt)
+        # b's gradient -floor(a / b) reads both (PyTorch saves both); a's gradient is g alone
+        operands, unpack = _binary_saved(a, b, at, bt) if need_b else ((), None)
 
-        def bw(g):
-            return _grads(g, -g * (ca / cb).floor() if bt is not None else None, at, bt)
+        def bw(g, *sv):
+            gb = None
+            if need_b:
+                ca, cb = unpack(sv)
+                gb = -g * (ca / cb).floor()
+            return _grads(g if need_a else None, gb, sa, sb)
 
-        _attach(out, bw, (at, bt), "Remainder")
+        _record(out, "Remainder", (at, bt), operands, bw)
     return out
 
 
@@ -478,15 +519,16 @@ def _unary(prim: str, name: str, grad, save_out: bool = False, float_only: bool 
             d = bk.cast(d, get_default_dtype().np)
         out = _wrap(getattr(bk, prim)(d), bk)
         if a.requires_grad and STATE.enabled:
-            y = _alias(out) if save_out else None
-
-            def bw(g):
-                if STATE.enabled:  # create_graph: use values that carry their graph (recompute the output)
-                    return (grad(g, a, op(a) if save_out else None),)
-                return (grad(g, a, y),)
-
-            _attach(out, bw, (a,), name, (out,) if save_out else (a,))
+            # what the formula reads: the output (exp, tanh, sqrt ...) or the input; under create_graph the
+            # saved output comes back carrying this node, so the gradient stays differentiable
+            _record(out, name, (a,), (out,) if save_out else (a,), bw_out if save_out else bw_in)
         return out
+
+    def bw_out(g, y):
+        return (grad(g, None, y),)
+
+    def bw_in(g, x):
+        return (grad(g, x, None),)
 
     op.__name__ = prim
     op.__doc__ = doc or f"Elementwise ``{prim}``."
@@ -554,14 +596,12 @@ def sigmoid(a: Tensor) -> Tensor:
     d = _float_data(a)
     out = _wrap(bk.reciprocal(bk.add(bk.exp(bk.neg(d)), 1.0)), bk)
     if a.requires_grad and STATE.enabled:
-        y = _alias(out)
-
-        def bw(g):
-            yy = y if not STATE.enabled else sigmoid(a)
-            return (g * yy * (1.0 - yy),)
-
-        _attach(out, bw, (a,), "Sigmoid", (out,))
+        _record(out, "Sigmoid", (a,), (out,), _sigmoid_backward)
     return out
+
+
+def _sigmoid_backward(g, y):
+    return (g * y * (1.0 - y),)
 
 
 def relu(a: Tensor) -> Tensor:
@@ -569,9 +609,12 @@ def relu(a: Tensor) -> Tensor:
     bk = a._backend
     out = _wrap(bk.maximum(a._data, 0), bk)
     if a.requires_grad and STATE.enabled:
-        y = _alias(out)
-        _attach(out, lambda g: (g * (y > 0),), (a,), "Relu", (out,))
+        _record(out, "Relu", (a,), (out,), _relu_backward)
     return out
+
+
+def _relu_backward(g, y):
+    return (g * (y > 0),)
 
 
 _SQRT_2 = math.sqrt(2.0)
@@ -593,20 +636,18 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
             y = bk.mul(x, cdf)
         out = _wrap(y, bk)
         if a.requires_grad and STATE.enabled:
-            xc = a
-            cdf_saved = _wrap(cdf, bk)
             fused_bw = getattr(bk, "gelu_exact_backward", None) if parts is not None else None
 
-            def bw(g):
+            def bw(g, xc, cdf_saved):
                 if fused_bw is not None and not STATE.enabled:
-                    gx = fused_bw(g._data, x, cdf)
+                    gx = fused_bw(g._data, _float_data(xc), cdf_saved._data)
                     if gx is not None:
-                        return (_wrap(gx, bk),)
+                        return (_wrap(gx, g._backend),)
                 cdf_t = cdf_saved if not STATE.enabled else ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5
                 pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
                 return (g * (cdf_t + xc * pdf),)
 
-            _attach(out, bw, (a,), "Gelu", (a,))
+            _record(out, "Gelu", (a,), (a, _wrap(cdf, bk)), bw)
         return out
     if approximate != "tanh":
         raise FlowError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -614,16 +655,14 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     th = bk.tanh(inner)
     out = _wrap(bk.mul(bk.mul(x, bk.add(th, 1.0)), 0.5), bk)
     if a.requires_grad and STATE.enabled:
-        xc = a
-        th_saved = _wrap(th, bk)
-
-        def bw_tanh(g):
-            th_t = th_saved if not STATE.enabled else ((xc + xc * xc * xc * 0.044715) * _SQRT_2_OVER_PI).tanh()
-            dinner = (xc * xc * (3 * 0.044715) + 1.0) * _SQRT_2_OVER_PI
-            return (g * (0.5 * (th_t + 1.0) + 0.5 * xc * (1.0 - th_t * th_t) * dinner),)
-
-        _attach(out, bw_tanh, (a,), "Gelu", (a,))
+        _record(out, "Gelu", (a,), (a, _wrap(th, bk)), _gelu_tanh_backward)
     return out
+
+
+def _gelu_tanh_backward(g, xc, th_saved):
+    th_t = th_saved if not STATE.enabled else ((xc + xc * xc * xc * 0.044715) * _SQRT_2_OVER_PI).tanh()
+    dinner = (xc * xc * (3 * 0.044715) + 1.0) * _SQRT_2_OVER_PI
+    return (g * (0.5 * (th_t + 1.0) + 0.5 * xc * (1.0 - th_t * th_t) * dinner),)
 
 
 def silu(a: Tensor) -> Tensor:
@@ -633,14 +672,13 @@ def silu(a: Tensor) -> Tensor:
     s = bk.reciprocal(bk.add(bk.exp(bk.neg(d)), 1.0))
     out = _wrap(bk.mul(d, s), bk)
     if a.requires_grad and STATE.enabled:
-        s_saved = _wrap(s, bk)
-
-        def bw(g):
-            st = s_saved if not STATE.enabled else sigmoid(a)
-            return (g * st * (1.0 + a * (1.0 - st)),)
-
-        _attach(out, bw, (a,), "Silu", (a,))
+        _record(out, "Silu", (a,), (a, _wrap(s, bk)), _silu_backward)
     return out
+
+
+def _silu_backward(g, a, s_saved):
+    st = s_saved if not STATE.enabled else sigmoid(a)
+    return (g * st * (1.0 + a * (1.0 - st)),)
 
 
 def softplus(a: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
@@ -685,14 +723,14 @@ def where(cond, a, b) -> Tensor:
             raise BackendError(f"where: condition on {ref.device} but a value on {t.device}")
     out = _wrap(bk.where(cd, ad, bd), bk)
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        c = _wrap(cd, bk)
+        sa, sb = _shape_of(at), _shape_of(bt)
 
-        def bw(g):
+        def bw(g, c):
             zero = g * 0.0
-            return _grads(where(c, g, zero) if at is not None else None,
-                          where(c, zero, g) if bt is not None else None, at, bt)
+            return _grads(where(c, g, zero) if sa is not None else None,
+                          where(c, zero, g) if sb is not None else None, sa, sb)
 
-        _attach(out, bw, (at, bt), "Where")
+        _record(out, "Where", (at, bt), (_wrap(cd, bk),), bw)
     return out
 
 

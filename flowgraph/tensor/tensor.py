@@ -359,6 +359,8 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
     else:
         edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
     if saved:
+        if any(t is out for t in saved):  # an op's own output: saved without its graph (no reference cycle), see _saved_output
+            saved = tuple([_saved_output(t) if t is out else t for t in saved])
         if len(saved) == 1:
             t = saved[0]
             saved = ((t, 0 if t._vc is None else t._vc[0]),)
@@ -384,6 +386,15 @@ def _record_multi(outs: list, name: str, inputs: tuple, saved: tuple, backward) 
     for i, o in enumerate(outs):
         o._grad_fn, o._oi, o.requires_grad = node, i, True
     return outs
+
+
+def _saved_output(out: Tensor) -> Tensor:
+    """What an op saves of its own output: a graph-free alias sharing the version counter, marked (``_oi == -1``)
+    so that under ``create_graph`` the engine hands backward the output *with* this node as its ``grad_fn``
+    (PyTorch's saved-output unpacking): ``exp``'s ``g * y`` is then differentiable through ``y``."""
+    alias = _alias(out)
+    alias._oi = -1
+    return alias
 
 
 def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) -> Tensor:
