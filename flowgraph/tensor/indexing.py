@@ -14,7 +14,7 @@ from ..autograd.grad_mode import STATE, no_grad
 from ..autograd.node import Node, next_seq
 from ..errors import FlowError, ShapeError
 from .dtype import as_dtype
-from .tensor import Tensor, _attach, _make_view, _norm_dim, _record, _wrap, gradient_edge, replay_view
+from .tensor import Tensor, _make_view, _norm_dim, _record, _wrap, gradient_edge, replay_view
 
 _INT64 = np.dtype(np.int64)
 
@@ -154,7 +154,7 @@ def _basic(a: Tensor, slices, flips, squeeze_dims, final_shape) -> Tensor:
                 g = g.flip(flips)
             return (_slice_backward(g, shape, slices),)
 
-        _attach(out, bw, (a,), "Slice")
+        _record(out, "Slice", (a,), (), bw)
     return out
 
 
@@ -166,8 +166,10 @@ def _slice_backward(g: Tensor, shape, slices) -> Tensor:
     bk.assign(view, g._data)
     out = _wrap(base, bk)
     if g.requires_grad and STATE.enabled:
-        _attach(out, lambda gg: (_wrap(bk.slice(gg._data, slices), bk) if not gg.requires_grad
-                                 else _basic(gg, slices, (), (), g.shape),), (g,), "SliceBackward")
+        g_shape = g.shape
+        _record(out, "SliceBackward", (g,), (),
+                lambda gg: (_wrap(bk.slice(gg._data, slices), bk) if not gg.requires_grad
+                            else _basic(gg, slices, (), (), g_shape),))
     return out
 
 
@@ -219,7 +221,7 @@ def gather(a: Tensor, dim: int, index: Tensor) -> Tensor:
     out = _wrap(bk.gather(src._data, d, idx), bk) if a.ndim else _wrap(src._data, bk)
     if src.requires_grad and STATE.enabled:
         shape = src.shape
-        _attach(out, lambda g: (scatter_add(g.new_zeros(shape), d, index, g),), (src,), "Gather")
+        _record(out, "Gather", (src,), (index,), lambda g, index: (scatter_add(g.new_zeros(shape), d, index, g),))
     return out
 
 
@@ -251,13 +253,13 @@ def scatter_add(a: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     if STATE.enabled and (a.requires_grad or src.requires_grad):
         src_shape = src.shape
 
-        def bw(g):
+        def bw(g, index):
             gs = gather(g, d, index)
             if gs.shape != src_shape:
                 gs = _slice_backward(gs, src_shape, tuple(slice(0, n, 1) for n in index.shape))
             return (g, gs)
 
-        _attach(out, bw, (a, src), "ScatterAdd")
+        _record(out, "ScatterAdd", (a, src), (index,), bw)
     return out
 
 
@@ -275,14 +277,14 @@ def scatter(a: Tensor, dim: int, index: Tensor, src) -> Tensor:
     if STATE.enabled and (a.requires_grad or src.requires_grad):
         src_shape = src.shape
 
-        def bw(g):
+        def bw(g, index):
             ga = scatter(g, d, index, 0.0)
             gs = gather(g, d, index)
             if gs.shape != src_shape:
                 gs = _slice_backward(gs, src_shape, tuple(slice(0, n, 1) for n in index.shape))
             return (ga, gs)
 
-        _attach(out, bw, (a, src), "Scatter")
+        _record(out, "Scatter", (a, src), (index,), bw)
     return out
 
 

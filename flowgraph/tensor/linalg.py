@@ -6,7 +6,7 @@ from ..autograd.grad_mode import STATE
 from ..errors import BackendError, FlowError, ShapeError
 from .amp import low_precision_inputs
 from .elementwise import _promote_pair, broadcast_shapes, sum_to
-from .tensor import Tensor, _attach, _wrap
+from .tensor import Tensor, _record, _wrap
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -47,15 +47,16 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         ad, bd = _promote_pair(a, b)
     out = _wrap(bk.matmul(ad, bd), bk)
     if STATE.enabled and (a.requires_grad or b.requires_grad):
-        ac, bc = a, b
         need_a, need_b = a.requires_grad, b.requires_grad
+        # a's gradient reads b, b's reads a
+        saved = ((b,) if need_a else ()) + ((a,) if need_b else ())
 
-        def bw(g):
-            ga = sum_to(matmul(g, bc.transpose(-1, -2)), sa) if need_a else None
-            gb = sum_to(matmul(ac.transpose(-1, -2), g), sb) if need_b else None
+        def bw(g, *sv):
+            ga = sum_to(matmul(g, sv[0].transpose(-1, -2)), sa) if need_a else None
+            gb = sum_to(matmul(sv[-1].transpose(-1, -2), g), sb) if need_b else None
             return ga, gb
 
-        _attach(out, bw, (a, b), "Matmul", (a, b))
+        _record(out, "Matmul", (a, b), saved, bw)
     return out
 
 

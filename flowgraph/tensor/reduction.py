@@ -11,7 +11,7 @@ from ..errors import FlowError
 from .amp import full_precision_input
 from .dtype import as_dtype
 from .elementwise import _is_float, where
-from .tensor import Tensor, _alias, _attach, _norm_dim, _norm_dims, _wrap
+from .tensor import Tensor, _norm_dim, _norm_dims, _record, _wrap
 
 MinMax = namedtuple("MinMax", ["values", "indices"])
 MinMax.__doc__ = "``(values, indices)`` returned by ``max(dim)``/``min(dim)``, like PyTorch's."
@@ -47,7 +47,7 @@ def sum(a: Tensor, dim=None, keepdim: bool = False, dtype=None) -> Tensor:  # no
             g = _expand_back(g, shape, axes, keepdim)
             return (g if g.dtype is in_dtype else g.to(in_dtype),)
 
-        _attach(out, bw, (a,), "Sum")
+        _record(out, "Sum", (a,), (), bw)
     return out
 
 
@@ -83,6 +83,11 @@ def std(a: Tensor, dim=None, keepdim: bool = False, unbiased: bool | None = None
     return var(a, dim, keepdim, unbiased, correction).sqrt()
 
 
+def _extreme_all_backward(g, x, y):
+    mask = (x == y.detach()).to(g.dtype)
+    return (mask * (g / mask.sum()),)
+
+
 def _extreme(prim: str, argprim: str, name: str):
     def op(a: Tensor, dim=None, keepdim: bool = False):
         bk = a._backend
@@ -93,14 +98,7 @@ def _extreme(prim: str, argprim: str, name: str):
             axes = tuple(range(len(shape)))
             out = _wrap(bk.__getattribute__(prim)(a._data, axes, False), bk)
             if a.requires_grad and STATE.enabled:
-                x = a
-                y = _alias(out)
-
-                def bw_all(g):
-                    mask = (x == y).to(g.dtype)
-                    return (mask * (g / mask.sum()),)
-
-                _attach(out, bw_all, (a,), name.capitalize(), (a,))
+                _record(out, name.capitalize(), (a,), (a, out), _extreme_all_backward)
             return out
         if isinstance(dim, Tensor):  # max(a, b) spelled as a.max(b)
             from .elementwise import maximum, minimum
@@ -143,16 +141,14 @@ def _amaxmin(a: Tensor, dim, keepdim: bool, prim: str) -> Tensor:
     axes = _norm_dims(dim, len(shape), "a" + prim)
     out = _wrap(getattr(bk, prim)(a._data, axes, keepdim), bk)
     if a.requires_grad and STATE.enabled:
-        x = a
-        y = _alias(out)
 
-        def bw(g):
-            yk = _expand_back(y, shape, axes, keepdim)
+        def bw(g, x, y):
+            yk = _expand_back(y.detach(), shape, axes, keepdim)
             mask = (x == yk).to(g.dtype)
             count = mask.sum(axes, keepdim=True)
             return (mask * _expand_back(g, shape, axes, keepdim) / count,)
 
-        _attach(out, bw, (a,), "A" + prim, (a, out))
+        _record(out, "A" + prim, (a,), (a, out), bw)
     return out
 
 
@@ -188,9 +184,8 @@ def prod(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     axes = _norm_dims(dim, len(shape), "prod")
     out = _wrap(bk.prod(a._data, axes, keepdim), bk)
     if a.requires_grad and STATE.enabled:
-        x = a
 
-        def bw(g):
+        def bw(g, x):
             # product of all the other elements: exclusive cumulative products from both sides.
             flat_axes = axes
             moved = x.permute([i for i in range(len(shape)) if i not in flat_axes] + list(flat_axes))
@@ -208,7 +203,7 @@ def prod(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
             others = others.permute(inv)
             return (_expand_back(g, shape, axes, keepdim) * others,)
 
-        _attach(out, bw, (a,), "Prod", (a,))
+        _record(out, "Prod", (a,), (a,), bw)
     return out
 
 
@@ -231,7 +226,7 @@ def cumsum(a: Tensor, dim: int) -> Tensor:
     d = a._data if a._data.dtype.kind not in "biu" else bk.cast(a._data, as_dtype("int64").np)
     out = _wrap(bk.cumsum(d, ax) if a.ndim else d, bk)
     if a.requires_grad and STATE.enabled:
-        _attach(out, lambda g: (cumsum(g.flip(ax), ax).flip(ax) if g.ndim else g,), (a,), "Cumsum")
+        _record(out, "Cumsum", (a,), (), lambda g: (cumsum(g.flip(ax), ax).flip(ax) if g.ndim else g,))
     return out
 
 
@@ -275,13 +270,11 @@ def softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
         e = bk.exp(bk.sub(d, d))
     out = _wrap(bk.div(e, bk.sum(e, (ax,) if a.ndim else (), True)), bk)
     if a.requires_grad and STATE.enabled:
-        y = _alias(out)
 
-        def bw(g):
-            yy = y if not STATE.enabled else softmax(a, ax)  # create_graph: the output with its graph
-            return (yy * (g - (g * yy).sum(ax, keepdim=True)),)
+        def bw(g, y):  # under create_graph y carries this node: the gradient stays differentiable
+            return (y * (g - (g * y).sum(ax, keepdim=True)),)
 
-        _attach(out, bw, (a,), "Softmax", (out,))
+        _record(out, "Softmax", (a,), (out,), bw)
     return out
 
 
@@ -298,13 +291,11 @@ def log_softmax(a: Tensor, dim: int, dtype=None) -> Tensor:
     shifted = bk.sub(d, bk.max(d, axes, True)) if a.numel() else d
     out = _wrap(bk.sub(shifted, bk.log(bk.sum(bk.exp(shifted), axes, True))), bk)
     if a.requires_grad and STATE.enabled:
-        y = _alias(out)
 
-        def bw(g):
-            yy = y if not STATE.enabled else log_softmax(a, ax)
-            return (g - yy.exp() * g.sum(ax, keepdim=True),)
+        def bw(g, y):
+            return (g - y.exp() * g.sum(ax, keepdim=True),)
 
-        _attach(out, bw, (a,), "LogSoftmax", (out,))
+        _record(out, "LogSoftmax", (a,), (out,), bw)
     return out
 
 
@@ -331,14 +322,12 @@ def _safe_sqrt(x: Tensor) -> Tensor:
     bk = x._backend
     out = _wrap(bk.sqrt(x._data), bk)
     if x.requires_grad and STATE.enabled:
-        y = _alias(out)
-
-        def bw(g):
-            yy = y if not STATE.enabled else _safe_sqrt(x)
-            return (where(yy > 0, g / (yy * 2.0), 0.0),)
-
-        _attach(out, bw, (x,), "Norm", (out,))
+        _record(out, "Norm", (x,), (out,), _safe_sqrt_backward)
     return out
+
+
+def _safe_sqrt_backward(g, y):
+    return (where(y > 0, g / (y * 2.0), 0.0),)
 
 
 def any(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001

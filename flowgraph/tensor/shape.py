@@ -10,7 +10,7 @@ from ..backends.registry import get_backend
 from ..errors import BackendError, FlowError, ShapeError
 from .dtype import DType, as_dtype
 from .elementwise import broadcast_shapes, sum_to
-from .tensor import Tensor, _attach, _make_view, _norm_dim, _share_version, _wrap
+from .tensor import Tensor, _make_view, _norm_dim, _record, _record_multi, _share_version, _wrap
 
 
 def _shape_arg(shape) -> tuple:
@@ -51,7 +51,7 @@ def reshape(a: Tensor, *shape) -> Tensor:
     if src is a._data:  # a view of a contiguous tensor; a non-contiguous one is copied first (never aliased)
         _make_view(out, a, reshape, shape)
     if a.requires_grad and STATE.enabled:
-        _attach(out, lambda g: (g.reshape(old),), (a,), "Reshape")
+        _record(out, "Reshape", (a,), (), lambda g: (g.reshape(old),))
     return out
 
 
@@ -73,7 +73,7 @@ def permute(a: Tensor, *dims) -> Tensor:
         inv = [0] * nd
         for i, d in enumerate(dims):
             inv[d] = i
-        _attach(out, lambda g: (g.permute(inv),), (a,), "Permute")
+        _record(out, "Permute", (a,), (), lambda g: (g.permute(inv),))
     return out
 
 
@@ -153,7 +153,7 @@ def expand(a: Tensor, *shape) -> Tensor:
     bk = a._backend
     out = _make_view(_wrap(bk.expand(a._data, shape), bk), a, expand, shape)
     if a.requires_grad and STATE.enabled:
-        _attach(out, lambda g: (sum_to(g, old),), (a,), "Expand")
+        _record(out, "Expand", (a,), (), lambda g: (sum_to(g, old),))
     return out
 
 
@@ -181,7 +181,7 @@ def contiguous(a: Tensor) -> Tensor:
         return a
     out = _wrap(d, bk)
     if a.requires_grad and STATE.enabled:
-        _attach(out, lambda g: (g,), (a,), "Contiguous")
+        _record(out, "Contiguous", (a,), (), lambda g: (g,))
     return out
 
 
@@ -194,7 +194,7 @@ def clone(a: Tensor) -> Tensor:
         d = bk.contiguous(d)
     out = _wrap(d, bk)
     if a.requires_grad and STATE.enabled:
-        _attach(out, lambda g: (g,), (a,), "Clone")
+        _record(out, "Clone", (a,), (), lambda g: (g,))
     return out
 
 
@@ -236,7 +236,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
                 start += s
             return tuple(grads)
 
-        _attach(out, bw, tuple(tensors), "Cat")
+        _record(out, "Cat", tuple(tensors), (), bw)
     return out
 
 
@@ -303,43 +303,34 @@ def split_views(a: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False
         indices.append(tuple(slice(start, start + size, 1) if i == d else slice(0, n, 1)
                              for i, n in enumerate(shape)))
         start += size
-    if not (a.requires_grad and STATE.enabled):
-        outs = []
-        for index in indices:
-            data = bk.slice(a._data, index)
-            if squeeze:
-                data = bk.reshape(data, data.shape[:d] + data.shape[d + 1:])
-            outs.append(_share_version(_wrap(data, bk), a))
-        return outs
-    from .indexing import _slice_backward
-
-    holder: list = []
-    token = _wrap(bk.full((), 0, a._data.dtype), bk)
-
-    def gather_bw(g: Tensor):
-        if holder:
-            buf = _wrap(holder.pop(), bk)
-            return (buf if g.ndim == 0 else g + buf,)
-        return (g,)
-
-    anchor = _attach(_share_version(_wrap(a._data, bk), a), gather_bw, (a,), "SplitGather")
     outs = []
     for index in indices:
         data = bk.slice(a._data, index)
-        sliced_shape = data.shape
         if squeeze:
-            data = bk.reshape(data, sliced_shape[:d] + sliced_shape[d + 1:])
+            data = bk.reshape(data, data.shape[:d] + data.shape[d + 1:])
+        outs.append(_share_version(_wrap(data, bk), a))
+    if not (a.requires_grad and STATE.enabled):
+        return outs
 
-        def bw(g: Tensor, index=index, sliced_shape=sliced_shape):
-            if g.requires_grad:  # create_graph: keep the gradient differentiable
-                return (_slice_backward(g.reshape(sliced_shape), shape, index),)
-            if not holder:
-                holder.append(bk.full(shape, 0, g._data.dtype))
-            bk.assign(bk.slice(holder[0], index), bk.reshape(g._data, sliced_shape) if squeeze else g._data)
-            return (token,)
+    def bw(grads: tuple):
+        first = next(g for g in grads if g is not None)
+        if first.requires_grad:  # create_graph: a differentiable concatenation
+            parts = []
+            for g, index in zip(grads, indices):
+                part = tuple(len(range(*s.indices(n))) for s, n in zip(index, shape))
+                if g is None:
+                    parts.append(first.new_zeros(part))
+                else:
+                    parts.append(g.reshape(part))
+            return (cat(parts, d),)
+        buf = bk.full(shape, 0, first._data.dtype)
+        for g, index in zip(grads, indices):
+            if g is not None:
+                view = bk.slice(buf, index)
+                bk.assign(view, bk.reshape(g._data, view.shape) if squeeze else g._data)
+        return (_wrap(buf, bk),)
 
-        outs.append(_attach(_share_version(_wrap(data, bk), a), bw, (anchor,), "SplitPart"))
-    return outs
+    return _record_multi(outs, "Split", (a,), (), bw)
 
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
@@ -363,7 +354,7 @@ def flip(a: Tensor, dims) -> Tensor:
     bk = a._backend
     out = _wrap(bk.flip(a._data, axes), bk)
     if a.requires_grad and STATE.enabled:
-        _attach(out, lambda g: (flip(g, axes),), (a,), "Flip")
+        _record(out, "Flip", (a,), (), lambda g: (flip(g, axes),))
     return out
 
 
@@ -387,7 +378,7 @@ def pad(a: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.
     out = _wrap(bk.pad(a._data, widths, value), bk)
     if a.requires_grad and STATE.enabled:
         index = tuple(slice(lo, lo + s) for (lo, _), s in zip(widths, a.shape))
-        _attach(out, lambda g: (g[index],), (a,), "Pad")
+        _record(out, "Pad", (a,), (), lambda g: (g[index],))
     return out
 
 
@@ -512,7 +503,7 @@ def _to_device(a: Tensor, device) -> Tensor:
     out = _wrap(target.from_host(host), target)
     if a.requires_grad and STATE.enabled:
         src_device = src.device
-        _attach(out, lambda g: (_to_device(g, src_device),), (a,), "ToDevice")
+        _record(out, "ToDevice", (a,), (), lambda g: (_to_device(g, src_device),))
     return out
 
 
@@ -523,5 +514,5 @@ def _cast(a: Tensor, dtype: DType) -> Tensor:
     out = _wrap(bk.cast(a._data, dtype.np), bk)
     if a.requires_grad and STATE.enabled and dtype.is_floating_point:
         src = a.dtype
-        _attach(out, lambda g: (_cast(g, src),), (a,), "Cast")
+        _record(out, "Cast", (a,), (), lambda g: (_cast(g, src),))
     return out

@@ -359,7 +359,7 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
     else:
         edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
     if saved:
-        if any(t is out for t in saved):  # an op's own output: saved without its graph (no reference cycle), see _saved_output
+        if any(t is out for t in saved):  # the op's own output: saved without its graph, see _saved_output
             saved = tuple([_saved_output(t) if t is out else t for t in saved])
         if len(saved) == 1:
             t = saved[0]
