@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from ..autograd.grad_mode import STATE
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, empty, pad
-from ..tensor.tensor import _attach, _wrap
+from ..tensor.tensor import _record, _wrap
 from . import init
 from .module import Module, Parameter
 
@@ -102,12 +102,8 @@ def _windows(
     result = _wrap(pieces[0] if len(pieces) == 1 else bk.concatenate(pieces, axis), bk)
     if x.requires_grad and STATE.enabled:
         shape = x.shape
-        _attach(
-            result,
-            lambda g: (_fold_windows(g, shape, kernel, stride, dilation, axis, batch_last),),
-            (x,),
-            "Windows",
-        )
+        _record(result, "Windows", (x,), (),
+                lambda g: (_fold_windows(g, shape, kernel, stride, dilation, axis, batch_last),))
     return result
 
 
@@ -143,12 +139,8 @@ def _fold_windows(
             bk.assign(view, summed)
     result = _wrap(base, bk)
     if cols.requires_grad and STATE.enabled:
-        _attach(
-            result,
-            lambda gg: (_windows(gg, kernel, stride, dilation, out, axis, batch_last),),
-            (cols,),
-            "FoldWindows",
-        )
+        _record(result, "FoldWindows", (cols,), (),
+                lambda gg: (_windows(gg, kernel, stride, dilation, out, axis, batch_last),))
     return result
 
 
@@ -221,7 +213,9 @@ def _weight_gemm(w: Tensor, cols: Tensor) -> Tensor:
     need_w, need_c = w.requires_grad, cols.requires_grad
     if STATE.enabled and (need_w or need_c):
 
-        def backward(g: Tensor):
+        def backward(g: Tensor, *saved: Tensor):
+            cols = saved[0] if need_w else None  # the weight's gradient reads cols, cols' gradient reads w
+            w = saved[-1] if need_c else None
             gw = None
             if need_w:
                 if cols.shape[1] >= 4 * cols.shape[0]:
@@ -231,7 +225,7 @@ def _weight_gemm(w: Tensor, cols: Tensor) -> Tensor:
             gc = w.transpose(0, 1).matmul(g) if need_c else None
             return gw, gc
 
-        _attach(out, backward, (w, cols), "ConvGemm", (w, cols))
+        _record(out, "ConvGemm", (w, cols), ((cols,) if need_w else ()) + ((w,) if need_c else ()), backward)
     return out
 
 

@@ -18,7 +18,7 @@ from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, empty, ones, tensor, zeros
 from ..tensor.elementwise import sum_to
-from ..tensor.tensor import _alias, _attach, _needs_grad, _wrap
+from ..tensor.tensor import _needs_grad, _record, _wrap
 from . import init
 from .module import Module, Parameter
 
@@ -62,36 +62,46 @@ def _standardize(
             y = bk.add(y, bd)
     out = _wrap(y, bk)
     if _needs_grad(x, weight, bias):
-        xhat_t, rstd_t = _wrap(xhat, bk), _wrap(rstd, bk)
-        w_t = None if weight is None else weight.detach()
         fused_bw = getattr(bk, "standardize_backward", None)
+        has_w = weight is not None
+        need_x, need_w = x.requires_grad, has_w and weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        w_shape = None if weight is None else tuple(weight.shape)
+        b_shape = None if bias is None else tuple(bias.shape)
 
-        def bw(g: Tensor):
+        def bw(g: Tensor, x: Tensor, *rest: Tensor):
+            weight = rest[0] if has_w else None
             if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
                 xh, rs = _standardize_composed(x, axes, eps)
                 w = weight
             else:
-                xh, rs, w = xhat_t, rstd_t, w_t
+                xh, rs = rest[-2], rest[-1]
+                if keep_mean:  # xhat was the output: recompute it from the saved mean
+                    xh = _wrap(g._backend.mul(g._backend.sub(x._data, xh._data), rs._data), g._backend)
+                w = None if weight is None else weight.detach()
                 if fused_bw is not None:
-                    grads = fused_bw(
-                        g._data, xhat, rstd, wd, axes, x.requires_grad,
-                        tuple(weight.shape) if weight is not None and weight.requires_grad else None,
-                        tuple(bias.shape) if bias is not None and bias.requires_grad else None,
-                    )
+                    gbk = g._backend
+                    wd = None if weight is None else (weight._data if weight._data.dtype == g._data.dtype
+                                                      else gbk.cast(weight._data, g._data.dtype))
+                    grads = fused_bw(g._data, xh._data, rs._data, wd, axes, need_x,
+                                     w_shape if need_w else None, b_shape if need_b else None)
                     if grads is not None:
-                        return tuple(None if a is None else _wrap(a, bk) for a in grads)
+                        return tuple(None if a is None else _wrap(a, gbk) for a in grads)
             gx = gw = gb = None
-            if x.requires_grad:
+            if need_x:
                 gy = g if w is None else g * w
                 gx = (gy - gy.mean(axes, keepdim=True) - xh * (gy * xh).mean(axes, keepdim=True)) * rs
-            if weight is not None and weight.requires_grad:
-                gw = sum_to(g * xh, weight.shape)
-            if bias is not None and bias.requires_grad:
-                gb = sum_to(g, bias.shape)
+            if need_w:
+                gw = sum_to(g * xh, w_shape)
+            if need_b:
+                gb = sum_to(g, b_shape)
             return gx, gw, gb
 
-        # without an affine the output is xhat itself: an in-place change to it must not go unnoticed
-        _attach(out, bw, (x, weight, bias), "Standardize", saved=(_alias(out),) if y is xhat else ())
+        # Without an affine the output is xhat itself: an in-place op on the output (a following inplace ReLU)
+        # must not change what backward reads, so the mean is saved and xhat recomputed (PyTorch saves no output).
+        keep_mean = y is xhat
+        saved = (x,) + ((weight,) if has_w else ()) + (_wrap(mean if keep_mean else xhat, bk), _wrap(rstd, bk))
+        _record(out, "Standardize", (x, weight, bias), saved, bw)
     return out, _wrap(mean, bk), _wrap(var, bk)
 
 

@@ -18,7 +18,7 @@ import math
 from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError
 from ..tensor import Tensor, arange, ones, tensor, where
-from ..tensor.tensor import _attach, _wrap
+from ..tensor.tensor import _record, _wrap
 from .conv import _check_input, _fold_windows, _ntuple, _offset_slices, _pad_spatial
 from .module import Module
 
@@ -91,7 +91,7 @@ def _window_sum(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: t
             spread = g.unsqueeze(2).expand(g.shape[:2] + (k,) + g.shape[2:])
             return (_fold_windows(spread, shape, kernel, stride, dilation),)
 
-        _attach(result, bw, (x,), "WindowSum")
+        _record(result, "WindowSum", (x,), (), bw)
     return result
 
 
@@ -121,9 +121,11 @@ def _window_max(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: t
     if x.requires_grad and STATE.enabled:
         shape = x.shape
 
-        def bw(g: Tensor):
+        def bw(g: Tensor, kidx: Tensor):
             if STATE.enabled:  # create_graph: the differentiable (materialised) form
                 return (_window_max_grad(g, kidx, shape, kernel, stride, dilation),)
+            bk = g._backend
+            where_k = kidx._data
             gd = g._data
             zero = bk.full((), 0, gd.dtype)
             base = bk.full(tuple(shape), 0, gd.dtype)
@@ -133,7 +135,7 @@ def _window_max(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: t
                 bk.assign(view, bk.add(view, picked))
             return (_wrap(base, bk),)
 
-        _attach(values, bw, (x,), "WindowMax")
+        _record(values, "WindowMax", (x,), (kidx,), bw)
     return values, kidx
 
 
@@ -152,14 +154,15 @@ def _block_max(x: Tensor, kernel: tuple, out: tuple) -> Tensor | None:
     if x.requires_grad and STATE.enabled:
         ones_ = (1,) * len(kernel)
 
-        def bw(g: Tensor):
+        def bw(g: Tensor, x: Tensor, y: Tensor):
             if STATE.enabled:  # create_graph: the window path's differentiable form
                 with no_grad():
                     kidx = _window_max(x.detach(), kernel, kernel, ones_, out)[1]
                 return (_window_max_grad(g, kidx, tuple(x.shape), kernel, kernel, ones_),)
-            return (_wrap(bk.max_pool_blocks_backward(x._data, best, g._data, kernel), bk),)
+            bk = g._backend
+            return (_wrap(bk.max_pool_blocks_backward(x._data, y._data, g._data, kernel), bk),)
 
-        _attach(values, bw, (x,), "BlockMax", saved=(x,))
+        _record(values, "BlockMax", (x,), (x, values), bw)
     return values
 
 

@@ -397,11 +397,6 @@ def _saved_output(out: Tensor) -> Tensor:
     return alias
 
 
-def _attach(out: Tensor, backward, inputs: tuple, name: str, saved: tuple = ()) -> Tensor:
-    """Transitional form of ``_record`` whose ``backward(grad)`` reads its closure (being removed)."""
-    return _record(out, name, inputs, saved, lambda g, *s: backward(g))
-
-
 def _check_forward(out: Tensor, name: str) -> None:
     bk = out._backend
     if out._data.dtype.kind == "f" and not bool(bk.to_host(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flowgraph as fg
-from flowgraph.tensor.tensor import _attach, _wrap
+from flowgraph.tensor.tensor import _record, _wrap
 
 
 def _has_dtype(device, dtype) -> bool:
@@ -260,7 +260,7 @@ def test_gradcheck_passes_and_rejects_wrong_backward(device):
     def wrong_square(a):
         out = _wrap(a._backend.mul(a._data, a._data), a._backend)
         if a.requires_grad:
-            _attach(out, lambda g: (g * a.detach() * 3.0,), (a,), "WrongSquare")  # should be 2 * a
+            _record(out, "WrongSquare", (a,), (a,), lambda g, a: (g * a.detach() * 3.0,))  # should be 2 * a
         return out
 
     with pytest.raises(fg.GradcheckError, match=r"WrongSquare.*input 0.*element \(0, 0\)"):
