@@ -210,6 +210,20 @@ class ArrayBackend(Backend):
         return out if out.dtype == a.dtype else out.astype(a.dtype)
 
     # ----------------------------------------------------------------- indexing
+    def argsort(self, a: Array, axis: int, descending: bool) -> Array:
+        xp = self.xp
+        if a.ndim == 0:
+            return xp.zeros((), dtype=np.int64)
+        if a.dtype.kind == "b" or a.dtype.name == "bfloat16" or a.dtype.kind == "u":
+            a = a.astype(np.float32 if a.dtype.name == "bfloat16" else np.int64)
+        if descending:
+            # stable descending with NaN first: sort the negated values, NaN mapped below everything
+            key = -a
+            if a.dtype.kind == "f":
+                key = xp.where(xp.isnan(a), -xp.inf, key)
+            a = key
+        return xp.argsort(a, axis=axis, kind="stable").astype(np.int64, copy=False)
+
     def gather(self, a: Array, axis: int, index: Array) -> Array:
         return self.xp.take_along_axis(a, index, axis=axis)
 

@@ -126,6 +126,11 @@ class Backend:
         """Inclusive prefix sum along ``axis``."""
         raise _missing(self)
 
+    def argsort(self, a: Array, axis: int, descending: bool) -> Array:
+        """Stable sort order (int64) along ``axis``; NaN sorts last ascending and first descending (PyTorch's
+        order). On the device: ``sort``/``argsort``/``topk`` never copy to the host."""
+        raise _missing(self)
+
     # ----------------------------------------------------------------- movement (views where possible)
     def reshape(self, a: Array, shape: Shape) -> Array:
         """Same elements in row-major order, new shape (a view when ``a`` is contiguous)."""
@@ -183,6 +188,13 @@ class Backend:
     def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
         """A copy of ``a`` with ``src`` written at ``index`` along ``axis`` (last write wins)."""
         raise _missing(self)
+
+    # ----------------------------------------------------------------- declared capabilities (generic defaults)
+    def add_into(self, dst: Array, src: Array) -> Array:
+        """``dst + src`` (same shape and dtype), written into ``dst`` and returned where the backend can add in
+        place, else a new array: the autograd engine accumulates into sums it made itself and checks
+        ``result is dst``. The generic default returns a new sum."""
+        return self.add(dst, src)
 
     # ----------------------------------------------------------------- runtime
     def synchronize(self) -> None:

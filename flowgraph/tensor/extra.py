@@ -15,7 +15,7 @@ from ..errors import FlowError
 from .creation import arange, tensor
 from .elementwise import where
 from .shape import pad
-from .tensor import Tensor, _norm_dim
+from .tensor import Tensor, _norm_dim, _wrap
 
 
 def _tri_mask(a: Tensor, diagonal: int, upper: bool) -> Tensor:
@@ -73,13 +73,8 @@ def trace(a: Tensor) -> Tensor:
 
 
 def _sorted_indices(a: Tensor, dim: int, descending: bool, stable: bool) -> Tensor:
-    host = a.detach().numpy() if a._backend.device == "cpu" else a._backend.to_host(a._data)
-    if host.dtype.name == "bfloat16":
-        host = host.astype(np.float32)
-    order = np.argsort(-host if descending and host.dtype.kind != "b" else host, axis=dim, kind="stable")
-    if descending and host.dtype.kind == "b":
-        order = np.argsort(~host, axis=dim, kind="stable")
-    return tensor(order.astype(np.int64), device=a.device)
+    """The backend's stable sort order along ``dim`` (always stable: ``stable=False`` allows any order)."""
+    return _wrap(a._backend.argsort(a._data, dim, descending), a._backend)
 
 
 def sort(a: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):

@@ -1015,6 +1015,10 @@ class CupyBackend(ArrayBackend):
                 off = off + cupy.arange(size, dtype=_I64).reshape(shape) * (a.strides[d] // item)
         return off
 
+    def argsort(self, a: Array, axis: int, descending: bool) -> Array:
+        self._use()
+        return super().argsort(self._arr(a), axis, descending)
+
     def gather(self, a: Array, axis: int, index: Array) -> Array:
         self._use()
         a = cupy.ascontiguousarray(self._arr(a))

@@ -38,6 +38,7 @@ from .runtime import build_program, cl, compile_stats, device_context, list_devi
 
 _SCALAR_TYPES = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
+_I64 = np.dtype(np.int64)
 _INT64 = np.dtype(np.int64)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -894,6 +895,27 @@ class OpenCLBackend(Backend):
         if index.dtype.kind not in "iu":
             raise BackendError(f"{where}: index must be an integer array, got {index.dtype}")
         return self.realize(self.cast(index, _INT64))
+
+    def argsort(self, a: Array, axis: int, descending: bool) -> Array:
+        a = self._own(a, "argsort")
+        axis = axis % max(a.ndim, 1)
+        if a.ndim == 0 or a.size == 0:
+            return self.full(a.shape, 0, _I64)
+        last = a.ndim - 1
+        order = [d for d in range(a.ndim) if d != axis] + [axis]
+        moved = self.contiguous(self.permute(a, order) if axis != last else a)
+        dtype = moved.dtype if moved.dtype != _BOOL else np.dtype(np.uint8)
+        n = moved.shape[-1]
+        out = self.empty(moved.shape, _I64)
+        kernel = self._kernel(("argsort", dtype.str, bool(descending)), lambda: K.argsort_source(dtype, descending))
+        self._launch(kernel, moved.size, [moved.buffer if moved.offset == 0 else self.contiguous(moved).buffer,
+                                         out.buffer, n, moved.size])
+        if axis == last:
+            return out
+        inverse = [0] * a.ndim
+        for pos, d in enumerate(order):
+            inverse[d] = pos
+        return self.contiguous(self.permute(out, inverse))
 
     def gather(self, a: Array, axis: int, index: Array) -> Array:
         a = self.realize(self._own(a, "gather"))

@@ -377,6 +377,40 @@ def gather_source(rank: int, dtype: np.dtype) -> KernelSource:
     return strided_kernel("fg_gather", rank, operands, extra, body)
 
 
+def argsort_source(dtype: np.dtype, descending: bool) -> KernelSource:
+    """Stable argsort of the rows of a contiguous ``(rows, n)`` array by rank counting: work-item ``(row, i)``
+    counts the elements that sort before element ``i`` (smaller, or equal at a lower position) and stores
+    ``i`` at that rank. O(n) work per element, no synchronisation; NaN sorts last ascending and first
+    descending, as in PyTorch."""
+    emitter = OpenCLEmitter()
+    t = ctype(dtype)
+    params = Params()
+    params.buffer(dtype, "a", True)
+    params.buffer(LONG, "out", False)
+    params.long("n", "total")
+    if dtype.kind == "f":
+        first, second = ("y", "x") if descending else ("x", "y")
+        before = f"(y {'>' if descending else '<'} x) || (isnan({first}) && !isnan({second}))"
+        same = "(y == x) || (isnan(x) && isnan(y))"
+    else:
+        before = f"y {'>' if descending else '<'} x"
+        same = "y == x"
+    lines = [
+        "long gid = get_global_id(0);",
+        "if (gid >= total) return;",
+        "long row = gid / n, i = gid - row * n;",
+        "__global const " + t + "* r = a + row * n;",
+        f"{t} x = r[i];",
+        "long rank = 0;",
+        "for (long j = 0; j < n; ++j) {",
+        f"  {t} y = r[j];",
+        f"  if (({before}) || (j < i && ({same}))) ++rank;",
+        "}",
+        "out[row * n + rank] = i;",
+    ]
+    return assemble("fg_argsort", emitter, {dtype}, params, lines)
+
+
 def arange_source(dtype: np.dtype, step_dtype: np.dtype) -> KernelSource:
     """``out[i] = start + i * step`` computed in ``step_dtype`` (NumPy's fill rule), stored as ``dtype``."""
     emitter = OpenCLEmitter()
