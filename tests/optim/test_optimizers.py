@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from flowgraph import optim
@@ -50,7 +51,15 @@ def _ids(case):
     return name + "-" + "-".join(f"{k}={v}" for k, v in opts.items())
 
 
-def run_pair(pair: Pair, fopt, topt, steps: int, rtol: float = RTOL, atol: float = ATOL) -> None:
+def run_pair(pair: Pair, fopt, topt, steps: int, rtol: float = RTOL, atol: float = ATOL, reference=None) -> None:
+    """Step both optimizers ``steps`` times, comparing the parameters after each step.
+
+    With ``reference`` (a float64 torch run of the same optimizer, see ``float64_reference``) the tolerance is
+    derived from float32 arithmetic instead of fixed: flowgraph's distance to the float64 trajectory may be at
+    most 4x torch's own float32 distance to it, plus a rounding floor that grows by one ulp of the parameters
+    per step (the error of any float32 evaluation order). That holds on every CPU, and still catches a wrong
+    update (an error of the order of the learning rate).
+    """
     for step in range(steps):
         fopt.zero_grad()
         topt.zero_grad()
@@ -58,7 +67,28 @@ def run_pair(pair: Pair, fopt, topt, steps: int, rtol: float = RTOL, atol: float
         pair.torch_backward()
         fopt.step()
         topt.step()
-        assert_close_params(pair.fp, pair.tp, rtol, atol, f"after step {step + 1}")
+        if reference is None:
+            assert_close_params(pair.fp, pair.tp, rtol, atol, f"after step {step + 1}")
+            continue
+        ref_params, ref_opt = reference
+        ref_opt.zero_grad()
+        pair.torch_backward(ref_params)
+        ref_opt.step()
+        for i, (f, t, r) in enumerate(zip(pair.fp, pair.tp, ref_params)):
+            r = r.detach().numpy()
+            err_fg = np.abs(f.detach().numpy().astype(np.float64) - r).max()
+            err_torch = np.abs(t.detach().numpy().astype(np.float64) - r).max()
+            floor = 4 * (step + 1) * np.finfo(np.float32).eps * max(np.abs(r).max(), 1.0)
+            assert err_fg <= 4 * err_torch + floor, (
+                f"parameter {i} after step {step + 1}: flowgraph is {err_fg:.3g} from the float64 trajectory, "
+                f"torch's float32 run {err_torch:.3g} (allowed {4 * err_torch + floor:.3g})"
+            )
+
+
+def float64_reference(pair: Pair, name: str, opts: dict):
+    """torch's optimizer run in float64 from the same start: the trajectory both float32 runs approximate."""
+    params = [torch.tensor(p.detach().numpy().astype(np.float64), requires_grad=True) for p in pair.tp]
+    return params, getattr(torch.optim, name)(params, **opts)
 
 
 @pytest.mark.parametrize("case", GRID, ids=[_ids(c) for c in GRID])
@@ -67,7 +97,16 @@ def test_matches_torch(device, case):
     pair = Pair(device, sign=-1.0 if opts.get("maximize") else 1.0)
     fopt = getattr(optim, name)(pair.fp, **opts)
     topt = getattr(torch.optim, name)(pair.tp, **opts)
-    run_pair(pair, fopt, topt, STEPS)
+    run_pair(pair, fopt, topt, STEPS, reference=float64_reference(pair, name, opts))
+
+
+def test_a_wrong_update_is_caught(device):
+    """The float64-derived tolerance still fails an optimizer that is slightly wrong (momentum 0.9 vs 0.89)."""
+    pair = Pair(device)
+    fopt = optim.SGD(pair.fp, lr=0.1, momentum=0.89)
+    topt = torch.optim.SGD(pair.tp, lr=0.1, momentum=0.9)
+    with pytest.raises(AssertionError, match="float64 trajectory"):
+        run_pair(pair, fopt, topt, STEPS, reference=float64_reference(pair, "SGD", dict(lr=0.1, momentum=0.9)))
 
 
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "RAdam", "NAdam"])
