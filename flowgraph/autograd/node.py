@@ -306,42 +306,55 @@ def run_backward(
             push(ready, (-node.seq, node))
     take, add, sum_ = buffers.take, buffers.add, buffers.sum
     pending = buffers.grads
+    pending_pop, pending_get = pending.pop, pending.get
+    owned = buffers.owned
     deps_get = deps.get
+    general = run is not None or bool(targets)  # autograd.grad: every node takes the general path
 
     with enable_grad() if create_graph else no_grad():
         while ready:
             node = pop(ready)[1]
-            g = take(node)
             edges = node.edges
-            in_grads = None
-            if g is not None:
-                if (node.hooks is None and node.retain is None and run is None and not targets
-                        and node.n_out == 1 and type(node) is Node):
-                    in_grads = _call_backward(node, g, retain_graph)  # the common case, kept lean
-                else:
-                    in_grads = _run_node(node, g, buffers, retain_graph, create_graph, targets, captured, run)
-            if run is not None and node not in run:
+            if owned or node.n_out != 1:
+                g = take(node)
+            else:
+                g = pending_pop(node, None)
+            if g is None:
+                in_grads = None
+            elif general or node.hooks is not None or node.retain is not None or node.n_out != 1 \
+                    or type(node) is not Node:
+                in_grads = _run_node(node, g, buffers, retain_graph, create_graph, targets, captured, run)
+                if run is not None and node not in run:
+                    continue
+            else:
+                in_grads = _call_backward(node, g, retain_graph)  # the common case, kept lean
+            if in_grads is None:
+                for e in edges:
+                    if e is not None:
+                        m = e[0]
+                        left = deps_get(m)
+                        if left is not None:
+                            if left == 1:
+                                push(ready, (-m.seq, m))
+                            deps[m] = left - 1
                 continue
-            for i, e in enumerate(edges):
+            for e, gi in zip(edges, in_grads):
                 if e is None:
                     continue
                 m = e[0]
-                if in_grads is not None:
-                    gi = in_grads[i]
-                    if gi is not None:
-                        if anomaly:
-                            _check_finite(gi, f"the backward of {node.name}")
-                        if m.n_out == 1 and gi._data.dtype == m.dtypes[0]:
-                            prev = pending.get(m)
-                            pending[m] = gi if prev is None else sum_(prev, gi)
-                        else:
-                            add(m, e[1], gi)
+                if gi is not None:
+                    if anomaly:
+                        _check_finite(gi, f"the backward of {node.name}")
+                    if m.n_out == 1 and gi._data.dtype == m.dtypes[0]:
+                        prev = pending_get(m)
+                        pending[m] = gi if prev is None else sum_(prev, gi)
+                    else:
+                        add(m, e[1], gi)
                 left = deps_get(m)
-                if left is None:
-                    continue
-                if left == 1:
-                    push(ready, (-m.seq, m))
-                deps[m] = left - 1
+                if left is not None:
+                    if left == 1:
+                        push(ready, (-m.seq, m))
+                    deps[m] = left - 1
     if capture is not None:
         if not allow_unused:
             for i, g in enumerate(captured):

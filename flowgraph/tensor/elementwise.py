@@ -247,41 +247,60 @@ def mul(a, b) -> Tensor:
         out = _wrap(bk.mul(ad, bd), bk)
     except ValueError as exc:
         raise _shape_error("mul", a, b, exc) from None
-    if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        need_a, need_b = _needs(at, bt)
-        out_dtype = out._data.dtype
-        sa, sb = _shape_of(at), _shape_of(bt)
-        # Each operand is saved only for the other's gradient (so x.mul_(2) on a graph tensor stays valid); a
-        # Python scalar operand is a constant of the closure.
-        ka, kb = need_b and at is not None, need_a and bt is not None
-        ca = None if at is not None else a
-        cb = None if bt is not None else b
-        saved = ((bt,) if kb else ()) + ((at,) if ka else ())
-
-        def bw(g, *sv):
-            tb = sv[0] if kb else None
-            ta = sv[-1] if ka else None
-            fb = cb if tb is None else tb
-            fa = ca if ta is None else ta
-            gd = g._data
-            if STATE.enabled or gd.dtype != out_dtype or out_dtype.kind != "f":
-                # create_graph (or an odd dtype): differentiable tensor ops, PyTorch's promotion
-                return (sum_to(g * fb, sa) if need_a else None, sum_to(g * fa, sb) if need_b else None)
-            # the common case on the arrays directly, in the forward's (promoted) dtype
-            bk = g._backend
-            ga = gb = None
-            if need_a:
-                od = fb if tb is None else (tb._data if tb._data.dtype == out_dtype else bk.cast(tb._data, out_dtype))
-                ga = bk.mul(gd, od)
-                ga = _wrap(ga, bk) if ga.shape == sa else _sum_to_array(bk, ga, sa)
-            if need_b:
-                od = fa if ta is None else (ta._data if ta._data.dtype == out_dtype else bk.cast(ta._data, out_dtype))
-                gb = bk.mul(gd, od)
-                gb = _wrap(gb, bk) if gb.shape == sb else _sum_to_array(bk, gb, sb)
-            return ga, gb
-
-        _record(out, "Mul", (at, bt), saved, bw)
+    if not STATE.enabled:
+        return out
+    if at is not None and bt is not None:
+        need_a, need_b = at.requires_grad, bt.requires_grad
+        if need_a or need_b:
+            # Each operand is saved only for the other's gradient (so x.mul_(2) on a graph tensor stays valid).
+            _record(out, "Mul", (at, bt), (bt, at) if need_a and need_b else (bt,) if need_a else (at,),
+                    _mul_backward(need_a, need_b, at._data.shape, bt._data.shape, out._data.dtype))
+    elif (at if at is not None else bt).requires_grad:
+        _record(out, "Mul", (at, bt), (), _mul_scalar_backward(b if at is not None else a, at is not None,
+                                                               (at if at is not None else bt)._data.shape,
+                                                               out._data.dtype))
     return out
+
+
+def _mul_backward(need_a: bool, need_b: bool, sa: tuple, sb: tuple, out_dtype):
+    """Backward of a tensor-tensor product; ``saved`` is (b, a), (b,) or (a,) after which operands need grad."""
+
+    def bw(g, *sv):
+        tb = sv[0] if need_a else None
+        ta = sv[-1] if need_b else None
+        gd = g._data
+        if STATE.enabled or gd.dtype != out_dtype or out_dtype.kind != "f":
+            # create_graph (or an odd dtype): differentiable tensor ops, PyTorch's promotion
+            return (sum_to(g * tb, sa) if need_a else None, sum_to(g * ta, sb) if need_b else None)
+        # the common case on the arrays directly, in the forward's (promoted) dtype
+        bk = g._backend
+        ga = gb = None
+        if need_a:
+            od = tb._data if tb._data.dtype == out_dtype else bk.cast(tb._data, out_dtype)
+            ga = bk.mul(gd, od)
+            ga = _wrap(ga, bk) if ga.shape == sa else _sum_to_array(bk, ga, sa)
+        if need_b:
+            od = ta._data if ta._data.dtype == out_dtype else bk.cast(ta._data, out_dtype)
+            gb = bk.mul(gd, od)
+            gb = _wrap(gb, bk) if gb.shape == sb else _sum_to_array(bk, gb, sb)
+        return ga, gb
+
+    return bw
+
+
+def _mul_scalar_backward(c, tensor_first: bool, shape: tuple, out_dtype):
+    """Backward of a tensor times a Python scalar ``c``: nothing saved."""
+
+    def bw(g):
+        gd = g._data
+        if STATE.enabled or gd.dtype != out_dtype or out_dtype.kind != "f":
+            gt = sum_to(g * c, shape)
+        else:
+            bk = g._backend
+            gt = _wrap(bk.mul(gd, c), bk)
+        return (gt, None) if tensor_first else (None, gt)
+
+    return bw
 
 
 def div(a, b, rounding_mode: str | None = None) -> Tensor:

@@ -358,17 +358,21 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
         edges = ((t._grad_fn, t._oi),) if t._view is None and t._grad_fn is not None else (gradient_edge(t),)
     else:
         edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
-    if saved:
-        if any(t is out for t in saved):  # the op's own output: saved without its graph, see _saved_output
-            saved = tuple([_saved_output(t) if t is out else t for t in saved])
+    if saved:  # (tensor, version) pairs; the op's own output is saved without its graph (see _saved_output)
         if len(saved) == 1:
             t = saved[0]
+            if t is out:
+                t = _saved_output(t)
             saved = ((t, 0 if t._vc is None else t._vc[0]),)
         elif len(saved) == 2:
             t, u = saved
+            if t is out:
+                t = _saved_output(t)
+            if u is out:
+                u = _saved_output(u)
             saved = ((t, 0 if t._vc is None else t._vc[0]), (u, 0 if u._vc is None else u._vc[0]))
         else:
-            saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
+            saved = tuple([(_saved_output(t) if t is out else t, 0 if t._vc is None else t._vc[0]) for t in saved])
     out._grad_fn = Node(backward, edges, name, saved, (out._data.dtype,))
     out._oi = 0
     out.requires_grad = True
