@@ -135,8 +135,8 @@ class Function:
             if o is not None and id(o) not in dirty_ids and any(o is t for t in tensor_args):
                 o = _alias(o)
             outs.append(o)
-        saved_raw = ctx._saved
-        saved_pairs = tuple((t, 0 if t._vc is None else t._vc[0]) for t in saved_raw if t is not None)
+        saved = tuple(t for t in ctx._saved if t is not None)
+        versions = tuple(0 if t._vc is None else t._vc[0] for t in saved)
         n_out = len(outs)
         materialize = ctx
 
@@ -158,7 +158,7 @@ class Function:
             return tuple(g if t is not None and t.requires_grad else None for g, t in zip(res, tensor_args))
 
         dtypes = tuple(None if o is None else o._data.dtype for o in outs)
-        node = Node(backward, edges, cls.__name__, saved_pairs, dtypes, n_out)
+        node = Node(backward, edges, cls.__name__, saved, versions, dtypes if n_out > 1 else dtypes[0], n_out)
         ctx._node = node
         for i, o in enumerate(outs):
             if o is None or id(o) in non_diff or o._data.dtype.kind not in "fV" and o._data.dtype.name != "bfloat16":

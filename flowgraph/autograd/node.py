@@ -5,8 +5,8 @@ input, the node that produced it (and which of that node's outputs it was) or, f
 grad, the leaf's ``AccumulateGrad`` node. Because edges are fixed at op time, an in-place op that later
 gives a tensor a new ``grad_fn`` cannot change what an earlier op's gradient flows to (PyTorch's rule).
 
-A node's ``backward`` reads only what the op saved: ``saved`` holds ``(tensor, version)`` pairs, checked
-against the tensors' version counters before the backward runs, and the tensors are passed to it as
+A node's ``backward`` reads only what the op saved: ``saved`` holds the tensors and ``versions`` their
+version counters when saved, checked before the backward runs, and the tensors are passed to it as
 arguments, so an in-place change between forward and backward is an error, never a silently wrong
 gradient.
 
@@ -23,7 +23,6 @@ The engine (``run_backward``) works in four parts a reader can hold one at a tim
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
@@ -36,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..tensor.tensor import Tensor
 
 _SEQ = itertools.count()
-_LEAF_FIRST = 1 << 62
 
 #: An edge: the node a gradient flows to, and which of that node's outputs it is the gradient of.
 Edge = tuple  # (Node, int)
@@ -50,21 +48,24 @@ def next_seq() -> int:
 class Node:
     """A recorded op: ``backward(grad, *saved) -> tuple of input grads`` (``None`` where not needed).
 
-    ``edges[i]`` is where the gradient of input ``i`` goes (``None`` for inputs that need none);
-    ``dtypes`` are the dtypes of the op's outputs (an incoming gradient is cast to them); ``n_out`` > 1
-    for ops with several outputs (``fg.autograd.Function``), whose backward then takes a tuple of grads.
+    ``edges[i]`` is where the gradient of input ``i`` goes: the producing node itself for its first output (the
+    common case, no tuple to allocate), ``(node, i)`` for another output, ``None`` for inputs that need none.
+    ``saved`` are the tensors backward reads and ``versions`` their version counters when saved. ``dtypes``
+    is the dtype of the op's output (a tuple, one per output, when ``n_out`` > 1): an incoming gradient is
+    cast to it. Ops with several outputs (``fg.autograd.Function``) get a tuple of grads in backward.
     """
 
-    __slots__ = ("backward", "edges", "name", "seq", "saved", "hooks", "retain", "dtypes", "n_out",
+    __slots__ = ("backward", "edges", "name", "seq", "saved", "versions", "hooks", "retain", "dtypes", "n_out",
                  "__weakref__")
 
-    def __init__(self, backward: Callable | None, edges: tuple, name: str, saved: tuple = (),
-                 dtypes: tuple = (None,), n_out: int = 1):
+    def __init__(self, backward: Callable | None, edges: tuple, name: str, saved: tuple = (), versions: tuple = (),
+                 dtypes=None, n_out: int = 1):
         self.backward = backward
         self.edges = edges
         self.name = name
         self.seq = next(_SEQ)
         self.saved = saved
+        self.versions = versions
         self.hooks: dict | None = None  # output index -> hooks run on that output's gradient
         self.retain: dict | None = None  # output index -> weakref of a tensor whose .grad is kept
         self.dtypes = dtypes
@@ -76,7 +77,7 @@ class Node:
     @property
     def next_functions(self) -> tuple:
         """``((node, output_index) or (None, 0), ...)`` per input, like PyTorch's ``grad_fn.next_functions``."""
-        return tuple((None, 0) if e is None else e for e in self.edges)
+        return tuple((None, 0) if e is None else e if type(e) is tuple else (e, 0) for e in self.edges)
 
     def register_hook(self, hook: Callable, index: int = 0) -> None:
         """Run ``hook(grad)`` on the gradient of output ``index`` before this node's backward."""
@@ -94,14 +95,14 @@ class AccumulateGrad(Node):
     __slots__ = ("variable",)
 
     def __init__(self, leaf: Tensor):
-        super().__init__(None, (), "AccumulateGrad", dtypes=(leaf._data.dtype,))
-        self.seq += _LEAF_FIRST  # the schedule's priority: leaves run as soon as they are ready
+        super().__init__(None, (), "AccumulateGrad", dtypes=leaf._data.dtype)
         self.variable = weakref.ref(leaf)
 
 
 # ---------------------------------------------------------------------- 1. collect
 def _collect(roots: Sequence[Node]) -> dict[Node, int]:
-    """Every node reachable from ``roots`` -> how many edges from reachable nodes point at it."""
+    """Every node reachable from ``roots`` -> for a leaf's ``AccumulateGrad``, how many edges from reachable
+    nodes point at it (it runs when they have all run); other nodes map to 1 (the schedule needs no count)."""
     deps: dict[Node, int] = dict.fromkeys(roots, 0)
     stack = list(deps)
     pop, push = stack.pop, stack.append
@@ -109,12 +110,12 @@ def _collect(roots: Sequence[Node]) -> dict[Node, int]:
     while stack:
         for e in pop().edges:
             if e is not None:
-                m = e[0]
+                m = e[0] if type(e) is tuple else e
                 n = get(m)
                 if n is None:
                     deps[m] = 1
                     push(m)
-                else:
+                elif type(m) is AccumulateGrad:
                     deps[m] = n + 1
     return deps
 
@@ -127,7 +128,7 @@ def _prune(deps: dict[Node, int], targets: set[Node]) -> tuple[dict[Node, int], 
     for n in deps:
         for e in n.edges:
             if e is not None:
-                parents.setdefault(e[0], []).append(n)
+                parents.setdefault(e[0] if type(e) is tuple else e, []).append(n)
     run: set[Node] = set()
     stack = [t for t in targets if t in deps]
     while stack:
@@ -139,8 +140,10 @@ def _prune(deps: dict[Node, int], targets: set[Node]) -> tuple[dict[Node, int], 
     pruned = dict.fromkeys(keep, 0)
     for n in run:
         for e in n.edges:
-            if e is not None and e[0] in keep:
-                pruned[e[0]] += 1
+            if e is not None:
+                m = e[0] if type(e) is tuple else e
+                if m in keep:
+                    pruned[m] += 1
     return pruned, run
 
 
@@ -157,7 +160,7 @@ class _Buffers:
         self.create_graph = create_graph
 
     def add(self, node: Node, index: int, g: Tensor) -> None:
-        want = node.dtypes[index]
+        want = node.dtypes if node.n_out == 1 else node.dtypes[index]
         if want is not None and g._data.dtype != want:  # a gradient takes its tensor's dtype
             g = g.to(_tensor_api().from_numpy_dtype(want))
         grads = self.grads
@@ -218,7 +221,7 @@ def _tensor_api() -> _TensorAPI:
 # ---------------------------------------------------------------------- helpers
 def check_saved(node: Node) -> None:
     """Raise if a tensor ``node`` saved for its backward was modified in place since."""
-    for t, version in node.saved:
+    for t, version in zip(node.saved, node.versions):
         vc = t._vc
         if (0 if vc is None else vc[0]) != version:
             raise FlowError(
@@ -278,7 +281,7 @@ def run_backward(
     ``capture`` (``fg.autograd.grad``) nothing accumulates: the gradients of those tensors are returned.
     """
     gradient_edge = _tensor_api().gradient_edge
-    root_edges = [gradient_edge(t) for t in roots]
+    root_edges = [_as_pair(gradient_edge(t)) for t in roots]
     targets: dict[tuple, int] = {}  # edge of a captured tensor -> its position in the result
     captured: list[Tensor | None] = []
     if capture is not None:
@@ -287,7 +290,7 @@ def run_backward(
             e = gradient_edge(t)
             if e is None:
                 raise FlowError(f"autograd.grad: input {i} does not require grad")
-            targets[e] = i
+            targets[_as_pair(e)] = i
     deps = _collect([e[0] for e in root_edges if e is not None])
     run = None
     if capture is not None:
@@ -298,63 +301,63 @@ def run_backward(
             buffers.add(e[0], e[1], g)
 
     anomaly = STATE.anomaly
-    # ready nodes by priority: the largest sequence number first (newest op; leaves have the largest ones)
-    ready: list = []
-    push, pop = heapq.heappush, heapq.heappop
-    for node, n in deps.items():
-        if n == 0:
-            push(ready, (-node.seq, node))
-    take, add, sum_ = buffers.take, buffers.add, buffers.sum
+    # The schedule: decreasing sequence number. Edges are recorded when an op runs, so every node's producers
+    # are older than it: this order is topological whatever in-place ops did later. A leaf's AccumulateGrad
+    # node runs the moment its last consumer has run (its count of pending edges reaches 0), not in this order.
+    order = sorted(deps, key=_SEQ_OF, reverse=True)
+    add, sum_ = buffers.add, buffers.sum
     pending = buffers.grads
     pending_pop, pending_get = pending.pop, pending.get
     owned = buffers.owned
-    deps_get = deps.get
     general = run is not None or bool(targets)  # autograd.grad: every node takes the general path
 
     with enable_grad() if create_graph else no_grad():
-        while ready:
-            node = pop(ready)[1]
+        for node in order:
+            if type(node) is AccumulateGrad:
+                if deps[node] == 0:  # a root leaf, or a leaf whose consumers all ran (finished already below)
+                    _finish_ready_leaf(node, buffers, create_graph, targets, captured, run)
+                continue
             edges = node.edges
-            if owned or node.n_out != 1:
-                g = take(node)
+            if node.n_out != 1:
+                g = buffers.take(node)
             else:
                 g = pending_pop(node, None)
+                if owned and g is not None:
+                    owned.pop(id(g._data), None)  # handed to the node's backward: no longer the engine's alone
             if g is None:
                 in_grads = None
-            elif general or node.hooks is not None or node.retain is not None or node.n_out != 1 \
-                    or type(node) is not Node:
+            elif general or node.hooks is not None or node.retain is not None or node.n_out != 1:
                 in_grads = _run_node(node, g, buffers, retain_graph, create_graph, targets, captured, run)
                 if run is not None and node not in run:
                     continue
-            else:
-                in_grads = _call_backward(node, g, retain_graph)  # the common case, kept lean
+            elif node.saved or node.backward is None or retain_graph:
+                in_grads = _call_backward(node, g, retain_graph)
+            else:  # the commonest case inline: nothing saved, graph freed after use
+                in_grads = node.backward(g)
+                node.backward = None
+                if len(in_grads) != len(edges):
+                    _call_backward(node, g, retain_graph)  # raises, naming the op
             if in_grads is None:
-                for e in edges:
-                    if e is not None:
-                        m = e[0]
-                        left = deps_get(m)
-                        if left is not None:
-                            if left == 1:
-                                push(ready, (-m.seq, m))
-                            deps[m] = left - 1
-                continue
+                in_grads = _NO_GRADS[len(edges)] if len(edges) < 8 else (None,) * len(edges)
             for e, gi in zip(edges, in_grads):
                 if e is None:
                     continue
-                m = e[0]
+                m = e if type(e) is not tuple else e[0]
                 if gi is not None:
                     if anomaly:
                         _check_finite(gi, f"the backward of {node.name}")
-                    if m.n_out == 1 and gi._data.dtype == m.dtypes[0]:
+                    if m is e and gi._data.dtype == m.dtypes and m.n_out == 1:
                         prev = pending_get(m)
                         pending[m] = gi if prev is None else sum_(prev, gi)
                     else:
-                        add(m, e[1], gi)
-                left = deps_get(m)
-                if left is not None:
-                    if left == 1:
-                        push(ready, (-m.seq, m))
-                    deps[m] = left - 1
+                        add(m, 0 if m is e else e[1], gi)
+                if type(m) is AccumulateGrad:
+                    left = deps.get(m)
+                    if left is not None:
+                        deps[m] = left - 1
+                        if left == 1:
+                            _finish_ready_leaf(m, buffers, create_graph, targets, captured, run)
+                            deps[m] = -1  # finished: the sorted loop skips it
     if capture is not None:
         if not allow_unused:
             for i, g in enumerate(captured):
@@ -367,6 +370,26 @@ def run_backward(
     return None
 
 
+_NO_GRADS = [(None,) * n for n in range(8)]
+
+
+def _as_pair(e):
+    """An edge as ``(node, output index)`` (edges to a first output are stored as the node alone)."""
+    return e if e is None or type(e) is tuple else (e, 0)
+
+
+def _SEQ_OF(node: Node) -> int:  # noqa: N802 - a sort key
+    return node.seq
+
+
+def _finish_ready_leaf(node: AccumulateGrad, buffers: _Buffers, create_graph: bool, targets: dict, captured: list,
+                       run) -> None:
+    """Hooks and ``.grad`` (or capture) of a leaf whose gradient is complete."""
+    g = buffers.take(node)
+    if g is not None:
+        _run_node(node, g, buffers, False, create_graph, targets, captured, run)
+
+
 def _call_backward(node: Node, g, retain_graph: bool) -> tuple:
     """Check the saved versions, run ``node.backward``, free what it saved unless the graph is retained."""
     backward = node.backward
@@ -377,19 +400,18 @@ def _call_backward(node: Node, g, retain_graph: bool) -> tuple:
         )
     saved = node.saved
     if saved:
-        for t, version in saved:
+        for t, version in zip(saved, node.versions):
             vc = t._vc
             if (0 if vc is None else vc[0]) != version:
                 check_saved(node)  # raises, naming the op and both versions
-        args = [t for t, _ in saved]
         if STATE.enabled:  # create_graph: a saved output carries this node as its history
-            args = [_with_history(t, node) if t._oi == -1 else t for t in args]
-        in_grads = backward(g, *args)
+            saved = [_with_history(t, node) if t._oi == -1 else t for t in saved]
+        in_grads = backward(g, *saved)
     else:
         in_grads = backward(g)
     if not retain_graph:
         node.backward = None
-        node.saved = ()
+        node.saved = node.versions = ()
     if len(in_grads) != len(node.edges):
         raise FlowError(f"the backward of {node.name} returned {len(in_grads)} gradients for {len(node.edges)} "
                         "inputs")

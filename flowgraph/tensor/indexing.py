@@ -441,9 +441,10 @@ def _nodes_since(t: Tensor, first: int) -> list[Node]:
     found, stack = {fn}, [fn]
     while stack:
         for e in stack.pop().edges:
-            if e is not None and e[0].seq >= first and e[0] not in found:
-                found.add(e[0])
-                stack.append(e[0])
+            m = e[0] if type(e) is tuple else e
+            if m is not None and m.seq >= first and m not in found:
+                found.add(m)
+                stack.append(m)
     return list(found)
 
 
@@ -452,12 +453,13 @@ def _keep_saved_values(new: Tensor, old: Tensor, first: int) -> None:
     a copy of them, as PyTorch saves ``original_self``: the snapshot's storage is about to be overwritten."""
     copy = None
     for node in _nodes_since(new, first):
-        if any(t is old for t, _ in node.saved):
+        if any(t is old for t in node.saved):
             if copy is None:
                 copy = _wrap(old._backend.contiguous(old._backend.add(old._data, 0)), old._backend)
                 copy._grad_fn, copy._oi, copy.requires_grad, copy._acc = old._grad_fn, old._oi, old.requires_grad, \
                     old._acc
-            node.saved = tuple([(copy, 0) if t is old else (t, v) for t, v in node.saved])
+            node.versions = tuple([0 if t is old else v for t, v in zip(node.saved, node.versions)])
+            node.saved = tuple([copy if t is old else t for t in node.saved])
 
 
 def _saved_outputs_are_the_target(a: Tensor, data, first: int) -> None:
@@ -465,8 +467,9 @@ def _saved_outputs_are_the_target(a: Tensor, data, first: int) -> None:
     change to it must make backward raise, as in PyTorch (``relu_(relu_(y))``)."""
     version = a._vc[0]
     for node in _nodes_since(a, first) if a._view is None else _nodes_since(a._view[0], first):
-        if any(t._data is data and t is not a for t, _ in node.saved):
-            node.saved = tuple([(_alias_of(a), version) if t._data is data else (t, v) for t, v in node.saved])
+        if any(t._data is data and t is not a for t in node.saved):
+            node.versions = tuple([version if t._data is data else v for t, v in zip(node.saved, node.versions)])
+            node.saved = tuple([_alias_of(a) if t._data is data else t for t in node.saved])
 
 
 def _alias_of(a: Tensor) -> Tensor:
@@ -484,8 +487,8 @@ def _rebase_base(a: Tensor, view, new: Tensor) -> None:
         region = replay_view(mask, chain)
     bk.assign(region._data, True)
     edges = (gradient_edge(base), gradient_edge(new))
-    node = Node(lambda g, m: _copy_slices_backward(g, m, chain=chain), edges, "CopySlices", ((mask, 0),),
-                (base._data.dtype,))
+    node = Node(lambda g, m: _copy_slices_backward(g, m, chain=chain), edges, "CopySlices", (mask,), (0,),
+                base._data.dtype)
     base._grad_fn, base._oi, base.requires_grad = node, 0, True
     fresh = replay_view(base, chain)
     a._grad_fn, a._oi, a.requires_grad = fresh._grad_fn, fresh._oi, True

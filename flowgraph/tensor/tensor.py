@@ -315,18 +315,19 @@ def _wrap(data, backend) -> Tensor:
 
 
 def gradient_edge(t: Tensor):
-    """Where the gradient of ``t`` goes: ``(its grad_fn, output index)``, ``(its AccumulateGrad, 0)`` for a leaf
-    that requires grad, or ``None``. A view whose base was modified in place since gets its ``grad_fn`` anew."""
+    """Where the gradient of ``t`` goes (a ``Node`` edge): its ``grad_fn`` (``(grad_fn, i)`` when ``t`` is output
+    ``i > 0`` of it), its ``AccumulateGrad`` node for a leaf that requires grad, or ``None``. A view whose base was
+    modified in place since gets its ``grad_fn`` anew."""
     if t._view is not None:
         _refresh_view(t)
     fn = t._grad_fn
     if fn is not None:
-        return (fn, t._oi)
+        return fn if t._oi == 0 else (fn, t._oi)
     if t.requires_grad:
         acc = t._acc
         if acc is None:
             acc = t._acc = AccumulateGrad(t)
-        return (acc, 0)
+        return acc
     return None
 
 
@@ -342,38 +343,38 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
         t, u = inputs
         if t is None:
             et = None
-        elif t._view is None and (t._grad_fn is not None or t._acc is not None):
-            et = (t._grad_fn, t._oi) if t._grad_fn is not None else (t._acc, 0)
+        elif t._view is None and t._oi == 0 and (t._grad_fn is not None or t._acc is not None):
+            et = t._grad_fn if t._grad_fn is not None else t._acc
         else:
             et = gradient_edge(t)
         if u is None:
             eu = None
-        elif u._view is None and (u._grad_fn is not None or u._acc is not None):
-            eu = (u._grad_fn, u._oi) if u._grad_fn is not None else (u._acc, 0)
+        elif u._view is None and u._oi == 0 and (u._grad_fn is not None or u._acc is not None):
+            eu = u._grad_fn if u._grad_fn is not None else u._acc
         else:
             eu = gradient_edge(u)
         edges = (et, eu)
     elif len(inputs) == 1:
         t = inputs[0]
-        edges = ((t._grad_fn, t._oi),) if t._view is None and t._grad_fn is not None else (gradient_edge(t),)
+        edges = (t._grad_fn,) if t._view is None and t._oi == 0 and t._grad_fn is not None else (gradient_edge(t),)
     else:
         edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
-    if saved:  # (tensor, version) pairs; the op's own output is saved without its graph (see _saved_output)
+    versions = ()
+    if saved:  # the tensors and their versions; the op's own output is saved without its graph (_saved_output)
         if len(saved) == 1:
             t = saved[0]
             if t is out:
-                t = _saved_output(t)
-            saved = ((t, 0 if t._vc is None else t._vc[0]),)
+                saved = (_saved_output(t),)
+            versions = (0 if t._vc is None else t._vc[0],)
         elif len(saved) == 2:
             t, u = saved
-            if t is out:
-                t = _saved_output(t)
-            if u is out:
-                u = _saved_output(u)
-            saved = ((t, 0 if t._vc is None else t._vc[0]), (u, 0 if u._vc is None else u._vc[0]))
+            if t is out or u is out:
+                saved = (_saved_output(t) if t is out else t, _saved_output(u) if u is out else u)
+            versions = (0 if t._vc is None else t._vc[0], 0 if u._vc is None else u._vc[0])
         else:
-            saved = tuple([(_saved_output(t) if t is out else t, 0 if t._vc is None else t._vc[0]) for t in saved])
-    out._grad_fn = Node(backward, edges, name, saved, (out._data.dtype,))
+            saved = tuple([_saved_output(t) if t is out else t for t in saved])
+            versions = tuple([0 if t._vc is None else t._vc[0] for t in saved])
+    out._grad_fn = Node(backward, edges, name, saved, versions, out._data.dtype)
     out._oi = 0
     out.requires_grad = True
     if STATE.anomaly:
@@ -385,8 +386,8 @@ def _record_multi(outs: list, name: str, inputs: tuple, saved: tuple, backward) 
     """``_record`` for an op with several outputs: one node; ``backward(grads, *saved)`` gets a tuple with one
     gradient per output (``None`` for outputs that got none) and returns one per input."""
     edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
-    saved = tuple([(t, 0 if t._vc is None else t._vc[0]) for t in saved])
-    node = Node(backward, edges, name, saved, tuple(o._data.dtype for o in outs), len(outs))
+    versions = tuple([0 if t._vc is None else t._vc[0] for t in saved])
+    node = Node(backward, edges, name, tuple(saved), versions, tuple(o._data.dtype for o in outs), len(outs))
     for i, o in enumerate(outs):
         o._grad_fn, o._oi, o.requires_grad = node, i, True
     return outs

@@ -307,7 +307,7 @@ def _graph_nodes(outputs):
         if node in seen:
             continue
         seen.add(node)
-        stack.extend(e[0] for e in node.edges if e is not None)
+        stack.extend(e[0] if type(e) is tuple else e for e in node.edges if e is not None)
     return seen
 
 
