@@ -4,6 +4,7 @@
 # data-parallel equality and scaling (2 GPUs), and a kernel profile of mlp.
 # Results land in $OUT (or ./out). Run from the repository root:  bash benchmarks/gpu_session.sh
 # Each stage has a time budget (seconds, environment): TEST_BUDGET, CUDA_BENCH_BUDGET, OCL_BENCH_BUDGET, DP_BUDGET.
+# STAGES picks stages (default: all): tests bench dp profile overhead.
 set -u
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 if [ -d .whl ]; then  # wheels carried to a machine without network (see CONTRIBUTING.md)
@@ -21,16 +22,27 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import flowgraph as fg, cupy, torch; print(fg.available_devices(), cupy.__version__, torch.__version__)" \
   > "$OUT/devices.txt" 2>&1
+STAGES="${STAGES:-tests bench dp profile overhead}"
+has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree"
+if has tests; then
 timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "cuda" -n 16 -p no:cacheprovider \
   > "$OUT/tests_cuda.txt" 2>&1
 timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "opencl" -n 16 -p no:cacheprovider \
   > "$OUT/tests_opencl.txt" 2>&1
 timeout 60 python3 -m pytest tests/distributed -q -rs -p no:cacheprovider > "$OUT/tests_distributed.txt" 2>&1
+fi
+if has overhead; then
+  python3 benchmarks/overhead.py --device cuda --ops 1000 --repeats 7 > "$OUT/overhead_cuda.txt" 2>&1
+  python3 benchmarks/overhead.py --ops 1000 --repeats 7 > "$OUT/overhead_cpu.txt" 2>&1
+fi
+if has bench; then
 timeout "${CUDA_BENCH_BUDGET:-300}" python3 -m benchmarks --device cuda --models all --capture --check-losses \
   --rounds 2 --epochs 2 --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
 timeout "${OCL_BENCH_BUDGET:-200}" python3 -m benchmarks --device opencl:0 --models all --rounds 1 --epochs 2 \
   --json "$OUT/bench_opencl.json" > "$OUT/bench_opencl.txt" 2>&1
+fi
+if has dp; then
 DP="python3 -m flowgraph.distributed.run"
 timeout "${DP_BUDGET:-60}" $DP --nproc-per-node 2 -m benchmarks.data_parallel --check --optimizer sgd --model mlp \
   > "$OUT/data_parallel.txt" 2>&1
@@ -38,5 +50,7 @@ for m in mlp residual_tower; do for c in "" "--capture"; do for n in 1 2; do
   timeout "${DP_BUDGET:-60}" $DP --nproc-per-node $n --master-port $((29540 + n)) -m benchmarks.data_parallel \
     --bench $c --model $m --epochs 3 --json "$OUT/data_parallel.jsonl" >> "$OUT/data_parallel.txt" 2>&1
 done; done; done
-timeout 60 python3 -m benchmarks.gpu_profile --models mlp --steps 3 > "$OUT/profile_cuda.txt" 2>&1
-tail -n 2 "$OUT"/tests_*.txt; cat "$OUT"/bench_*.txt; grep -E "^(check|bench)" "$OUT/data_parallel.txt"
+fi
+has profile && timeout 60 python3 -m benchmarks.gpu_profile --models mlp --steps 3 > "$OUT/profile_cuda.txt" 2>&1
+tail -n 2 "$OUT"/tests_*.txt "$OUT"/overhead_*.txt 2>/dev/null; cat "$OUT"/bench_*.txt 2>/dev/null
+grep -E "^(check|bench)" "$OUT/data_parallel.txt" 2>/dev/null
