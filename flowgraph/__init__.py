@@ -26,6 +26,7 @@ from .errors import (
     CheckpointError,
     FlowError,
     GradcheckError,
+    IndexOutOfRangeError,
     PathError,
     ShapeError,
 )
@@ -81,7 +82,8 @@ def device(spec: str) -> str:
 
 
 __all__ = [
-    "AnomalyError", "BackendError", "CheckpointError", "DType", "FlowError", "GradcheckError", "PathError",
+    "AnomalyError", "BackendError", "CheckpointError", "DType", "FlowError", "GradcheckError",
+    "IndexOutOfRangeError", "PathError",
     "ShapeError", "Tensor", "autograd", "available_devices", "bfloat16", "bool", "detect_anomaly", "device",
     "enable_grad", "float16", "float32", "float64", "get_backend", "gradcheck", "int32", "int64",
     "is_grad_enabled", "no_grad", "set_grad_enabled",

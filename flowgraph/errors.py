@@ -37,3 +37,8 @@ class GradcheckError(FlowError, AssertionError):
 
 class AnomalyError(FlowError, RuntimeError):
     """A NaN or infinity appeared while anomaly detection was on; names the op that produced it."""
+
+
+class IndexOutOfRangeError(FlowError, IndexError):
+    """An index outside a dimension (``t[5]`` on 3 rows, a gather index past the end): an ``IndexError``, so
+    ``for row in t`` and ``a, b = t`` stop where they should, as with PyTorch."""

@@ -61,14 +61,27 @@ class enable_grad(_Switch):  # noqa: N801
 
 
 class set_grad_enabled(_Switch):  # noqa: N801
-    """Set recording on or off: ``with fg.set_grad_enabled(False): ...`` or as a plain call."""
+    """Set recording on or off: a plain call (``fg.set_grad_enabled(False)``), a context manager
+    (``with fg.set_grad_enabled(False): ...``) or a decorator (``@fg.set_grad_enabled(False)``), as in PyTorch."""
 
     def __init__(self, mode: bool):
         self._value = bool(mode)
         self._prev = STATE.enabled
-        STATE.enabled = self._value
+        STATE.enabled = self._value  # the plain-call form takes effect at once
+
+    def __call__(self, fn):
+        STATE.enabled = self._prev  # used as a decorator: only calls of fn switch the mode
+        mode = self._value
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with set_grad_enabled(mode):
+                return fn(*args, **kwargs)
+
+        return wrapper
 
     def __enter__(self):
+        STATE.enabled = self._value
         return self
 
     def __exit__(self, *exc) -> None:

@@ -55,7 +55,7 @@ def _window_out(size: int, k: int, s: int, d: int) -> int:
 def _check_input(x: Tensor, nd: int, where: str) -> tuple[Tensor, bool]:
     """Accept ``(N, C, *spatial)`` or unbatched ``(C, *spatial)``; return the batched tensor and a flag."""
     if not isinstance(x, Tensor):
-        raise FlowError(f"{where}: expected a Tensor input, got {type(x).__name__}")
+        raise FlowError(f"{where}: expected a flowgraph Tensor input, got {_type_name(x)}{_conversion_hint(x)}")
     if x.ndim == nd + 2:
         return x, False
     if x.ndim == nd + 1:
@@ -142,6 +142,17 @@ def _fold_windows(
         _record(result, "FoldWindows", (cols,), (),
                 lambda gg: (_windows(gg, kernel, stride, dilation, out, axis, batch_last),))
     return result
+
+
+def _type_name(x) -> str:
+    cls = type(x)
+    return f"{cls.__module__.split('.')[0]}.{cls.__name__}" if cls.__module__ != "builtins" else cls.__name__
+
+
+def _conversion_hint(x) -> str:
+    if hasattr(x, "__dlpack__"):
+        return " (convert it with fg.from_dlpack(t), or fg.tensor(t.numpy()) for a CPU tensor)"
+    return ""
 
 
 def _padding_widths(

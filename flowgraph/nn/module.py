@@ -173,7 +173,17 @@ class Module:
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
-        out = self.forward(*args, **kwargs)
+        try:
+            out = self.forward(*args, **kwargs)
+        except AttributeError:
+            foreign = next((a for a in args if not isinstance(a, Tensor) and hasattr(a, "__dlpack__")), None)
+            if foreign is None:
+                raise
+            cls = type(foreign)
+            raise FlowError(
+                f"{type(self).__name__}: got a {cls.__module__.split('.')[0]}.{cls.__name__} input, expected a "
+                "flowgraph Tensor; convert it with fg.from_dlpack(t) (zero-copy) or fg.tensor(t.numpy())"
+            ) from None
         if self._forward_hooks:
             for hook in list(self._forward_hooks.values()):
                 result = hook(self, args, out)
@@ -447,8 +457,6 @@ class Module:
     def __dir__(self):
         return list(super().__dir__()) + list(self._parameters) + list(self._modules) + list(self._buffers)
 
-    def __getstate__(self):
-        raise FlowError("modules are not pickled; save weights with state_dict() and safetensors")
 
 
 def _to_numpy(value: Any):

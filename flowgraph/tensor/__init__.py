@@ -275,12 +275,15 @@ def _install() -> None:
     T.cuda = lambda self, index=0: shape.to(self, f"cuda:{index}")
     T.is_floating_point = lambda self: self.dtype.is_floating_point
     T.element_size = lambda self: self.dtype.itemsize
-    T.new_zeros = lambda self, size, dtype=None: zeros(*((size,) if isinstance(size, int) else size),
-                                                       dtype=dtype or self.dtype, device=self.device)
-    T.new_ones = lambda self, size, dtype=None: ones(*((size,) if isinstance(size, int) else size),
-                                                     dtype=dtype or self.dtype, device=self.device)
-    T.new_full = lambda self, size, value, dtype=None: full(tuple(size), value, dtype=dtype or self.dtype,
-                                                            device=self.device)
+    def _size(size) -> tuple:
+        """``new_zeros(2, 5)`` and ``new_zeros((2, 5))`` alike."""
+        return tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else tuple(size)
+
+    T.new_zeros = lambda self, *size, dtype=None: zeros(*_size(size), dtype=dtype or self.dtype, device=self.device)
+    T.new_ones = lambda self, *size, dtype=None: ones(*_size(size), dtype=dtype or self.dtype, device=self.device)
+    T.new_empty = lambda self, *size, dtype=None: zeros(*_size(size), dtype=dtype or self.dtype, device=self.device)
+    T.new_full = lambda self, size, value, dtype=None: full(tuple(size) if not isinstance(size, int) else (size,),
+                                                            value, dtype=dtype or self.dtype, device=self.device)
     T.new_tensor = lambda self, data, dtype=None: tensor(data, dtype=dtype or self.dtype, device=self.device)
     T.clamp_min = lambda self, m: clamp(self, min=m)
     T.clamp_max = lambda self, m: clamp(self, max=m)

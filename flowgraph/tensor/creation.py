@@ -160,9 +160,14 @@ def randn(*size, dtype=None, device=None, requires_grad: bool = False, generator
 
 
 def randint(low: int, high: int | None = None, size=(), dtype=None, device=None) -> Tensor:
-    """Integers uniform in ``[low, high)`` (``randint(high, size)`` form too)."""
+    """Integers uniform in ``[low, high)``: ``randint(low, high, size)``, ``randint(high, size)`` (PyTorch's two
+    positional forms) or keywords."""
+    if isinstance(high, (tuple, list)) and size == ():  # randint(high, size)
+        low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
+    if isinstance(size, int):
+        size = (size,)
     if high <= low:
         raise FlowError(f"randint: high ({high}) must be greater than low ({low})")
     bk = _backend(device)

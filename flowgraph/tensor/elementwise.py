@@ -125,6 +125,10 @@ def _scalar_promote(arr, scalar, bk):
     if kind in "iu":
         if isinstance(scalar, float):
             return bk.cast(arr, get_default_dtype().np), scalar
+        info = np.iinfo(arr.dtype)
+        if not isinstance(scalar, bool) and not info.min <= scalar <= info.max:
+            # int8 + 1000: the scalar converts with C's wrap-around, as PyTorch computes it, on every backend
+            scalar = int(np.array(scalar).astype(np.int64).astype(arr.dtype))
         return arr, scalar
     if kind == "V" and not isinstance(scalar, bool):
         return arr, bk.full((), scalar, arr.dtype)

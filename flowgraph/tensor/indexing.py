@@ -12,7 +12,7 @@ import numpy as np
 
 from ..autograd.grad_mode import STATE, no_grad
 from ..autograd.node import Node, next_seq
-from ..errors import FlowError, ShapeError
+from ..errors import FlowError, IndexOutOfRangeError, ShapeError
 from .dtype import as_dtype
 from .tensor import Tensor, _make_view, _norm_dim, _record, _wrap, gradient_edge, replay_view
 
@@ -102,7 +102,8 @@ def getitem(a: Tensor, key) -> Tensor:
         if isinstance(k, int):
             i = k + n if k < 0 else k
             if not 0 <= i < n:
-                raise FlowError(f"index {k} is out of bounds for dimension {dim} with size {n}")
+                raise IndexOutOfRangeError(f"index {k} is out of bounds for dimension {dim} with size {n} "
+                                           f"(valid: {-n} .. {n - 1})")
             slices.append(slice(i, i + 1, 1))
             squeeze_dims.append(dim)
         elif isinstance(k, slice):

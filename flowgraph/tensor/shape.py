@@ -476,7 +476,7 @@ def to(a: Tensor, *args, **kwargs) -> Tensor:
         if isinstance(arg, Tensor):
             device, dtype = arg.device, arg.dtype
         elif isinstance(arg, DType) or (not isinstance(arg, str) and arg is not None
-                                         and not hasattr(arg, "device")):
+                                         and not hasattr(arg, "device") and not _is_device_object(arg)):
             dtype = arg
         else:
             device = arg
@@ -488,6 +488,12 @@ def to(a: Tensor, *args, **kwargs) -> Tensor:
     if copy and out is a:
         out = clone(a)
     return out
+
+
+def _is_device_object(arg) -> bool:
+    """A device object of another framework (``torch.device``: ``.type`` a string, ``.index``): its ``str`` is the
+    device spec flowgraph parses."""
+    return isinstance(getattr(arg, "type", None), str) and hasattr(arg, "index")
 
 
 def _to_device(a: Tensor, device) -> Tensor:

@@ -293,8 +293,59 @@ class Tensor:
             raise BackendError(f"the {self._backend.name} backend has no DLPack device")
         return device(self._data)
 
-    def __getstate__(self):
-        raise FlowError("flowgraph tensors are not picklable; save them with safetensors (Graph.save_checkpoint)")
+    def __iter__(self):
+        """Iterate over the first dimension (a 0-d tensor cannot be iterated), as PyTorch does."""
+        if not self._data.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        for i in range(self._data.shape[0]):
+            yield self[i]
+
+    def __format__(self, spec: str) -> str:
+        if spec and self.numel() == 1 and not self._data.shape:
+            return format(self.item(), spec)
+        return format(repr(self), spec) if spec else repr(self)
+
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """A copy with its own storage on the same device (best-model snapshots, EMA), as ``copy.deepcopy`` of a
+        torch tensor: leaves only; ``requires_grad`` and ``.grad`` are copied too."""
+        if id(self) in memo:
+            return memo[id(self)]
+        if self._grad_fn is not None:
+            raise FlowError("only tensors created explicitly by the user (graph leaves) support deepcopy; "
+                            "call .detach() first")
+        bk = self._backend
+        data = bk.contiguous(bk.add(self._data, 0) if self._data.dtype.kind != "b" else bk.logical_or(self._data,
+                                                                                                   False))
+        out = _wrap(data, bk)
+        if type(self) is not Tensor:  # Parameter and other subclasses keep their class
+            out.__class__ = type(self)
+        out.requires_grad = self.requires_grad
+        memo[id(self)] = out
+        if self.grad is not None:
+            import copy
+
+            out.grad = copy.deepcopy(self.grad, memo)
+        return out
+
+    def __reduce_ex__(self, protocol):
+        """Pickling for inter-process transfer (a host copy, rebuilt on the same device type). Loading *files*
+        never unpickles: checkpoints are safetensors."""
+        if self._grad_fn is not None:
+            raise FlowError("pickling a non-leaf tensor: call .detach() first")
+        host = self._backend.to_host(self._data)
+        return (_rebuild, (host, self._backend.device, self.requires_grad, type(self)))
+
+
+def _rebuild(host, device: str, requires_grad: bool, cls=None) -> Tensor:
+    """Unpickle a tensor (see ``Tensor.__reduce_ex__``)."""
+    from ..backends import get_backend
+
+    bk = get_backend(device)
+    out = _wrap(bk.from_host(host), bk)
+    if cls is not None and cls is not Tensor:
+        out.__class__ = cls
+    out.requires_grad = requires_grad
+    return out
 
 
 # ---------------------------------------------------------------------- helpers shared by the ops

@@ -165,7 +165,8 @@ def _fast_scalar(value: Any, dtype: np.dtype) -> Scalar:
     try:
         converted = dtype.type(value)
     except (OverflowError, ValueError, TypeError):
-        return _fast_scalar(value, dtype)
+        # out of the dtype's range (int8 + 1000): the C cast, wrapping as PyTorch does (it recursed forever)
+        converted = np.array(value).astype(dtype)[()]
     s = Scalar.__new__(Scalar)
     s.dtype = dtype
     s.value = converted
