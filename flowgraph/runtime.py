@@ -92,8 +92,7 @@ class CapturedStep:
         for s, x in zip(self.static_inputs, example_inputs):
             if isinstance(x, Tensor) and x.requires_grad:
                 s.requires_grad_(True)
-        make_session = getattr(bk, "graph_session", None)
-        self.session = make_session() if make_session is not None else None
+        self.session = bk.graph_session()
         #: Whether the step replays as a CUDA graph (False: the device has none and the step runs eagerly).
         self.captured = self.session is not None
         self.outputs: Any = None

@@ -269,7 +269,7 @@ class NumpyBackend(ArrayBackend):
         finished in place (the same operations as the generic path). None unless ``x`` is a float32/float64
         NumPy array."""
         if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or x.ndim == 0:
-            return None
+            return super().gelu_exact(x)
         cdf = self.erf(np.multiply(x, 1.0 / math.sqrt(2.0)))
         cdf += 1.0
         cdf *= 0.5
@@ -280,7 +280,7 @@ class NumpyBackend(ArrayBackend):
         generic path's operations and order, without a fresh array and tensor per step). None unless ``g``
         is a NumPy array of ``x``'s dtype and shape."""
         if type(g) is not np.ndarray or g.dtype != x.dtype or g.shape != x.shape:
-            return None
+            return super().gelu_exact_backward(g, x, cdf)
         t = np.multiply(x, x)
         t *= -0.5
         np.exp(t, out=t)
@@ -391,10 +391,9 @@ class NumpyBackend(ArrayBackend):
         scaled in place: about five passes over ``x`` instead of nine. None (generic path) unless ``x``
         is a float32/float64 NumPy array and ``w``/``b`` are arrays of its dtype.
         """
-        if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64):
-            return None
-        if any(t is not None and (type(t) is not np.ndarray or t.dtype != x.dtype) for t in (w, b)):
-            return None
+        if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or \
+                any(t is not None and (type(t) is not np.ndarray or t.dtype != x.dtype) for t in (w, b)):
+            return super().standardize(x, axes, eps, w, b)
         count = 1
         for a in axes:
             count *= x.shape[a]
@@ -426,7 +425,7 @@ class NumpyBackend(ArrayBackend):
         unless ``g`` is a NumPy array of ``xhat``'s dtype.
         """
         if type(g) is not np.ndarray or g.dtype != xhat.dtype:
-            return None
+            return super().standardize_backward(g, xhat, rstd, w, axes, need_x, w_shape, b_shape)
         full = xhat.shape
         count = 1
         for a in axes:

@@ -21,6 +21,7 @@ Contract shared by all primitives:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -195,6 +196,106 @@ class Backend:
         place, else a new array: the autograd engine accumulates into sums it made itself and checks
         ``result is dst``. The generic default returns a new sum."""
         return self.add(dst, src)
+
+    def gelu_exact(self, x: Array) -> tuple[Array, Array]:
+        """Exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2`` (the cdf is saved for the
+        backward). Generic default in primitives; backends finish it in place or in one kernel."""
+        cdf = self.mul(self.add(self.erf(self.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+        return self.mul(x, cdf), cdf
+
+    def gelu_exact_backward(self, g: Array, x: Array, cdf: Array) -> Array:
+        """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))``, the input gradient of ``gelu_exact``."""
+        pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+        return self.mul(g, self.add(cdf, self.mul(x, pdf)))
+
+    def standardize(self, x: Array, axes: tuple[int, ...], eps: float, w: Array | None,
+                    b: Array | None) -> tuple:
+        """Normalization layers' forward: ``(y, mean, var, xhat, rstd)`` with ``xhat = (x - mean) * rstd`` over
+        ``axes`` (biased variance), ``y = xhat * w + b``; ``mean``, ``var`` and ``rstd`` keep the reduced dims."""
+        count = math.prod(x.shape[a] for a in axes)
+        mean = self.mul(self.sum(x, axes, True), 1.0 / count)
+        centred = self.sub(x, mean)
+        var = self.mul(self.sum(self.mul(centred, centred), axes, True), 1.0 / count)
+        rstd = self.reciprocal(self.sqrt(self.add(var, eps)))
+        xhat = self.mul(centred, rstd)
+        y = xhat
+        if w is not None:
+            y = self.mul(y, w)
+        if b is not None:
+            y = self.add(y, b)
+        return y, mean, var, xhat, rstd
+
+    def standardize_backward(self, g: Array, xhat: Array, rstd: Array, w: Array | None, axes: tuple[int, ...],
+                             need_x: bool, w_shape: tuple[int, ...] | None,
+                             b_shape: tuple[int, ...] | None) -> tuple:
+        """The backward of ``standardize``: ``(gx, gw, gb)`` (None where not asked: ``need_x`` false,
+        ``w_shape``/``b_shape`` None), ``gx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with
+        ``gy = g * w``, ``gw = sum_to(g * xhat, w_shape)``, ``gb = sum_to(g, b_shape)``."""
+        count = math.prod(xhat.shape[a] for a in axes)
+        gx = gw = gb = None
+        if need_x:
+            gy = g if w is None else self.mul(g, w)
+            mean_gy = self.mul(self.sum(gy, axes, True), 1.0 / count)
+            mean_gyx = self.mul(self.sum(self.mul(gy, xhat), axes, True), 1.0 / count)
+            gx = self.mul(self.sub(self.sub(gy, mean_gy), self.mul(xhat, mean_gyx)), rstd)
+        if w_shape is not None:
+            gw = self._sum_to(self.mul(g, xhat), w_shape)
+        if b_shape is not None:
+            gb = self._sum_to(g, b_shape)
+        return gx, gw, gb
+
+    def _sum_to(self, a: Array, shape: tuple[int, ...]) -> Array:
+        """``a`` summed over the axes broadcasting ``shape`` to ``a.shape`` expanded, reshaped to ``shape``."""
+        lead = len(a.shape) - len(shape)
+        axes = tuple(i for i, n in enumerate(a.shape) if i < lead or (shape[i - lead] == 1 and n != 1))
+        out = self.sum(a, axes, True) if axes else a
+        return self.reshape(out, shape) if tuple(out.shape) != tuple(shape) else out
+
+    def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array | None:
+        """Max pooling of ``(N, C, *S)`` over non-overlapping windows that tile ``S`` (stride == kernel).
+        ``None`` (the default) declines: the pooling layer then takes its general window path."""
+        return None
+
+    def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
+        """The input gradient of ``max_pool_blocks`` (only called where ``max_pool_blocks`` gave a result)."""
+        raise _missing(self, "max_pool_blocks_backward")
+
+    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
+                  eps_hat: Any, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
+        """One Adam/AdamW update of ``p``, ``m``, ``v`` in place (one kernel on the GPU backends); ``False`` (the
+        default) declines and the optimizer runs its tensor-op update, which is the same formula."""
+        return False
+
+    def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
+                 weight_decay: float, nesterov: bool, maximize: bool) -> bool:
+        """One SGD-with-momentum update of ``p`` and ``buf`` in place; ``False`` (the default) declines and the
+        optimizer runs its tensor-op update."""
+        return False
+
+    #: Whether ``graph_session`` captures steps as device graphs (CUDA graphs); ``fg.capture`` runs eagerly where not.
+    supports_graph_capture = False
+
+    def graph_session(self) -> Any:
+        """A device-graph capture session for ``fg.capture`` (see ``runtime.py``); ``None`` where the backend has
+        no graphs (the default): the step then runs eagerly."""
+        return None
+
+    def native(self, a: Array) -> Any:
+        """The array as the backend's array library sees it (a CuPy array for a fused lazy one), for
+        collectives that hand it to another library; the default is the array itself."""
+        return a
+
+    def from_dlpack(self, obj: Any) -> Array:
+        """Zero-copy import of a DLPack-capable array on this device (``fg.from_dlpack``)."""
+        raise BackendError(f"the {self.name} backend cannot import DLPack; copy through the host (fg.tensor(...))")
+
+    def to_dlpack(self, a: Array, *args: Any, **kwargs: Any) -> Any:
+        """A DLPack capsule for ``a`` (``Tensor.__dlpack__``)."""
+        raise BackendError(f"the {self.name} backend cannot export DLPack; copy to 'cpu' first")
+
+    def dlpack_device(self, a: Array) -> tuple[int, int]:
+        """``(device_type, index)`` for ``Tensor.__dlpack_device__``."""
+        raise BackendError(f"the {self.name} backend has no DLPack device; copy to 'cpu' first")
 
     # ----------------------------------------------------------------- runtime
     def synchronize(self) -> None:

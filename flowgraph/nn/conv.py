@@ -128,13 +128,12 @@ def _fold_windows(
         out = tuple(cols.shape[3:])
         piece_shape = tuple(shape[:2]) + out
     base = bk.full(tuple(shape), 0, g.dtype)
-    add_into = getattr(bk, "add_into", None)
     for k, off in enumerate(itertools.product(*(range(kk) for kk in kernel))):
         index = [slice(None)] * g.ndim
         index[axis] = slice(k, k + 1)
         piece = bk.reshape(bk.slice(g, tuple(index)), piece_shape)
         view = bk.slice(base, _offset_slices(off, stride, dilation, out, batch_last))
-        summed = bk.add(view, piece) if add_into is None else add_into(view, piece)
+        summed = bk.add_into(view, piece)
         if summed is not view:  # add_into adds in place into a writable view of ``base``
             bk.assign(view, summed)
     result = _wrap(base, bk)
@@ -290,7 +289,7 @@ def _convnd(
     # small ones). With the batch innermost every window slice copies runs of out[-1]*N elements (not
     # out[-1]), so small feature maps stay cheap, and the output (C_out, *out, N) is returned as an
     # (N, C_out, *out) view: the next convolution finds its input already in this layout.
-    if not getattr(x._backend, "conv_batch_last", False):
+    if not x._backend.conv_batch_last:
         return _convnd_batch_second(x, weight, bias, stride, dilation, widths, mode, groups, c_in_g, c_out, k, n,
                                     nd, unbatched, where)
     to_last = (1,) + tuple(range(2, nd + 2)) + (0,)

@@ -45,24 +45,9 @@ def _standardize(
         raise ShapeError(f"normalization over axes {axes} of an input of shape {x.shape} with no elements")
     wd = None if weight is None else (weight._data if weight.dtype == x.dtype else bk.cast(weight._data, d.dtype))
     bd = None if bias is None else (bias._data if bias.dtype == x.dtype else bk.cast(bias._data, d.dtype))
-    fused = getattr(bk, "standardize", None)
-    parts = None if fused is None else fused(d, axes, eps, wd, bd)
-    if parts is not None:
-        y, mean, var, xhat, rstd = parts
-    else:
-        mean = bk.mul(bk.sum(d, axes, True), 1.0 / count)
-        centred = bk.sub(d, mean)
-        var = bk.mul(bk.sum(bk.mul(centred, centred), axes, True), 1.0 / count)
-        rstd = bk.reciprocal(bk.sqrt(bk.add(var, eps)))
-        xhat = bk.mul(centred, rstd)
-        y = xhat
-        if wd is not None:
-            y = bk.mul(y, wd)
-        if bd is not None:
-            y = bk.add(y, bd)
+    y, mean, var, xhat, rstd = bk.standardize(d, axes, eps, wd, bd)
     out = _wrap(y, bk)
     if _needs_grad(x, weight, bias):
-        fused_bw = getattr(bk, "standardize_backward", None)
         has_w = weight is not None
         need_x, need_w = x.requires_grad, has_w and weight.requires_grad
         need_b = bias is not None and bias.requires_grad
@@ -79,14 +64,12 @@ def _standardize(
                 if keep_mean:  # xhat was the output: recompute it from the saved mean
                     xh = _wrap(g._backend.mul(g._backend.sub(x._data, xh._data), rs._data), g._backend)
                 w = None if weight is None else weight.detach()
-                if fused_bw is not None:
-                    gbk = g._backend
-                    wd = None if weight is None else (weight._data if weight._data.dtype == g._data.dtype
-                                                      else gbk.cast(weight._data, g._data.dtype))
-                    grads = fused_bw(g._data, xh._data, rs._data, wd, axes, need_x,
-                                     w_shape if need_w else None, b_shape if need_b else None)
-                    if grads is not None:
-                        return tuple(None if a is None else _wrap(a, gbk) for a in grads)
+                gbk = g._backend
+                wd = None if weight is None else (weight._data if weight._data.dtype == g._data.dtype
+                                                  else gbk.cast(weight._data, g._data.dtype))
+                grads = gbk.standardize_backward(g._data, xh._data, rs._data, wd, axes, need_x,
+                                                 w_shape if need_w else None, b_shape if need_b else None)
+                return tuple(None if a is None else _wrap(a, gbk) for a in grads)
             gx = gw = gb = None
             if need_x:
                 gy = g if w is None else g * w

@@ -144,10 +144,9 @@ def _block_max(x: Tensor, kernel: tuple, out: tuple) -> Tensor | None:
     dilation) through the backend's optional ``max_pool_blocks`` composite; None where the backend has
     none or the blocks do not tile ``x`` (the caller then takes ``_window_max``)."""
     bk = x._backend
-    fast = getattr(bk, "max_pool_blocks", None)
-    if fast is None or any(o * k != n for o, k, n in zip(out, kernel, x.shape[2:])):
+    if any(o * k != n for o, k, n in zip(out, kernel, x.shape[2:])):
         return None
-    best = fast(x._data, kernel)
+    best = bk.max_pool_blocks(x._data, kernel)
     if best is None:
         return None
     values = _wrap(best, bk)

@@ -110,9 +110,6 @@ class Adam(Optimizer):
         Inside ``fg.capture`` ``step_size`` and ``eps_hat`` are 0-d device tensors; their arrays are passed
         and a backend that cannot take them declines.
         """
-        fused = getattr(p._backend, "adam_step", None)
-        if fused is None:
-            return False
         if isinstance(step_size, Tensor):
             step_size, eps_hat = step_size._data, eps_hat._data
         wd = group["weight_decay"]
@@ -122,7 +119,7 @@ class Adam(Optimizer):
         decay = 1 - group["lr"] * wd if decoupled and wd else 1.0
         if isinstance(decay, Tensor):  # AdamW's decay with a device lr: the generic path folds it in
             return False
-        if not fused(p._data, grad._data, m._data, v._data, beta1, beta2, step_size, eps_hat,
+        if not p._backend.adam_step(p._data, grad._data, m._data, v._data, beta1, beta2, step_size, eps_hat,
                      l2=0.0 if decoupled else wd, decay=decay, maximize=group["maximize"]):
             return False
         for t in (p, m, v):

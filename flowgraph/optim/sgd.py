@@ -58,12 +58,9 @@ class SGD(Optimizer):
     @staticmethod
     def _fused_update(p: Tensor, grad: Tensor, buf: Tensor, group: dict[str, Any]) -> bool:
         """The backend's one-kernel momentum step where it has one (CUDA, OpenCL); False otherwise."""
-        fused = getattr(p._backend, "sgd_step", None)
-        if fused is None:
-            return False
         lr = group["lr"]
         lr = lr._data if isinstance(lr, Tensor) else lr
-        if not fused(p._data, grad._data, buf._data, lr, group["momentum"], group["dampening"],
+        if not p._backend.sgd_step(p._data, grad._data, buf._data, lr, group["momentum"], group["dampening"],
                      group["weight_decay"], group["nesterov"], group["maximize"]):
             return False
         p._bump_version()

@@ -231,8 +231,5 @@ def from_dlpack(obj) -> Tensor:
         bk = get_backend(f"cuda:{int(index)}")
     else:
         raise BackendError(f"from_dlpack: DLPack device type {kind} has no flowgraph backend (cpu=1, cuda=2)")
-    importer = getattr(bk, "from_dlpack", None)
-    if importer is None:
-        raise BackendError(f"from_dlpack: the {bk.name} backend cannot import DLPack")
-    return _wrap(importer(obj), bk)
+    return _wrap(bk.from_dlpack(obj), bk)
 

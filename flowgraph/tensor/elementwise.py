@@ -650,23 +650,14 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     bk = a._backend
     x = _float_data(a)
     if approximate == "none":
-        fused = getattr(bk, "gelu_exact", None)
-        parts = None if fused is None else fused(x)
-        if parts is not None:
-            y, cdf = parts
-        else:
-            cdf = bk.mul(bk.add(bk.erf(bk.mul(x, 1.0 / _SQRT_2)), 1.0), 0.5)
-            y = bk.mul(x, cdf)
+        y, cdf = bk.gelu_exact(x)
         out = _wrap(y, bk)
         if a.requires_grad and STATE.enabled:
-            fused_bw = getattr(bk, "gelu_exact_backward", None) if parts is not None else None
-
             def bw(g, xc, cdf_saved):
-                if fused_bw is not None and not STATE.enabled:
-                    gx = fused_bw(g._data, _float_data(xc), cdf_saved._data)
-                    if gx is not None:
-                        return (_wrap(gx, g._backend),)
-                cdf_t = cdf_saved if not STATE.enabled else ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5
+                if not STATE.enabled:
+                    gbk = g._backend
+                    return (_wrap(gbk.gelu_exact_backward(g._data, _float_data(xc), cdf_saved._data), gbk),)
+                cdf_t = ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5  # create_graph: differentiable in x
                 pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
                 return (g * (cdf_t + xc * pdf),)
 

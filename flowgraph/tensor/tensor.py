@@ -282,16 +282,10 @@ class Tensor:
         return "tensor(" + body + "".join(", " + e for e in extras) + ")"
 
     def __dlpack__(self, *args, **kwargs):
-        exporter = getattr(self._backend, "to_dlpack", None)
-        if exporter is None:
-            raise BackendError(f"the {self._backend.name} backend cannot export DLPack; copy to 'cpu' first")
-        return exporter(self._data, *args, **kwargs)
+        return self._backend.to_dlpack(self._data, *args, **kwargs)
 
     def __dlpack_device__(self):
-        device = getattr(self._backend, "dlpack_device", None)
-        if device is None:
-            raise BackendError(f"the {self._backend.name} backend has no DLPack device")
-        return device(self._data)
+        return self._backend.dlpack_device(self._data)
 
     def __iter__(self):
         """Iterate over the first dimension (a 0-d tensor cannot be iterated), as PyTorch does."""

@@ -1086,6 +1086,8 @@ class CupyBackend(ArrayBackend):
         with self._device:
             _PEAK[self.index] = int(cupy.get_default_memory_pool().used_bytes())
 
+    supports_graph_capture = True
+
     def graph_session(self) -> Any:
         """A :class:`~flowgraph.backends.cuda.graph.GraphSession` for ``fg.capture`` on this device."""
         from .graph import GraphSession
