@@ -15,6 +15,7 @@ import numpy as np
 from ..autograd.grad_mode import no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, arange, empty, ones, tensor, where, zeros
+from ..tensor.tensor import check_index_range
 from . import init
 from .module import Module, Parameter
 
@@ -63,6 +64,7 @@ def embedding(
     flat = input.reshape(-1)
     if flat.dtype.name != "int64":
         flat = flat.long()
+    check_index_range(flat, 0, num, f"embedding of {num} rows")  # as PyTorch: no negative indices
     if max_norm is not None:
         _renorm_(weight, flat, max_norm, norm_type)
     out = weight.index_select(0, flat)

@@ -14,7 +14,16 @@ from ..autograd.grad_mode import STATE, no_grad
 from ..autograd.node import Node, next_seq
 from ..errors import FlowError, IndexOutOfRangeError, ShapeError
 from .dtype import as_dtype
-from .tensor import Tensor, _make_view, _norm_dim, _record, _wrap, gradient_edge, replay_view
+from .tensor import (
+    Tensor,
+    _make_view,
+    _norm_dim,
+    _record,
+    _wrap,
+    check_index_range,
+    gradient_edge,
+    replay_view,
+)
 
 _INT64 = np.dtype(np.int64)
 
@@ -180,12 +189,8 @@ def _advanced(x: Tensor, positions: list[int], indices: list[Tensor]) -> Tensor:
     idx = broadcast_tensors(*indices) if len(indices) > 1 else indices
     bshape = idx[0].shape
     sizes = [x.shape[p] for p in positions]
-    if x.device == "cpu":
-        for p, n, i in zip(positions, sizes, idx):
-            if i.numel():
-                lo, hi = int(i.min().item()), int(i.max().item())
-                if lo < -n or hi >= n:
-                    raise FlowError(f"index {hi if hi >= n else lo} is out of bounds for dimension {p} with size {n}")
+    for p, n, i in zip(positions, sizes, idx):
+        check_index_range(i, -n, n, f"indexing dimension {p} (size {n})")
     flat = None
     stride = 1
     for n, i in zip(reversed(sizes), reversed(idx)):
@@ -218,6 +223,8 @@ def gather(a: Tensor, dim: int, index: Tensor) -> Tensor:
         sl = tuple(slice(0, index.shape[i]) if i != d else slice(None) for i in range(a.ndim))
         src = a[sl]
     bk = a._backend
+    if a.ndim:
+        check_index_range(index, -a.shape[d], a.shape[d], f"gather along dim {d} (size {a.shape[d]})")
     idx = index._data if index._data.dtype == _INT64 else bk.cast(index._data, _INT64)
     out = _wrap(bk.gather(src._data, d, idx), bk) if a.ndim else _wrap(src._data, bk)
     if src.requires_grad and STATE.enabled:
@@ -243,6 +250,7 @@ def scatter_add(a: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     """A copy of ``a`` with ``src`` added at ``index`` along ``dim`` (duplicates accumulate)."""
     d = _norm_dim(dim, a.ndim, "scatter_add")
     index = _as_index_tensor(index, a)
+    check_index_range(index, -a.shape[d], a.shape[d], f"scatter_add along dim {d} (size {a.shape[d]})")
     bk = a._backend
     src_data = src._data
     if src.shape != index.shape:
@@ -268,6 +276,7 @@ def scatter(a: Tensor, dim: int, index: Tensor, src) -> Tensor:
     """A copy of ``a`` with ``src`` (a tensor or scalar) written at ``index`` along ``dim``."""
     d = _norm_dim(dim, a.ndim, "scatter")
     index = _as_index_tensor(index, a)
+    check_index_range(index, -a.shape[d], a.shape[d], f"scatter along dim {d} (size {a.shape[d]})")
     bk = a._backend
     if not isinstance(src, Tensor):
         src = a.new_full(index.shape, src)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..autograd.grad_mode import STATE
 from ..autograd.node import AccumulateGrad, Node, run_backward
-from ..errors import AnomalyError, BackendError, FlowError
+from ..errors import AnomalyError, BackendError, FlowError, IndexOutOfRangeError
 from .dtype import DType, from_numpy_dtype
 
 _new = object.__new__
@@ -229,6 +229,8 @@ class Tensor:
     # ------------------------------------------------------------------ host exchange
     def item(self):
         """The value of a one-element tensor as a Python number (waits for the device)."""
+        if PENDING_INDEX_CHECKS:
+            raise_pending_index_errors()
         if self.numel() != 1:
             raise FlowError(f"item() needs a single-element tensor, this one has shape {self.shape}")
         return self._backend.to_host(self._data).reshape(()).item()
@@ -237,10 +239,14 @@ class Tensor:
         """The values as a numpy array (shares memory on the CPU backend, a copy elsewhere)."""
         if self.requires_grad:
             raise FlowError("numpy() on a tensor that requires grad; call .detach().numpy() instead")
+        if PENDING_INDEX_CHECKS:
+            raise_pending_index_errors()
         return self._backend.to_host(self._data)
 
     def tolist(self):
         """The values as nested Python lists."""
+        if PENDING_INDEX_CHECKS:
+            raise_pending_index_errors()
         return self._backend.to_host(self._data).tolist()
 
     def __float__(self) -> float:
@@ -340,6 +346,48 @@ def _rebuild(host, device: str, requires_grad: bool, cls=None) -> Tensor:
         out.__class__ = cls
     out.requires_grad = requires_grad
     return out
+
+
+# ---------------------------------------------------------------------- index range checks
+#: backend -> (0-d bool device array: some index since the last host read was out of range, op names). An
+#: accelerator checks indices on the device without waiting for it; the result is read at the next host read
+#: (``item``, ``numpy``, ``tolist``, ``fg.synchronize_index_checks``), where a bad index raises
+#: ``IndexOutOfRangeError`` as it does at once on the CPU. Kernels clamp meanwhile, so memory stays safe.
+PENDING_INDEX_CHECKS: dict = {}
+
+
+def check_index_range(index: Tensor, low: int, high: int, where: str) -> None:
+    """Raise ``IndexOutOfRangeError`` unless every element of ``index`` is in ``[low, high)``: at once on the CPU,
+    at the next host read on a device (one fused comparison and reduction, no synchronisation)."""
+    if index.numel() == 0:
+        return
+    bk = index._backend
+    d = index._data
+    if bk.device == "cpu":
+        lo, hi = int(d.min()), int(d.max())
+        if lo < low or hi >= high:
+            bad = lo if lo < low else hi
+            raise IndexOutOfRangeError(f"{where}: index {bad} is out of range (valid: {low} .. {high - 1})")
+        return
+    bad = bk.any(bk.logical_or(bk.lt(d, low), bk.ge(d, high)), tuple(range(d.ndim)), False)
+    found = PENDING_INDEX_CHECKS.get(bk)
+    if found is None:
+        PENDING_INDEX_CHECKS[bk] = (bad, [where])
+    else:
+        PENDING_INDEX_CHECKS[bk] = (bk.logical_or(found[0], bad), found[1] + [where] if where not in found[1]
+                                    else found[1])
+
+
+def raise_pending_index_errors() -> None:
+    """Read the pending device-side index checks; raise ``IndexOutOfRangeError`` naming the ops if one failed."""
+    pending = list(PENDING_INDEX_CHECKS.items())
+    PENDING_INDEX_CHECKS.clear()
+    for bk, (flag, ops) in pending:
+        if bool(bk.to_host(flag)):
+            raise IndexOutOfRangeError(
+                f"an index was out of range in {', '.join(ops)} on {bk.device} since the last host read (checked "
+                "on the device and reported here; indices must lie in the indexed dimension, as on the CPU)"
+            )
 
 
 # ---------------------------------------------------------------------- helpers shared by the ops

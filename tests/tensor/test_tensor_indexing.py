@@ -110,9 +110,15 @@ def test_getitem_errors(device):
     x = fg.zeros(2, 3, device=device)
     with pytest.raises(fg.FlowError, match="out of bounds"):
         x[2]
-    if device == "cpu":  # elsewhere the check would need a host sync per index; the cpu checks for free
-        with pytest.raises(fg.FlowError, match="out of bounds"):
-            x[fg.tensor([0, 5], device=device)]
+    # an out-of-range index tensor raises IndexError on every backend: at once on the cpu, at the next host
+    # read on a device (checked there without a synchronisation)
+    with pytest.raises(fg.IndexOutOfRangeError, match="out of range"):
+        x[fg.tensor([0, 5], device=device)].tolist()
+    with pytest.raises(IndexError):
+        x.gather(1, fg.tensor([[0, 3], [1, 1]], device=device)).numpy()
+    with pytest.raises(IndexError):
+        fg.nn.Embedding(3, 2).to(device)(fg.tensor([[-1, 0]], device=device)).sum().item()
+    assert x[fg.tensor([-1], device=device)].shape == (1, 3)  # negative advanced indices stay valid
     with pytest.raises(fg.FlowError, match="too many"):
         x[0, 0, 0]
     with pytest.raises(fg.FlowError):
