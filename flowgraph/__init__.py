@@ -88,7 +88,3 @@ __all__ = [
     "enable_grad", "float16", "float32", "float64", "get_backend", "gradcheck", "int32", "int64",
     "is_grad_enabled", "no_grad", "set_grad_enabled",
 ]
-
-# The graph tree adds its methods (freeze, checkpoints, trends ...) to builder.Graph; importing it here makes
-# them present however the user imports the builder. The layers below stay free of upward imports.
-from . import tree as _tree  # noqa: E402,F401

@@ -16,11 +16,12 @@ from ..backends import get_backend
 from ..errors import FlowError, ShapeError
 from ..nn.module import Module
 from ..tensor import Tensor, zeros_like
+from ..tree import GraphTree
 from .calls import did_you_mean
 from .nodes import LoopInfo, Node
 
 
-class Graph(Module):
+class Graph(GraphTree, Module):
     """A built flow: call it like the entry module, ``graph(x)``, plus any ``.input()`` names.
 
     ``graph(x, a, b)`` or ``graph(x, a=..., b=...)`` for ``.input("a", "b")``. Attributes:

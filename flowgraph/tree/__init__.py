@@ -1,8 +1,8 @@
 """The graph tree: dotted paths, freeze/thaw, safetensors checkpoints, observation and trends.
 
-Labelled graphs nested inside graphs form a tree. This layer sits above the builder, so it adds its
-methods to ``Graph`` when it is imported (``import flowgraph`` does that): ``g.freeze("encoder.scan")``,
-``g.save_checkpoint(path)``, ``g.trend("loss")`` ... The same functions work on any graph as plain
+Labelled graphs nested inside graphs form a tree. This layer sits below the builder: ``Graph`` inherits
+the ``GraphTree`` mixin, so ``g.freeze("encoder.scan")``, ``g.save_checkpoint(path)``, ``g.trend("loss")``
+... are ordinary methods a reader and a type checker can see. The same functions work on any module as plain
 functions too (``flowgraph.tree.freeze(g, "encoder")``).
 """
 
@@ -48,52 +48,44 @@ from .paths import (
 )
 from .trend import Trend, TrendGroup
 
-# Graph methods: name -> function(graph, ...). `trend` on a graph takes a metric of that graph or a path.
-GRAPH_METHODS = {
-    "validate_path": validate_path,
-    "freeze": freeze,
-    "thaw": thaw,
-    "is_frozen": is_frozen,
-    "trainable_parameters": trainable_parameters,
-    "parameters_at": parameters_at,
-    "named_parameters_at": named_parameters_at,
-    "set_training_at": set_training_at,
-    "subgraph_at": subgraph_at,
-    "save_checkpoint": save_checkpoint,
-    "load_checkpoint": load_checkpoint,
-    "load_subgraph_checkpoint": load_subgraph_checkpoint,
-    "record": record,
-    "record_at": record_at,
-    "collect": collect,
-    "flush": flush,
-    "latest_metrics": latest_metrics,
-    "history": history,
-    "trend": observe.trend,
-    "trend_at": observe.trend,
-    "trends": trends,
-    "eta": eta,
-    "reset_metrics": reset_metrics,
-    "plot_html": plot_html,
-}
 
+class GraphTree:
+    """The tree methods of every ``Graph`` (``Graph`` inherits this mixin; the tree sits below the builder).
 
-def install(graph_class: type) -> None:
-    """Add the tree methods to ``graph_class`` (done for ``flowgraph.builder.Graph`` on import)."""
-    for name, fn in GRAPH_METHODS.items():
-        setattr(graph_class, name, fn)
+    Each is the function of the same name in this package, bound to the graph: ``g.freeze("encoder.scan")``
+    is ``flowgraph.tree.freeze(g, "encoder.scan")``. ``trend``/``trend_at`` take a metric of this graph or a
+    dotted path.
+    """
 
+    validate_path = paths.validate_path
+    freeze = paths.freeze
+    thaw = paths.thaw
+    is_frozen = paths.is_frozen
+    trainable_parameters = paths.trainable_parameters
+    parameters_at = paths.parameters_at
+    named_parameters_at = paths.named_parameters_at
+    set_training_at = paths.set_training_at
+    subgraph_at = paths.subgraph_at
+    save_checkpoint = checkpoint.save_checkpoint
+    load_checkpoint = checkpoint.load_checkpoint
+    load_subgraph_checkpoint = checkpoint.load_subgraph_checkpoint
+    record = observe.record
+    record_at = observe.record_at
+    collect = observe.collect
+    flush = observe.flush
+    latest_metrics = observe.latest_metrics
+    history = observe.history
+    trend = observe.trend
+    trend_at = observe.trend
+    trends = observe.trends
+    eta = observe.eta
+    reset_metrics = observe.reset_metrics
+    plot_html = observe.plot_html
 
-def _install_on_graph() -> None:
-    from ..builder import Graph
-
-    install(Graph)
-
-
-_install_on_graph()
 
 __all__ = [
-    "GRAPH_METHODS", "LoadReport", "MigrateReport", "PathKind", "Trend", "TrendGroup", "checkpoint", "collect",
-    "eta", "flush", "freeze", "history", "install", "is_frozen", "key_map_by_order", "latest_metrics",
+    "GraphTree", "LoadReport", "MigrateReport", "PathKind", "Trend", "TrendGroup", "checkpoint", "collect",
+    "eta", "flush", "freeze", "history", "is_frozen", "key_map_by_order", "latest_metrics",
     "load_checkpoint", "load_safetensors_weights", "load_subgraph_checkpoint", "migrate_checkpoint",
     "module_at", "named_parameters_at", "observe", "parameters_at", "paths", "plot_html", "read_checkpoint",
     "record", "record_at", "reset_metrics", "resolve", "save_checkpoint", "set_training_at", "subgraph_at",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -124,6 +125,13 @@ def _atomic_write(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def _is_main_process() -> bool:
+    """Rank 0 or no process group. The tree sits below ``flowgraph.distributed``: a process group exists only if
+    that package was imported (``distributed.init``), so it is looked up, not imported."""
+    dist = sys.modules.get("flowgraph.distributed")
+    return dist is None or dist.is_main_process()
+
+
 def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = None) -> None:
     """Save ``module``'s parameters and buffers (and ``optimizer``'s state) to a safetensors file, atomically.
 
@@ -133,9 +141,7 @@ def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = No
     """
     from safetensors.numpy import save
 
-    from ..distributed import is_main_process
-
-    if not is_main_process():
+    if not _is_main_process():
         return
 
     tensors: dict[str, np.ndarray] = {}
