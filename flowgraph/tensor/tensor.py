@@ -433,19 +433,11 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
     """
     # gradient_edge, inlined for the common cases (a non-view with a grad_fn, a leaf that has its node)
     if len(inputs) == 2:
-        t, u = inputs
-        if t is None:
-            et = None
-        elif t._view is None and t._oi == 0 and (t._grad_fn is not None or t._acc is not None):
-            et = t._grad_fn if t._grad_fn is not None else t._acc
-        else:
-            et = gradient_edge(t)
-        if u is None:
-            eu = None
-        elif u._view is None and u._oi == 0 and (u._grad_fn is not None or u._acc is not None):
-            eu = u._grad_fn if u._grad_fn is not None else u._acc
-        else:
-            eu = gradient_edge(u)
+        t, u = inputs  # (written out twice on purpose: a helper call per input costs ~0.1 us on every op)
+        et = None if t is None else (t._grad_fn or t._acc) if t._view is None and t._oi == 0 and (
+            t._grad_fn is not None or t._acc is not None) else gradient_edge(t)
+        eu = None if u is None else (u._grad_fn or u._acc) if u._view is None and u._oi == 0 and (
+            u._grad_fn is not None or u._acc is not None) else gradient_edge(u)
         edges = (et, eu)
     elif len(inputs) == 1:
         t = inputs[0]

@@ -580,8 +580,7 @@ def function_mark_dirty(T, d):
     return [x]
 
 
-@pattern
-def function_multi_output(T, d):
+def _two_outputs(T):
     class SplitScale(T.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -591,25 +590,21 @@ def function_multi_output(T, d):
         def backward(ctx, ga, gb):
             return ga * 2.0 + gb * 3.0
 
+    return SplitScale
+
+
+@pattern
+def function_multi_output(T, d):
     x = leaf(T, [1.0, 2.0], **d)
-    a, b = SplitScale.apply(x)
+    a, b = _two_outputs(T).apply(x)
     (a * b).sum().backward()
     return [x]
 
 
 @pattern
 def function_one_output_unused(T, d):
-    class Two(T.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2.0, x * 3.0
-
-        @staticmethod
-        def backward(ctx, ga, gb):
-            return ga * 2.0 + gb * 3.0
-
     x = leaf(T, [1.0, 2.0], **d)
-    a, _ = Two.apply(x)
+    a, _ = _two_outputs(T).apply(x)
     a.sum().backward()
     return [x]
 
