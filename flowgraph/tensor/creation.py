@@ -50,8 +50,14 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
                     else out._backend.contiguous(out._backend.add(out._data, 0)), out._backend)
         return out.requires_grad_(requires_grad) if requires_grad else out
     data = _collect_tensors(data)
-    arr = np.asarray(data)
+    from_python = not isinstance(data, np.ndarray)
+    try:
+        arr = np.asarray(data)
+    except OverflowError as exc:
+        raise FlowError(f"tensor(): an integer does not fit in 64 bits ({exc}); use a float dtype") from None
     dt = as_dtype(dtype) if dtype is not None else _infer_dtype(arr, data)
+    if from_python and arr.size and arr.dtype.kind in "iuO" and dt.np.kind in "iu":
+        _check_int_range(arr, dt)
     arr = np.array(arr, dtype=dt.np, order="C")  # a copy; np.ascontiguousarray would make 0-d arrays 1-d
     if dt.name == "float64" and not bk.supports_float64:
         raise BackendError(f"tensor(): {bk.device} does not support float64; use dtype=fg.float32")
@@ -59,6 +65,16 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     if requires_grad:
         out.requires_grad_(True)
     return out
+
+
+def _check_int_range(arr: np.ndarray, dt) -> None:
+    """Python integers that do not fit ``dt`` raise, as in PyTorch (NumPy would wrap them silently)."""
+    info = np.iinfo(dt.np)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < info.min or hi > info.max:
+        bad = lo if lo < info.min else hi
+        raise FlowError(f"tensor(): value {bad} does not fit {dt} (range {info.min} .. {info.max}); "
+                        "pass a wider dtype (fg.int64) or a float dtype")
 
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:

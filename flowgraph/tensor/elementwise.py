@@ -13,7 +13,7 @@ import numpy as np
 from ..autograd.grad_mode import STATE
 from ..errors import BackendError, FlowError, ShapeError
 from .dtype import from_numpy_dtype, get_default_dtype, promote_types
-from .tensor import Tensor, _record, _wrap
+from .tensor import Tensor, _record, _wrap, check_nonzero_divisor
 
 _SCALAR_TYPES = (int, float, bool)
 _FLOAT_KINDS = "fV"  # "V": ml_dtypes' bfloat16 reports kind 'V'
@@ -476,7 +476,17 @@ lt = _nograd_binary("lt", "lt", "Elementwise ``a < b`` (bool).")
 le = _nograd_binary("le", "le", "Elementwise ``a <= b`` (bool).")
 gt = _nograd_binary("gt", "gt", "Elementwise ``a > b`` (bool).")
 ge = _nograd_binary("ge", "ge", "Elementwise ``a >= b`` (bool).")
-floor_divide = _nograd_binary("floor_divide", "floor_divide", "Elementwise floor division (no gradient).")
+def floor_divide(a, b) -> Tensor:
+    """Elementwise floor division (no gradient); an integer division by zero raises ``ZeroDivisionError``."""
+    _check_int_divisor(a, b, "floor_divide")
+    return _binary_nograd("floor_divide", a, b, "floor_divide")
+
+
+def _check_int_divisor(a, b, where: str) -> None:
+    ints = all(not isinstance(x, float) and (not isinstance(x, Tensor) or x._data.dtype.kind in "iub")
+               for x in (a, b))
+    if ints:
+        check_nonzero_divisor(b, where)
 
 
 def _logical(prim: str, name: str):
@@ -506,7 +516,9 @@ def logical_not(a: Tensor) -> Tensor:
 
 
 def remainder(a, b) -> Tensor:
-    """Python-style modulus (sign of the divisor); gradient 1 for ``a``, ``-floor(a/b)`` for ``b``."""
+    """Python-style modulus (sign of the divisor); gradient 1 for ``a``, ``-floor(a/b)`` for ``b``. An integer
+    remainder by zero raises ``ZeroDivisionError``, as in PyTorch."""
+    _check_int_divisor(a, b, "remainder")
     bk, ad, bd, at, bt = _operands(a, b, "remainder")
     out = _wrap(bk.remainder(ad, bd), bk)
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):

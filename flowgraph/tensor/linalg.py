@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..autograd.grad_mode import STATE
 from ..errors import BackendError, FlowError, ShapeError
 from .amp import low_precision_inputs
@@ -36,7 +38,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if len(sa) > 2 and len(sb) == 2 and a._backend is b._backend:
         # (..., m, k) @ (k, n): one 2-d GEMM over the folded leading dims instead of a batched one.
         lead = sa[:-1]
-        return matmul(a.reshape(-1, sa[-1]), b).reshape(lead + (sb[-1],))
+        return matmul(a.reshape(math.prod(lead), sa[-1]), b).reshape(lead + (sb[-1],))
     bk = a._backend
     if b._backend is not bk:
         raise BackendError(

@@ -190,7 +190,7 @@ def prod(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
             flat_axes = axes
             moved = x.permute([i for i in range(len(shape)) if i not in flat_axes] + list(flat_axes))
             keep = moved.shape[: len(shape) - len(flat_axes)]
-            m = moved.reshape(keep + (-1,))
+            m = moved.reshape(keep + (math.prod(moved.shape[len(keep):]),))
             ones = m[..., :1] * 0 + 1
             left = cumprod(m[..., :-1], -1) if m.shape[-1] > 1 else ones[..., :0]
             left = _cat_front(ones, left)

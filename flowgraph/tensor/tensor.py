@@ -85,7 +85,7 @@ class Tensor:
 
     def __len__(self) -> int:
         if not self._data.shape:
-            raise FlowError("len() of a 0-d tensor; use .item() or .numel()")
+            raise TypeError("len() of a 0-d tensor; use .item() or .numel()")  # TypeError, as in PyTorch
         return self._data.shape[0]
 
     @property
@@ -348,17 +348,28 @@ def _rebuild(host, device: str, requires_grad: bool, cls=None) -> Tensor:
     return out
 
 
-# ---------------------------------------------------------------------- index range checks
-#: backend -> (0-d bool device array: some index since the last host read was out of range, op names). An
-#: accelerator checks indices on the device without waiting for it; the result is read at the next host read
-#: (``item``, ``numpy``, ``tolist``, ``fg.synchronize_index_checks``), where a bad index raises
-#: ``IndexOutOfRangeError`` as it does at once on the CPU. Kernels clamp meanwhile, so memory stays safe.
+# ---------------------------------------------------------------------- device-side checks
+#: (backend, error class) -> (0-d bool device array: a check failed since the last host read, op names). An
+#: accelerator checks indices (and integer divisors) on the device without waiting for it; the result is read
+#: at the next host read (``item``, ``numpy``, ``tolist``), where a failure raises as it does at once on the CPU.
+#: Kernels clamp meanwhile, so memory stays safe.
 PENDING_INDEX_CHECKS: dict = {}
+
+
+def _defer_check(bk, bad, where: str, error: type) -> None:
+    """Record a device-side ``bad`` flag (any element true = failure) of ``where`` for the next host read."""
+    key = (bk, error)
+    found = PENDING_INDEX_CHECKS.get(key)
+    if found is None:
+        PENDING_INDEX_CHECKS[key] = (bad, [where])
+    else:
+        PENDING_INDEX_CHECKS[key] = (bk.logical_or(found[0], bad),
+                                     found[1] if where in found[1] else found[1] + [where])
 
 
 def check_index_range(index: Tensor, low: int, high: int, where: str) -> None:
     """Raise ``IndexOutOfRangeError`` unless every element of ``index`` is in ``[low, high)``: at once on the CPU,
-    at the next host read on a device (one fused comparison and reduction, no synchronisation)."""
+    at the next host read on a device (one comparison and reduction there, no synchronisation)."""
     if index.numel() == 0:
         return
     bk = index._backend
@@ -369,24 +380,36 @@ def check_index_range(index: Tensor, low: int, high: int, where: str) -> None:
             bad = lo if lo < low else hi
             raise IndexOutOfRangeError(f"{where}: index {bad} is out of range (valid: {low} .. {high - 1})")
         return
-    bad = bk.any(bk.logical_or(bk.lt(d, low), bk.ge(d, high)), tuple(range(d.ndim)), False)
-    found = PENDING_INDEX_CHECKS.get(bk)
-    if found is None:
-        PENDING_INDEX_CHECKS[bk] = (bad, [where])
-    else:
-        PENDING_INDEX_CHECKS[bk] = (bk.logical_or(found[0], bad), found[1] + [where] if where not in found[1]
-                                    else found[1])
+    axes = tuple(range(d.ndim))
+    _defer_check(bk, bk.any(bk.logical_or(bk.lt(d, low), bk.ge(d, high)), axes, False), where,
+                 IndexOutOfRangeError)
+
+
+def check_nonzero_divisor(divisor, where: str) -> None:
+    """Integer division by zero raises ``ZeroDivisionError`` (PyTorch's CPU behaviour) on every backend."""
+    if isinstance(divisor, Tensor):
+        if divisor.numel() == 0 or divisor._data.dtype.kind not in "iu":
+            return
+        bk, d = divisor._backend, divisor._data
+        if bk.device == "cpu":
+            if not d.all():
+                raise ZeroDivisionError(f"{where}: integer division by zero")
+            return
+        _defer_check(bk, bk.any(bk.eq(d, 0), tuple(range(d.ndim)), False), where, ZeroDivisionError)
+    elif divisor == 0 and not isinstance(divisor, float):
+        raise ZeroDivisionError(f"{where}: integer division by zero")
 
 
 def raise_pending_index_errors() -> None:
-    """Read the pending device-side index checks; raise ``IndexOutOfRangeError`` naming the ops if one failed."""
+    """Read the pending device-side checks; raise the first failed one's error, naming the ops."""
     pending = list(PENDING_INDEX_CHECKS.items())
     PENDING_INDEX_CHECKS.clear()
-    for bk, (flag, ops) in pending:
+    for (bk, error), (flag, ops) in pending:
         if bool(bk.to_host(flag)):
-            raise IndexOutOfRangeError(
-                f"an index was out of range in {', '.join(ops)} on {bk.device} since the last host read (checked "
-                "on the device and reported here; indices must lie in the indexed dimension, as on the CPU)"
+            what = "an index was out of range" if error is IndexOutOfRangeError else "an integer division by zero"
+            raise error(
+                f"{what} in {', '.join(ops)} on {bk.device} since the last host read (checked on the device and "
+                "reported here, as the cpu raises at once)"
             )
 
 

@@ -168,11 +168,28 @@ class OpenCLBackend(Backend):
         return dtype
 
     def _allocate(self, nbytes: int) -> Any:
+        self._check_alloc(nbytes)
         buffer = self._pool.allocate(max(nbytes, 1))
         active = self._pool.active_bytes
         if active > self._peak:
             self._peak = active
         return buffer
+
+    def _check_alloc(self, nbytes: int) -> None:
+        """A flowgraph error, before any work, for an array larger than the device can allocate."""
+        limit = self._max_alloc
+        if nbytes > limit:
+            raise BackendError(
+                f"{self.device}: an array of {nbytes / 2**20:.1f} MiB exceeds the device's largest allocation "
+                f"({limit / 2**20:.1f} MiB, CL_DEVICE_MAX_MEM_ALLOC_SIZE); use smaller tensors or split the work"
+            )
+
+    @property
+    def _max_alloc(self) -> int:
+        found = self.__dict__.get("_max_alloc_bytes")
+        if found is None:
+            found = self.__dict__["_max_alloc_bytes"] = int(self.cl_device.max_mem_alloc_size)
+        return found
 
     def empty(self, shape: Shape, dtype: np.dtype) -> CLArray:
         """A new uninitialised contiguous array (a non-protocol helper)."""
@@ -456,6 +473,7 @@ class OpenCLBackend(Backend):
 
     def full(self, shape: Shape, value: float | int | bool, dtype: np.dtype) -> Array:
         dtype = self.check_dtype(dtype, "full")
+        self._check_alloc(shape_size(tuple(shape)) * dtype.itemsize)
         out = CLArray(self, None, tuple(shape), None, 0, dtype, Expr("copy", (Scalar(value, dtype),), dtype))
         if not fusion.is_enabled():
             return self.realize(out)
