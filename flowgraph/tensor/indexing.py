@@ -374,6 +374,10 @@ def _leaf_check(a: Tensor, op: str) -> None:
         )
 
 
+#: Ops whose outputs are several views of one input: in-place on those outputs is refused, as in PyTorch.
+_MULTI_VIEW_OPS = frozenset({"Split"})
+
+
 def _identity_node(new: Tensor) -> Tensor:
     """``new`` itself when it has a grad_fn, else an identity op over it (an in-place result is never a leaf)."""
     if new._grad_fn is not None or not new.requires_grad:
@@ -408,6 +412,11 @@ def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
         _refresh_view(a)
     _leaf_check(a, op)
     records = STATE.enabled and (a.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others))
+    if records and a._grad_fn is not None and a._grad_fn.name in _MULTI_VIEW_OPS:
+        raise FlowError(
+            f"{op}: output {a._oi} of {a._grad_fn.name} is a view and is being modified in place; the outputs of an "
+            "op that returns several views (split, chunk, unbind) cannot be (as in PyTorch): .clone() it first"
+        )
     if records:
         if a._vc is None:
             a._vc = [0]

@@ -373,6 +373,34 @@ def view_of_no_grad_base_gets_grad(T, d):
     return [x]
 
 
+@pattern
+def split_output_inplace(T, d):
+    x = leaf(T, [1.0, 2.0, 3.0, 4.0], **d)
+    a, _ = (x * 1.0).split(2)
+    a.mul_(2.0)
+    a.sum().backward()
+    return [x]
+
+
+@pattern
+def unbind_output_inplace(T, d):
+    x = leaf(T, [[1.0, 2.0], [3.0, 4.0]], **d)
+    r0, _ = (x * 1.0).unbind(0)
+    r0.add_(1.0)
+    r0.sum().backward()
+    return [x]
+
+
+@pattern
+def split_output_inplace_no_grad_base(T, d):
+    z = T.zeros(4, **d)
+    a, _ = z.split(2)
+    a.add_(1.0)
+    x = leaf(T, [1.0, 1.0, 1.0, 1.0], **d)
+    (z * x).sum().backward()
+    return [x]
+
+
 # ---------------------------------------------------------------------- __setitem__
 @pattern
 def setitem_grad_value_into_plain(T, d):
