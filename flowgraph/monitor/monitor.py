@@ -34,7 +34,12 @@ from .source import (
 
 T = TypeVar("T")
 
-STATUSES = ("completed", "interrupted", "failed")
+STATUSES = ("completed", "interrupted", "terminated", "failed")
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the training thread when the process gets SIGTERM (what the launcher, Slurm and Kubernetes send)
+    inside ``with Monitor(...)``: the run unwinds like a Ctrl-C and ends with status ``terminated``."""
 _CSV_FIXED = ("epoch", "total", "seconds", "eta")
 
 
@@ -233,7 +238,7 @@ class Monitor:
         """End the run: print a summary, send ``complete`` to dashboards, write the report, stop the server.
 
         Args:
-            status: ``"completed"``, ``"interrupted"`` (Ctrl-C) or ``"failed"`` (an exception).
+            status: ``"completed"``, ``"interrupted"`` (Ctrl-C), ``"terminated"`` (SIGTERM) or ``"failed"``.
             keep_serving: leave the dashboard server running (showing the final state) until :meth:`close`.
 
         Returns:
@@ -278,7 +283,8 @@ class Monitor:
 
     def _summary_line(self) -> str:
         final = self._final or {}
-        words = {"completed": "completed", "interrupted": "interrupted", "failed": "failed"}
+        words = {"completed": "completed", "interrupted": "interrupted", "terminated": "terminated (SIGTERM)",
+                 "failed": "failed"}
         line = (
             f"training {words[self._status]} after {final.get('epochs', 0)}/{self.total_epochs} epochs "
             f"in {format_duration(final.get('elapsed'))}"
@@ -299,7 +305,20 @@ class Monitor:
             server.stop()
 
     def __enter__(self) -> Monitor:
-        """``with Monitor(...) as mon:`` ends the run properly however the block is left."""
+        """``with Monitor(...) as mon:`` ends the run properly however the block is left; SIGTERM ends it like
+        Ctrl-C (status ``terminated``, report written) instead of killing the process with no record."""
+        self._previous_sigterm = None
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            def on_sigterm(signum, frame):
+                raise Terminated("SIGTERM")
+
+            try:
+                self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+            except (ValueError, OSError):  # not settable here (embedded interpreters)
+                self._previous_sigterm = None
         return self
 
     def __exit__(
@@ -308,12 +327,20 @@ class Monitor:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Finish (``interrupted`` on Ctrl-C, ``failed`` on another exception) and stop the server."""
+        """Finish (``interrupted`` on Ctrl-C, ``terminated`` on SIGTERM, ``failed`` on another exception) and stop
+        the server; the SIGTERM handler that was there before is restored."""
+        previous = getattr(self, "_previous_sigterm", None)
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+            self._previous_sigterm = None
         if self._final is None:
             if exc_type is None:
                 self.finish()
             else:
-                status = "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed"
+                status = ("terminated" if issubclass(exc_type, Terminated) else
+                          "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
                 try:
                     self.finish(status)
                 except FlowError as error:  # do not hide the exception that ended training

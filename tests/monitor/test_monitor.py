@@ -182,7 +182,7 @@ def test_watch_sets_the_picture_before_any_log(make_monitor):
         (lambda m: m.log(0, 0.1, [1, 2]), "expected a dict"),
         (lambda m: m.log(0, 0.1, {"loss": "low"}), "metric 'loss'.*not a number"),
         (lambda m: m.log(0, 0.1, {3: 1.0}), "non-empty strings"),
-        (lambda m: m.finish("crashed"), "completed, interrupted, failed"),
+        (lambda m: m.finish("crashed"), "completed, interrupted, terminated, failed"),
         (lambda m: m.progress(-1, 10), "zero-based"),
     ],
 )
