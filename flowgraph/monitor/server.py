@@ -13,6 +13,7 @@ import contextlib
 import errno
 import ipaddress
 import json
+import logging
 import socket
 import threading
 import time
@@ -43,6 +44,18 @@ _SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+_SNAPSHOT_BATCH = 8  # past epochs sent between two yields to the event loop
+
+
+class _QuietDisconnects(logging.Filter):
+    """Drops asyncio's "socket.send() raised exception." lines: a dashboard client that left is normal and must
+    not print into the training console (one line per write until the stream notices)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "socket.send() raised exception" not in record.getMessage()
+
+
+_QUIET = _QuietDisconnects()
 
 
 def is_loopback(host: str) -> bool:
@@ -141,10 +154,14 @@ async def _stream(hub: EventHub, last_seen: int, retry_ms: int) -> AsyncIterator
         if snapshot.meta is not None:
             yield _sse(_fresh_clock(snapshot.meta), retry_ms)
             first = False
-        for message in snapshot.epochs:
+        for i, message in enumerate(snapshot.epochs):
             if message.id is not None and message.id > last_seen:
                 yield _sse(message, retry_ms if first else None)
                 first = False
+            if i % _SNAPSHOT_BATCH == _SNAPSHOT_BATCH - 1:
+                # Let the event loop run: a client that left is noticed (the response cancels this generator)
+                # instead of the whole history being pushed into a dead socket, one asyncio warning per write.
+                await asyncio.sleep(0)
         if snapshot.complete is not None:
             yield _sse(snapshot.complete)
             return
@@ -202,6 +219,10 @@ class DashboardServer:
             lifespan="off",
             ws="none",
             timeout_graceful_shutdown=2,
+            # A dashboard has a handful of clients: bound what slow or idle connections can hold.
+            timeout_keep_alive=5,
+            limit_concurrency=256,
+            h11_max_incomplete_event_size=16 * 1024,
         )
         self._server = uvicorn.Server(config)
         self._error: BaseException | None = None
@@ -218,6 +239,7 @@ class DashboardServer:
 
     def start(self, timeout: float = 15.0) -> None:
         """Start the thread; return once the server accepts connections, or raise why it could not."""
+        logging.getLogger("asyncio").addFilter(_QUIET)
         self._thread.start()
         waited = 0.0
         while not self._server.started:
@@ -246,3 +268,4 @@ class DashboardServer:
             self._thread.join(timeout)
         with contextlib.suppress(OSError):
             self._sock.close()
+        logging.getLogger("asyncio").removeFilter(_QUIET)
