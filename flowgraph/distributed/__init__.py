@@ -64,7 +64,7 @@ def init(backend: str = "nccl", timeout: float = 300.0) -> None:
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     if not 0 <= rank < world:
         raise FlowError(f"init(): RANK={rank} is not in [0, WORLD_SIZE={world})")
-    server = StoreServer("0.0.0.0", port) if rank == 0 else None
+    server = StoreServer(_bind_address(addr), port) if rank == 0 else None
     store = StoreClient(addr, port, rank, connect_timeout=timeout)
     heartbeat = Heartbeat(addr, port, rank)
     if backend == "nccl":
@@ -115,6 +115,28 @@ def _get() -> _State:
 def is_initialized() -> bool:
     """True between ``init()`` and ``destroy()``."""
     return _state is not None
+
+
+def _bind_address(master_addr: str) -> str:
+    """Where rank 0's store listens: loopback for a single-host job (``MASTER_ADDR`` on this machine only),
+    otherwise ``MASTER_ADDR`` itself; never every interface. A multi-host job needs the store secret."""
+    import ipaddress
+
+    from .store import SECRET_ENV, job_secret
+
+    try:
+        loopback = master_addr == "localhost" or ipaddress.ip_address(master_addr).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return "127.0.0.1"
+    if not job_secret():
+        raise FlowError(
+            f"init(): MASTER_ADDR={master_addr} reaches beyond this machine but {SECRET_ENV} is not set; anyone "
+            "who reaches the port could read or change the job's gradients. Start the job with "
+            "`python -m flowgraph.distributed.run` (it sets a secret) or export the same hex secret on every host"
+        )
+    return master_addr
 
 
 def is_main_process() -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -44,11 +45,19 @@ def launch(script: str, args: Sequence[str] = (), nproc_per_node: int = 1, nnode
               f"--nnodes; got {nproc_per_node}, {nnodes}, {node_rank}", file=sys.stderr)
         return 2
     world = nproc_per_node * nnodes
+    secret = os.environ.get("FLOWGRAPH_STORE_SECRET")
+    if secret is None:
+        if nnodes > 1 and master_addr not in ("127.0.0.1", "localhost", "::1"):
+            print("flowgraph.distributed.run: a multi-host job needs FLOWGRAPH_STORE_SECRET (the same hex string on "
+                  "every host, e.g. python -c 'import secrets; print(secrets.token_hex(32))')", file=sys.stderr)
+            return 2
+        secret = secrets.token_hex(32)  # one per job: only its ranks can use the store
     procs: dict[int, subprocess.Popen] = {}
     for local in range(nproc_per_node):
         rank = node_rank * nproc_per_node + local
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(nproc_per_node), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+                   LOCAL_WORLD_SIZE=str(nproc_per_node), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+                   FLOWGRAPH_STORE_SECRET=secret)
         target = ["-m", script] if module else [script]
         procs[rank] = subprocess.Popen([sys.executable, *target, *args], env=env)
     failed: tuple[int, int] | None = None

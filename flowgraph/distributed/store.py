@@ -5,10 +5,20 @@ every rank talks to it through a :class:`StoreClient`. Messages are length-prefi
 client: a request is ``op (1 byte) | key | value`` and a reply ``status (1 byte) | value``, where ``key`` and
 ``value`` each carry a 4-byte big-endian length. ``get`` blocks (polling the server) until the key is present or
 the timeout passes, and then raises a :class:`FlowError` naming the key and the rank that waited.
+
+Every connection starts with a challenge: the server sends a random nonce, the client answers with
+HMAC-SHA256(secret, nonce), the server compares in constant time and closes the connection on a wrong answer
+(the secret never crosses the wire). The secret is ``FLOWGRAPH_STORE_SECRET`` (hex), which the launcher
+generates per job; a peer without it can neither read nor write a key, and a silent one is dropped after
+``HANDSHAKE_TIMEOUT`` seconds on its own thread, so it cannot stall the job.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import secrets
 import socket
 import struct
 import threading
@@ -20,6 +30,21 @@ from ..errors import FlowError
 _SET, _GET, _DEL, _ADD = b"S", b"G", b"D", b"A"
 _OK, _MISSING = b"1", b"0"
 _LEN = struct.Struct(">I")
+HANDSHAKE_TIMEOUT = 5.0
+SECRET_ENV = "FLOWGRAPH_STORE_SECRET"
+
+
+def job_secret() -> bytes:
+    """The job's store secret from ``FLOWGRAPH_STORE_SECRET`` (hex), or empty when unset (loopback runs only)."""
+    text = os.environ.get(SECRET_ENV, "")
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise FlowError(f"{SECRET_ENV} must be a hex string (the launcher sets one: secrets.token_hex(32))") from None
+
+
+def _answer(secret: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, nonce, hashlib.sha256).digest()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -45,7 +70,8 @@ def _recv_part(sock: socket.socket) -> bytes:
 class StoreServer:
     """The store itself: a thread that accepts clients and serves ``set``/``get``/``delete``/``add``."""
 
-    def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: bytes | None = None) -> None:
+        self._secret = job_secret() if secret is None else secret
         self._data: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -72,6 +98,13 @@ class StoreServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            conn.settimeout(HANDSHAKE_TIMEOUT)
+            nonce = secrets.token_bytes(32)
+            _send_frame(conn, nonce)
+            if not hmac.compare_digest(_recv_part(conn), _answer(self._secret, nonce)):
+                return  # not this job: closed without a word (the client reports the refusal)
+            conn.settimeout(None)
+            _send_frame(conn, _OK)
             while True:
                 op = _recv_part(conn)
                 key = _recv_part(conn).decode()
@@ -92,7 +125,7 @@ class StoreServer:
                     else:
                         reply = (_MISSING, b"unknown op")
                 _send_frame(conn, *reply)
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, struct.error):
             pass
         finally:
             conn.close()
@@ -116,16 +149,30 @@ class StoreClient:
     ``connect_timeout`` bounds the wait for the server to come up (rank 0 may start after the others).
     """
 
-    def __init__(self, host: str, port: int, rank: int = 0, connect_timeout: float = 60.0) -> None:
+    def __init__(self, host: str, port: int, rank: int = 0, connect_timeout: float = 60.0,
+                 secret: bytes | None = None) -> None:
         self.host, self.port, self.rank = host, int(port), int(rank)
+        secret = job_secret() if secret is None else secret
         self._lock = threading.Lock()
         deadline = time.monotonic() + connect_timeout
         last: Exception | None = None
         while True:
             try:
                 self._sock = socket.create_connection((host, self.port), timeout=max(1.0, connect_timeout))
-                self._sock.settimeout(None)
+                self._sock.settimeout(HANDSHAKE_TIMEOUT)
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    _send_frame(self._sock, _answer(secret, _recv_part(self._sock)))
+                    accepted = _recv_part(self._sock) == _OK
+                except (ConnectionError, OSError):
+                    accepted = False
+                if not accepted:
+                    self._sock.close()
+                    raise FlowError(
+                        f"rank {rank}: the store at {host}:{port} refused this process: its {SECRET_ENV} differs "
+                        "(start every rank with the launcher, or give all of them the same secret)"
+                    )
+                self._sock.settimeout(None)
                 break
             except OSError as e:
                 last = e
