@@ -12,11 +12,13 @@ gradient.
 
 The engine (``run_backward``) works in four parts a reader can hold one at a time:
 
-1. ``_collect``: walk the edges from the roots, counting for each node how many edges point at it;
+1. ``_collect``: walk the edges from the roots, counting for each leaf's ``AccumulateGrad`` how many edges
+   point at it;
 2. ``_prune``: for ``autograd.grad``, keep only the nodes on a path to a requested input;
-3. the schedule: a node runs once every node that feeds it gradient has run (a real topological order,
-   whatever the creation order); among ready nodes the newest op runs first and leaves run at once, as
-   in PyTorch, so a leaf's hooks (``DataParallel``'s all-reduce) fire while the rest of backward runs;
+3. the schedule: decreasing sequence number, a real topological order because edges are fixed when an op
+   runs (a node's producers are always older than it), whatever in-place ops did later; a leaf runs the
+   moment its last consumer has run, so its hooks (``DataParallel``'s all-reduce) fire while the rest of
+   backward runs;
 4. gradient buffers (``_Buffers``): contributions to one output are summed, in place where the engine
    owns the sum.
 """
