@@ -101,7 +101,7 @@ class StoreCommunicator(Communicator):
         if seq >= 2:
             self.store.delete(f"coll/{seq - 2}/{self.rank}")
         self.store.set(f"coll/{seq}/{self.rank}", payload)
-        return [self.store.get(f"coll/{seq}/{r}", self.timeout) for r in range(self.world_size)]
+        return [self.store.get(f"coll/{seq}/{r}", self.timeout, from_rank=r) for r in range(self.world_size)]
 
     @staticmethod
     def _host(tensor: Tensor) -> np.ndarray:

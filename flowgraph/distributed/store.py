@@ -205,16 +205,34 @@ class StoreClient:
         status, value = self._request(_GET, key)
         return value if status == _OK else None
 
-    def get(self, key: str, timeout: float = 300.0) -> bytes:
-        """The value under ``key``, waiting until some rank sets it; FlowError after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+    def get(self, key: str, timeout: float = 300.0, from_rank: int | None = None,
+            stale_after: float = 5.0) -> bytes:
+        """The value under ``key``, waiting until some rank sets it; FlowError after ``timeout`` seconds.
+
+        With ``from_rank`` (the rank that will set it) the wait also watches that rank's heartbeat: when it is
+        older than ``stale_after`` seconds the rank is reported dead within seconds, not after ``timeout``.
+        """
+        start = time.monotonic()
+        deadline = start + timeout
+        next_check = start + 1.0
         delay = 0.0005
         while True:
             value = self.try_get(key)
             if value is not None:
                 return value
-            if time.monotonic() >= deadline:
-                raise FlowError(f"rank {self.rank}: timed out after {timeout:.1f} s waiting for store key {key!r}")
+            now = time.monotonic()
+            if now >= deadline:
+                raise FlowError(f"rank {self.rank}: timed out after {timeout:.1f} s waiting for store key {key!r}"
+                                + (f" from rank {from_rank}" if from_rank is not None else ""))
+            if from_rank is not None and now >= next_check:
+                next_check = now + 1.0
+                beat = self.try_get(f"heartbeat/{from_rank}")
+                if beat is not None and time.time() - float(beat.decode()) > stale_after:
+                    raise FlowError(
+                        f"rank {self.rank}: rank {from_rank} stopped (its last heartbeat is "
+                        f"{time.time() - float(beat.decode()):.1f} s old) while this rank waited for its data; "
+                        "the job cannot continue: restart it (from the last checkpoint)"
+                    )
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
 

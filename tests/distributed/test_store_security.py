@@ -78,3 +78,17 @@ def test_a_multi_host_init_without_a_secret_is_refused(monkeypatch):
         _bind_address("10.1.2.3")
     monkeypatch.setenv("FLOWGRAPH_STORE_SECRET", "ab" * 32)
     assert _bind_address("10.1.2.3") == "10.1.2.3"
+
+
+def test_a_dead_peer_is_named_within_seconds(server):
+    """Outside the launcher too: a rank whose heartbeat went stale is reported while others wait for its data."""
+    waiter = StoreClient("127.0.0.1", server.port, rank=0, connect_timeout=5, secret=SECRET)
+    waiter.set("heartbeat/1", repr(time.time() - 60).encode())  # rank 1 beat a minute ago, then died
+    t0 = time.monotonic()
+    with pytest.raises(fg.FlowError, match=r"rank 1 stopped \(its last heartbeat is"):
+        waiter.get("coll/7/1", timeout=300, from_rank=1)
+    assert time.monotonic() - t0 < 5
+    waiter.set("heartbeat/2", repr(time.time()).encode())  # alive: the wait times out normally instead
+    with pytest.raises(fg.FlowError, match="timed out after 1.5 s waiting for store key 'coll/7/2' from rank 2"):
+        waiter.get("coll/7/2", timeout=1.5, from_rank=2)
+    waiter.close()
