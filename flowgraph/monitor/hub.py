@@ -1,13 +1,18 @@
 """The event hub between the training thread and the dashboard server's event loop.
 
-The training thread publishes; each SSE client is a subscriber with its own bounded ``asyncio.Queue`` on
-the server's loop. Publishing never blocks: under one lock it appends to the history and schedules a
-``put_nowait`` on each subscriber's loop with ``call_soon_threadsafe``. A subscriber whose queue is full
-(a slow or stalled client) is dropped: its stream ends and the browser reconnects later, resuming from the
-``Last-Event-ID`` it saw, so it still misses nothing.
+The training thread publishes; the server pulls. Publishing an epoch appends it to the history under a
+lock and bumps a version number: it never blocks, never waits for a client and never wakes the server
+thread (for fast epochs that would cost the training thread a switch each time). The server's streams
+read what is newer than what they sent (:meth:`EventHub.read`), when the server's feed sees the version
+change (it looks a few times a second) or at once for ``meta``, ``complete`` and closing, which the hub
+signals to the loops watching it with ``call_soon_threadsafe``.
 
-Joining takes the snapshot of the history and registers the subscriber under the same lock, so every
-epoch reaches a client exactly once: either in its snapshot or through its queue, never both, never neither.
+Each client keeps a cursor, the id of the last epoch it was sent; a late client starts at -1, a
+reconnecting browser at its ``Last-Event-ID``. Reading "everything after the cursor" under the lock makes
+every epoch reach a client exactly once, however the reads interleave with publishing.
+
+The history is the only copy of the epochs the monitor keeps in memory (:class:`~.history.EpochHistory`:
+the bytes sent to browsers, bounded for very long runs).
 """
 
 from __future__ import annotations
@@ -16,24 +21,12 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from .history import EpochHistory, Message
 
-@dataclass(frozen=True)
-class Message:
-    """One server-sent event: its type (``epoch``, ``meta``, ``complete``), JSON data and optional id."""
-
-    event: str
-    data: str
-    id: int | None = None
-
-
-class _Stop:
-    """Sentinel queued to end a subscriber's stream: ``reason`` is ``dropped`` or ``closed``."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+__all__ = ["EventHub", "Message", "Update", "encode"]
 
 
 def encode(value: Any) -> str:
@@ -41,139 +34,150 @@ def encode(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
-@dataclass(eq=False)
-class Subscriber:
-    """One live SSE client: its loop, its bounded queue, and whether it was dropped for falling behind."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Message | _Stop]
-    on_drop: Callable[[], None] | None = None
-    dropped: bool = False
-    stopped: bool = field(default=False)
-
-    def deliver(self, item: Message | _Stop) -> None:
-        """Runs on the subscriber's loop: enqueue without waiting; on a full queue, drop the client."""
-        if self.stopped:
-            return
-        if isinstance(item, _Stop):
-            self._stop(item)
-            return
-        try:
-            self.queue.put_nowait(item)
-        except asyncio.QueueFull:
-            self.dropped = True
-            self._stop(_Stop("dropped"))
-            if self.on_drop is not None:
-                self.on_drop()
-
-    def _stop(self, item: _Stop) -> None:
-        """End the stream: after what is queued when closing, at once when the client is dropped."""
-        self.stopped = True
-        if item.reason == "dropped" or self.queue.full():
-            while not self.queue.empty():  # make room for the sentinel; this client is leaving anyway
-                self.queue.get_nowait()
-        self.queue.put_nowait(item)
-
-
 @dataclass(frozen=True)
-class Snapshot:
-    """What a joining client is sent first: past epochs, current metadata, and the final event if done."""
+class Update:
+    """What a client has not been sent yet (:meth:`EventHub.read`).
+
+    Attributes:
+        epochs: the epochs after its cursor, oldest first.
+        meta: the metadata, when newer than the version it has (else None).
+        meta_version: the metadata version now.
+        complete: the final event once the run finished (else None).
+        closed: the server is stopping: end the stream after this update.
+        version: the hub's version when read; wait for it to change before reading again.
+    """
 
     epochs: list[Message]
     meta: Message | None
+    meta_version: int
     complete: Message | None
+    closed: bool
+    version: int
 
 
 class EventHub:
-    """Thread-safe history of epoch events plus fan-out to live subscribers."""
+    """Thread-safe history of epoch events, the run's metadata and its final event, read by cursor.
 
-    def __init__(self, queue_size: int = 1024) -> None:
+    Args:
+        history_limit: at most this many epochs are held (see :class:`~.history.EpochHistory`).
+    """
+
+    def __init__(self, history_limit: int = 10_000) -> None:
         self._lock = threading.Lock()
-        self._epochs: list[Message] = []
+        self._history = EpochHistory(history_limit)
         self._meta: Message | None = None
+        self._meta_version = 0
         self._complete: Message | None = None
         self._closed = False
-        self._subscribers: set[Subscriber] = set()
-        self.queue_size = queue_size
-        self.dropped_count = 0  # clients dropped so far for falling behind
+        self._version = 0
+        self._watchers: dict[asyncio.AbstractEventLoop, Callable[[], None]] = {}
 
     # -- training-thread side ------------------------------------------------------------------------------
 
-    def publish_epoch(self, epoch: dict[str, Any]) -> None:
-        """Append an epoch object to the history and send it to every live client."""
+    def publish_epoch(self, epoch: dict[str, Any]) -> Message:
+        """Append an epoch object to the history and return its message; clients get it at their next read."""
+        data = encode(epoch)
         with self._lock:
-            message = Message("epoch", encode(epoch), id=len(self._epochs))
-            self._epochs.append(message)
-            self._broadcast(message)
+            message = Message("epoch", data, id=self._history.count)
+            self._history.append(message)
+            self._version += 1
+        return message
 
     def publish_meta(self, meta: dict[str, Any]) -> None:
-        """Replace the run's metadata (model, status, timing) and send it to every live client."""
+        """Replace the run's metadata (model, status, timing); live clients are told at once."""
+        data = encode(meta)
         with self._lock:
-            message = Message("meta", encode(meta))
-            self._meta = message
-            self._broadcast(message)
+            self._meta = Message("meta", data)
+            self._meta_version += 1
+            self._version += 1
+            self._notify()
 
     def publish_complete(self, final: dict[str, Any]) -> None:
-        """Send the final ``complete`` event; clients joining later receive it after the history."""
+        """Record the final ``complete`` event; live clients are told at once, later ones get it last."""
+        data = encode(final)
         with self._lock:
-            message = Message("complete", encode(final))
-            self._complete = message
-            self._broadcast(message)
+            self._complete = Message("complete", data)
+            self._version += 1
+            self._notify()
 
     def close(self) -> None:
-        """End every live stream (after what was already queued) and refuse new subscribers' live part."""
+        """Tell every stream to end after sending what it has not sent yet (the server is stopping)."""
         with self._lock:
             self._closed = True
-            self._broadcast(_Stop("closed"))
-            self._subscribers.clear()
+            self._version += 1
+            self._notify()
 
     def reopen(self) -> None:
-        """Accept live subscribers again after :meth:`close` (a server started anew)."""
+        """Let streams run again after :meth:`close` (a server started anew)."""
         with self._lock:
             self._closed = False
+            self._version += 1
 
-    def _broadcast(self, item: Message | _Stop) -> None:
-        for subscriber in list(self._subscribers):
-            if subscriber.stopped:  # dropped on its loop since the last publish: stop scheduling for it
-                self._forget(subscriber)
-                continue
+    def _notify(self) -> None:
+        """Wake the watching loops now (called under the lock)."""
+        for loop, wake in list(self._watchers.items()):
             try:
-                subscriber.loop.call_soon_threadsafe(subscriber.deliver, item)
-            except RuntimeError:  # its loop is closed: the server is gone
-                self._subscribers.discard(subscriber)
+                loop.call_soon_threadsafe(wake)
+            except RuntimeError:  # that loop is closed: its server is gone
+                del self._watchers[loop]
 
     # -- server-loop side ----------------------------------------------------------------------------------
 
-    def subscribe(self) -> tuple[Subscriber, Snapshot]:
-        """Register a client on the running loop and take its snapshot, atomically."""
-        loop = asyncio.get_running_loop()
-        subscriber = Subscriber(loop, asyncio.Queue(maxsize=self.queue_size), on_drop=self._count_drop)
+    def watch(self, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> None:
+        """Have ``wake`` run on ``loop`` whenever metadata, ``complete`` or closing is published."""
         with self._lock:
-            snapshot = Snapshot(list(self._epochs), self._meta, self._complete)
-            if self._closed:
-                subscriber.deliver(_Stop("closed"))
-            else:
-                self._subscribers.add(subscriber)
-        return subscriber, snapshot
+            self._watchers[loop] = wake
 
-    def unsubscribe(self, subscriber: Subscriber) -> None:
-        """Forget a client (its stream ended or it disconnected)."""
+    def unwatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop calling the watcher of ``loop``."""
         with self._lock:
-            self._forget(subscriber)
+            self._watchers.pop(loop, None)
 
-    def _forget(self, subscriber: Subscriber) -> None:
-        self._subscribers.discard(subscriber)
-
-    def _count_drop(self) -> None:
+    def read(self, cursor: int, meta_version: int = 0) -> Update:
+        """Everything a client whose last epoch id is ``cursor`` (-1: none) and whose metadata version is
+        ``meta_version`` (0: none) has not been sent, atomically."""
         with self._lock:
-            self.dropped_count += 1
+            return Update(
+                epochs=self._history.after(cursor),
+                meta=self._meta if self._meta_version > meta_version else None,
+                meta_version=self._meta_version,
+                complete=self._complete,
+                closed=self._closed,
+                version=self._version,
+            )
+
+    @property
+    def version(self) -> int:
+        """Bumped by every publish; a reader waits for it to change."""
+        return self._version  # one int read: atomic under the GIL, and a stale value only delays a read
 
     # -- readers -------------------------------------------------------------------------------------------
 
-    def history_json(self) -> str:
-        """The JSON array of every epoch object so far."""
+    def epoch_messages(self) -> list[Message]:
+        """The epochs held, oldest first: all of them, or for a run longer than the history's recent window
+        the newest in full and older ones thinned."""
         with self._lock:
-            return "[" + ",".join(message.data for message in self._epochs) + "]"
+            return self._history.messages()
+
+    def epochs(self) -> list[dict[str, Any]]:
+        """The epochs held as new dicts (decoded from their JSON), oldest first."""
+        return [json.loads(message.data_bytes) for message in self.epoch_messages()]
+
+    def history_json(self) -> bytes:
+        """The JSON array of the epoch objects held (UTF-8)."""
+        return b"[" + b",".join(message.data_bytes for message in self.epoch_messages()) + b"]"
+
+    @property
+    def epoch_count(self) -> int:
+        """Epochs published so far, held or thinned out."""
+        with self._lock:
+            return self._history.count
+
+    @property
+    def thinned(self) -> bool:
+        """True once the history left some epoch out (see :class:`~.history.EpochHistory`)."""
+        with self._lock:
+            return self._history.thinned
 
     def meta_json(self) -> str:
         """The current metadata object as JSON (``{}`` before any)."""
@@ -184,9 +188,3 @@ class EventHub:
         """The final event's JSON, or None while training runs."""
         with self._lock:
             return None if self._complete is None else self._complete.data
-
-    @property
-    def subscriber_count(self) -> int:
-        """How many clients are connected now."""
-        with self._lock:
-            return len(self._subscribers)

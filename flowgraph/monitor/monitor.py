@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -37,10 +42,26 @@ T = TypeVar("T")
 STATUSES = ("completed", "interrupted", "terminated", "failed")
 
 
-class Terminated(KeyboardInterrupt):
-    """Raised in the training thread when the process gets SIGTERM (what the launcher, Slurm and Kubernetes send)
-    inside ``with Monitor(...)``: the run unwinds like a Ctrl-C and ends with status ``terminated``."""
 _CSV_FIXED = ("epoch", "total", "seconds", "eta")
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM  # 143, what a shell reports for a process ended by SIGTERM
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread when the process gets SIGTERM (what launchers, Slurm and Kubernetes send)
+    inside ``with Monitor(...)``: the run unwinds like a Ctrl-C (``finally`` blocks run, the report and CSV
+    are written, status ``terminated``), then the process exits with status 143 and no traceback.
+
+    A ``SystemExit``, not a ``KeyboardInterrupt`` nor an ``Exception``: ``except Exception`` in a training
+    loop does not swallow it, and it is not mistaken for a Ctrl-C.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(SIGTERM_EXIT_CODE)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    """The SIGTERM handler installed by ``with Monitor(...)``."""
+    raise Terminated()
 
 
 class Monitor:
@@ -70,8 +91,13 @@ class Monitor:
         eta_window: how many recent epochs the ETA's moving average covers.
         stream: where console lines and bars go (default ``sys.stderr``).
         title: a title for the dashboard (default: the graph's label, else ``"training"``).
-        client_queue_size: events buffered per dashboard client before a client that stopped reading is
-            dropped (its browser reconnects and resumes where it left off).
+        client_queue_size: how many epochs a dashboard client that stopped reading may fall behind before
+            it is dropped (its browser reconnects and resumes where it left off).
+        history_limit: epochs held in memory at most (for the dashboard, :attr:`history`, the report): a
+            longer run keeps the newest ``history_limit / 2`` in full and thins older ones evenly.
+        csv_path: where :meth:`finish` writes the CSV of every epoch, whatever the status (also after a
+            Ctrl-C or SIGTERM); epochs are spooled to a hidden file beside it while the run goes on, so the
+            CSV holds every epoch however long the run. None for no CSV (:meth:`export_csv` still works).
     """
 
     def __init__(
@@ -85,11 +111,15 @@ class Monitor:
         stream: IO[str] | None = None,
         title: str | None = None,
         client_queue_size: int = 1024,
+        history_limit: int = 10_000,
+        csv_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(total_epochs, int) or isinstance(total_epochs, bool) or total_epochs < 1:
             raise FlowError(f"Monitor: total_epochs must be a positive int, got {total_epochs!r}")
         if not isinstance(client_queue_size, int) or client_queue_size < 1:
             raise FlowError(f"Monitor: client_queue_size must be a positive int, got {client_queue_size!r}")
+        if not isinstance(history_limit, int) or isinstance(history_limit, bool) or history_limit < 2:
+            raise FlowError(f"Monitor: history_limit must be an int >= 2, got {history_limit!r}")
         from ..distributed import is_main_process
 
         #: False on ranks other than 0 of a ``flowgraph.distributed`` process group: there the monitor keeps
@@ -98,15 +128,27 @@ class Monitor:
         quiet = quiet or not self.main_process
         self.total_epochs = total_epochs
         self.report_path = None if report_path is None or not self.main_process else Path(report_path)
+        self.csv_path = None if csv_path is None or not self.main_process else Path(csv_path)
+        if self.csv_path is not None and not self.csv_path.parent.is_dir():
+            raise FlowError(
+                f"Monitor: csv_path {str(self.csv_path)!r} is in a folder that does not exist; create "
+                f"{str(self.csv_path.parent)!r} first or pass another path"
+            )
         self.title = title
         self.quiet = quiet
         self._stream = stream if stream is not None else sys.stderr
         self._eta = EtaEstimator(eta_window)
-        self._hub = EventHub(queue_size=client_queue_size)
+        self._hub = EventHub(history_limit=history_limit)
+        self._client_queue_size = client_queue_size
         self._sampler = ResourceSampler()
         self._metadata_reader = MetadataReader()
         self._progress = StepProgress(enabled=progress_bar and not quiet, stream=self._stream)
-        self._history: list[dict[str, Any]] = []
+        self._count = 0  # epochs logged (the hub holds them, thinned for very long runs)
+        self._seconds_total = 0.0
+        self._last_record: dict[str, Any] | None = None
+        self._spool: IO[str] | None = None  # every epoch as a JSON line, when csv_path is set
+        self._spool_path: Path | None = None
+        self._csv_written = False
         self._metadata = GraphMetadata()
         self._picture = GraphPicture()
         self._watched = False
@@ -116,6 +158,9 @@ class Monitor:
         self._final: dict[str, Any] | None = None
         self._server: Any = None
         self._url: str | None = None
+        self._grace = 5.0
+        self._previous_sigterm: Any = None
+        self._sigterm_installed = False
         self._publish_meta()
 
     # -- graph ---------------------------------------------------------------------------------------------
@@ -194,8 +239,12 @@ class Monitor:
             "metrics": values,
             "resources": self._sampler.sample(device),
         }
-        self._history.append(record)
-        self._hub.publish_epoch(record)
+        self._count += 1
+        self._seconds_total += seconds
+        self._last_record = record
+        message = self._hub.publish_epoch(record)
+        if self.csv_path is not None:
+            self._spool_epoch(message.data)
         if not self.quiet:
             line = epoch_line(number, self.total_epochs, values, seconds, eta, record["resources"])
             self._progress.write(line)
@@ -230,12 +279,17 @@ class Monitor:
         self._progress.close()
 
     def _step_description(self) -> str:
-        return f"epoch {len(self._history) + 1}/{self.total_epochs}"
+        return f"epoch {self._count + 1}/{self.total_epochs}"
 
     # -- ending the run ------------------------------------------------------------------------------------
 
     def finish(self, status: str = "completed", *, keep_serving: bool = False) -> dict[str, Any]:
-        """End the run: print a summary, send ``complete`` to dashboards, write the report, stop the server.
+        """End the run: print a summary, send ``complete`` to dashboards, write the report and the CSV, stop
+        the server.
+
+        The server stops once every open dashboard stream has received ``complete`` and no browser that
+        dropped out in the last ``grace`` seconds (``serve(grace=...)``, default 5) is still to resume with
+        ``Last-Event-ID``; at most ``grace`` seconds, usually at once.
 
         Args:
             status: ``"completed"``, ``"interrupted"`` (Ctrl-C), ``"terminated"`` (SIGTERM) or ``"failed"``.
@@ -251,34 +305,47 @@ class Monitor:
         self._progress.close()
         self._status = status
         elapsed = self.elapsed
-        times = [record["seconds"] for record in self._history]
+        last = self._last_record
         self._final = {
             "status": status,
-            "epochs": len(self._history),
+            "epochs": self._count,
             "total": self.total_epochs,
             "elapsed": round(elapsed, 3),
-            "mean_epoch_seconds": round(sum(times) / len(times), 6) if times else None,
-            "final_metrics": dict(self._history[-1]["metrics"]) if self._history else {},
+            "mean_epoch_seconds": round(self._seconds_total / self._count, 6) if self._count else None,
+            "final_metrics": dict(last["metrics"]) if last is not None else {},
         }
         self._sampler.close()
         self._publish_meta()
         self._hub.publish_complete(self._final)
         if not self.quiet:
             self._progress.write(self._summary_line())
-        report_error: Exception | None = None
+        problems: list[str] = []
+        cause: Exception | None = None
         if self.report_path is not None:
             try:
                 self.save_html(self.report_path)
                 if not self.quiet:
                     self._progress.write(f"report: {self.report_path}")
             except (OSError, FlowError) as error:
-                report_error = error
+                problems.append(f"could not write the report to {str(self.report_path)!r}: {error}")
+                cause = error
+        if self.csv_path is not None:
+            try:
+                self._write_final_csv(self.csv_path)
+                if not self.quiet:
+                    self._progress.write(f"csv: {self.csv_path}")
+            except (OSError, FlowError) as error:
+                kept = f" (every epoch is kept in {str(self._spool_path)!r})" if self._spool_path else ""
+                problems.append(f"could not write the CSV to {str(self.csv_path)!r}: {error}{kept}")
+                cause = error
         if not keep_serving:
-            self.close()
-        if report_error is not None:
-            raise FlowError(
-                f"Monitor.finish: could not write the report to {str(self.report_path)!r}: {report_error}"
-            ) from report_error
+            try:
+                if self._server is not None:
+                    self._server.linger(self._grace)
+            finally:
+                self.close()
+        if problems:
+            raise FlowError("Monitor.finish: " + "; ".join(problems)) from cause
         return self._final
 
     def _summary_line(self) -> str:
@@ -297,7 +364,10 @@ class Monitor:
         return line
 
     def close(self) -> None:
-        """Stop the dashboard server and end open streams; safe to call more than once."""
+        """Stop the dashboard server at once and end open streams; safe to call more than once.
+
+        Unlike :meth:`finish`, it does not wait for browsers to receive ``complete``.
+        """
         self._progress.close()
         server, self._server = self._server, None
         if server is not None:
@@ -305,20 +375,14 @@ class Monitor:
             server.stop()
 
     def __enter__(self) -> Monitor:
-        """``with Monitor(...) as mon:`` ends the run properly however the block is left; SIGTERM ends it like
-        Ctrl-C (status ``terminated``, report written) instead of killing the process with no record."""
-        self._previous_sigterm = None
-        import signal
-        import threading
+        """``with Monitor(...) as mon:`` ends the run properly however the block is left.
 
-        if threading.current_thread() is threading.main_thread():
-            def on_sigterm(signum, frame):
-                raise Terminated("SIGTERM")
-
-            try:
-                self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
-            except (ValueError, OSError):  # not settable here (embedded interpreters)
-                self._previous_sigterm = None
+        In the main thread, while SIGTERM has its default action, the block installs a handler that raises
+        :class:`Terminated`: the run ends like a Ctrl-C (status ``terminated``, report and CSV written) and
+        the process then exits with status 143. A SIGTERM handler of your own is left alone. The handler
+        that was there before is restored when the block ends.
+        """
+        self._install_sigterm()
         return self
 
     def __exit__(
@@ -329,33 +393,54 @@ class Monitor:
     ) -> None:
         """Finish (``interrupted`` on Ctrl-C, ``terminated`` on SIGTERM, ``failed`` on another exception) and stop
         the server; the SIGTERM handler that was there before is restored."""
-        previous = getattr(self, "_previous_sigterm", None)
-        if previous is not None:
-            import signal
+        self._restore_sigterm()
+        try:
+            if self._final is None:
+                if exc_type is None:
+                    self.finish()
+                else:
+                    status = ("terminated" if issubclass(exc_type, Terminated) else
+                              "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+                    try:
+                        self.finish(status)
+                    except FlowError as error:  # do not hide the exception that ended training
+                        warnings.warn(str(error), RuntimeWarning, stacklevel=2)
+        finally:
+            self.close()
 
+    def _install_sigterm(self) -> None:
+        if self._sigterm_installed or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+                return  # the program handles SIGTERM itself (or ignores it): leave that alone
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+            self._sigterm_installed = True
+        except (ValueError, OSError):  # not settable here (embedded interpreters)
+            pass
+
+    def _restore_sigterm(self) -> None:
+        if not self._sigterm_installed:
+            return
+        self._sigterm_installed = False
+        previous = self._previous_sigterm if self._previous_sigterm is not None else signal.SIG_DFL
+        self._previous_sigterm = None
+        try:
             signal.signal(signal.SIGTERM, previous)
-            self._previous_sigterm = None
-        if self._final is None:
-            if exc_type is None:
-                self.finish()
-            else:
-                status = ("terminated" if issubclass(exc_type, Terminated) else
-                          "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
-                try:
-                    self.finish(status)
-                except FlowError as error:  # do not hide the exception that ended training
-                    warnings.warn(str(error), RuntimeWarning, stacklevel=2)
-        self.close()
+        except (ValueError, OSError):  # left the main thread's control somehow; nothing better to do
+            pass
 
     # -- the dashboard server ------------------------------------------------------------------------------
 
-    def serve(self, port: int = 3000, host: str = "127.0.0.1") -> str:
+    def serve(self, port: int = 3000, host: str = "127.0.0.1", *, grace: float = 5.0) -> str:
         """Start the live dashboard on ``http://host:port`` in a background thread; return its URL.
 
         Returns only once the server accepts connections. ``port=0`` picks a free port (see :attr:`url`).
         On ranks other than 0 of a distributed run it starts nothing and returns ``""``.
         The default host only accepts connections from this machine; ``host="0.0.0.0"`` exposes the
         dashboard (training metrics, model structure) to the whole network, without authentication.
+        ``grace``: at :meth:`finish`, how long at most the server stays up for a browser that dropped out
+        near the end to resume and receive ``complete`` (0: stop at once).
 
         Raises:
             FlowError: the port is in use, the host is invalid, the server failed to start, or the
@@ -365,6 +450,8 @@ class Monitor:
             return ""  # rank 0 serves the dashboard
         if self._server is not None:
             raise FlowError(f"Monitor.serve: already serving on {self._url}; call close() first")
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 3600:
+            raise FlowError(f"Monitor.serve: grace must be seconds in 0..3600, got {grace!r}")
         try:
             from . import server as server_module
         except ImportError as error:
@@ -374,10 +461,14 @@ class Monitor:
             ) from error
         sock = server_module.bind_socket(host, port)
         self._hub.reopen()
-        app = server_module.build_app(self._hub, lambda: self._picture.svg, host)
-        server = server_module.DashboardServer(app, sock, host)
+        limits = server_module.Limits(max_lag=self._client_queue_size)
+        tracker = server_module.StreamTracker()
+        feed = server_module.LiveFeed(self._hub, limits)
+        app = server_module.build_app(self._hub, lambda: self._picture.svg, host, tracker=tracker, feed=feed)
+        server = server_module.DashboardServer(app, sock, host, limits=limits, tracker=tracker, feed=feed)
         server.start()
         self._server = server
+        self._grace = float(grace)
         self._url = _url_for(host, server.port)
         if not self.quiet:
             self._progress.write(f"dashboard: {self._url}")
@@ -402,8 +493,15 @@ class Monitor:
 
     @property
     def history(self) -> list[dict[str, Any]]:
-        """Every epoch object logged so far, oldest first (copies)."""
-        return json.loads(json.dumps(self._history))
+        """The epoch objects held in memory, oldest first (new dicts): every epoch logged, unless the run has
+        more than ``history_limit / 2`` epochs; then the newest ``history_limit / 2`` and older ones thinned
+        evenly (``csv_path`` keeps every epoch on disk)."""
+        return self._hub.epochs()
+
+    @property
+    def epochs_logged(self) -> int:
+        """How many epochs :meth:`log` recorded, whether or not all are still held in :attr:`history`."""
+        return self._count
 
     @property
     def status(self) -> str:
@@ -436,15 +534,16 @@ class Monitor:
     # -- exports -------------------------------------------------------------------------------------------
 
     def save_html(self, path: str | os.PathLike[str]) -> Path:
-        """Write the dashboard with every epoch embedded: one HTML file that opens offline, no server.
+        """Write the dashboard with its epochs embedded: one HTML file that opens offline, no server.
 
+        It holds the epochs of :attr:`history` (all of them unless the run outgrew ``history_limit``).
         On ranks other than 0 of a distributed run nothing is written (the path is returned)."""
         target = Path(path)
         if not self.main_process:
             return target
         data = {
             "meta": self._meta(),
-            "epochs": self._history,
+            "epochs": self._hub.epochs(),
             "complete": self._final,
             "graph_svg": self._picture.svg,
         }
@@ -458,29 +557,117 @@ class Monitor:
         by a subtree gets its own column; cells where it is missing (or was not finite) are empty.
         Resource columns are named ``resource.cpu``, ``resource.ram_used``, ... On ranks other than 0 of a
         distributed run nothing is written (the path is returned).
+
+        Every epoch is written when ``csv_path`` was given (from the spool, or a copy of the CSV written by
+        :meth:`finish`) or when the run fits in ``history_limit / 2`` epochs; otherwise the epochs held in
+        memory (older ones thinned), with a ``RuntimeWarning`` saying so.
         """
-        if not self.main_process:
-            return Path(path)
-        metric_names: dict[str, None] = {}
-        resource_names: dict[str, None] = {}
-        for record in self._history:
-            metric_names.update(dict.fromkeys(record["metrics"]))
-            resource_names.update(dict.fromkeys(record["resources"]))
-        metric_columns = {name: f"metric.{name}" if name in _CSV_FIXED else name for name in metric_names}
-        header = [*_CSV_FIXED, *metric_columns.values(), *(f"resource.{name}" for name in resource_names)]
         target = Path(path)
-        try:
-            with target.open("w", newline="", encoding="utf-8") as handle:
-                writer = csv.writer(handle)
-                writer.writerow(header)
-                for record in self._history:
-                    row = [_cell(record[key]) for key in _CSV_FIXED]
-                    row.extend(_cell(record["metrics"].get(name)) for name in metric_names)
-                    row.extend(_cell(record["resources"].get(name)) for name in resource_names)
-                    writer.writerow(row)
-        except OSError as error:
-            raise FlowError(f"Monitor.export_csv: cannot write {str(target)!r}: {error}") from error
+        if not self.main_process:
+            return target
+        if self._spool is not None and self._spool_path is not None:
+            self._spool.flush()
+            spool = self._spool_path
+            _write_csv(target, lambda: _read_spool(spool), "Monitor.export_csv")
+            return target
+        if self._hub.thinned and self._csv_written and self.csv_path is not None and self.csv_path.is_file():
+            if target.resolve() != self.csv_path.resolve():
+                try:
+                    shutil.copyfile(self.csv_path, target)
+                except OSError as error:
+                    raise FlowError(f"Monitor.export_csv: cannot write {str(target)!r}: {error}") from error
+            return target
+        records = self._hub.epochs()
+        if self._hub.thinned:
+            warnings.warn(
+                f"Monitor.export_csv: {len(records)} of the {self._count} epochs are held in memory (older ones "
+                "thinned); pass csv_path= to Monitor to keep every epoch, or raise history_limit",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        _write_csv(target, lambda: records, "Monitor.export_csv")
         return target
+
+    def _spool_epoch(self, line: str) -> None:
+        """Append one epoch's JSON to the spool beside ``csv_path`` (created at the first epoch)."""
+        if self._spool is None:
+            if self._spool_path is not None or self.csv_path is None:
+                return  # the spool failed earlier: the CSV will come from memory
+            directory = self.csv_path.parent
+            try:
+                fd, name = tempfile.mkstemp(prefix=f".{self.csv_path.name}.", suffix=".epochs.jsonl", dir=directory)
+                self._spool = os.fdopen(fd, "w", encoding="utf-8")
+                self._spool_path = Path(name)
+            except OSError as error:
+                self._spool_path = Path(os.devnull)
+                warnings.warn(
+                    f"Monitor: cannot keep the epochs for the CSV in {str(directory)!r} ({error}); the CSV will "
+                    "hold the epochs kept in memory",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
+        try:
+            self._spool.write(line + "\n")
+            self._spool.flush()
+        except OSError as error:
+            warnings.warn(
+                f"Monitor: writing the epoch spool {str(self._spool_path)!r} failed ({error}); the CSV will "
+                "hold the epochs kept in memory",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._close_spool(remove=False)
+
+    def _close_spool(self, *, remove: bool) -> None:
+        spool, self._spool = self._spool, None
+        if spool is not None:
+            with contextlib.suppress(OSError):
+                spool.close()
+        if remove and self._spool_path is not None and self._spool_path.name != os.devnull:
+            with contextlib.suppress(OSError):
+                self._spool_path.unlink()
+            self._spool_path = None
+
+    def _write_final_csv(self, target: Path) -> None:
+        """At :meth:`finish`: the CSV from the spool (every epoch), else from memory; the spool is removed."""
+        if self._spool is not None and self._spool_path is not None:
+            spool = self._spool_path
+            self._close_spool(remove=False)
+            _write_csv(target, lambda: _read_spool(spool), "Monitor.finish")
+            self._close_spool(remove=True)
+        else:
+            self.export_csv(target)
+        self._csv_written = True
+
+
+def _read_spool(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _write_csv(target: Path, records: Callable[[], Iterable[dict[str, Any]]], where: str) -> None:
+    """Two passes over ``records()``: the columns (in order of first appearance), then the rows."""
+    metric_names: dict[str, None] = {}
+    resource_names: dict[str, None] = {}
+    for record in records():
+        metric_names.update(dict.fromkeys(record["metrics"]))
+        resource_names.update(dict.fromkeys(record["resources"]))
+    metric_columns = {name: f"metric.{name}" if name in _CSV_FIXED else name for name in metric_names}
+    header = [*_CSV_FIXED, *metric_columns.values(), *(f"resource.{name}" for name in resource_names)]
+    try:
+        with target.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            for record in records():
+                row = [_cell(record[key]) for key in _CSV_FIXED]
+                row.extend(_cell(record["metrics"].get(name)) for name in metric_names)
+                row.extend(_cell(record["resources"].get(name)) for name in resource_names)
+                writer.writerow(row)
+    except OSError as error:
+        raise FlowError(f"{where}: cannot write {str(target)!r}: {error}") from error
 
 
 def _cell(value: Any) -> str:

@@ -1,4 +1,5 @@
-"""The event hub: atomic snapshot-and-subscribe, bounded queues, dropping clients that fall behind."""
+"""The event hub: reading by cursor gives every epoch exactly once, whatever the interleaving; urgent
+events wake the watching loops; epochs never wake them."""
 
 from __future__ import annotations
 
@@ -6,75 +7,93 @@ import asyncio
 import json
 import threading
 
-from flowgraph.monitor.hub import EventHub, Message, _Stop
+from flowgraph.monitor.hub import EventHub, Message
 
 
-async def drain(queue: asyncio.Queue) -> list:
-    await asyncio.sleep(0.01)  # let call_soon_threadsafe callbacks run
-    items = []
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    return items
+def epochs_of(messages: list[Message]) -> list[int]:
+    return [json.loads(m.data)["epoch"] for m in messages]
 
 
-def test_snapshot_then_queue_holds_each_epoch_exactly_once():
-    hub = EventHub(queue_size=10_000)
+def test_reading_after_a_cursor_while_publishing_gives_each_epoch_exactly_once():
+    hub = EventHub()
     for i in range(5):
         hub.publish_epoch({"epoch": i + 1})
+    publisher = threading.Thread(target=lambda: [hub.publish_epoch({"epoch": i + 1}) for i in range(5, 3000)])
+    received: list[int] = []
+    cursor = -1
+    publisher.start()
+    while publisher.is_alive() or hub.read(cursor).epochs:
+        update = hub.read(cursor)
+        received += epochs_of(update.epochs)
+        if update.epochs:
+            cursor = update.epochs[-1].id
+    publisher.join()
+    assert received == list(range(1, 3001))
 
-    async def scenario():
-        publisher = threading.Thread(
-            target=lambda: [hub.publish_epoch({"epoch": i + 1}) for i in range(5, 2000)]
-        )
+
+def test_a_cursor_resumes_after_the_last_epoch_seen():
+    hub = EventHub()
+    for i in range(10):
+        hub.publish_epoch({"epoch": i + 1})
+    assert epochs_of(hub.read(6).epochs) == [8, 9, 10]
+    assert hub.read(9).epochs == []
+    assert hub.read(500).epochs == []  # a cursor from the future (another run) gets nothing yet
+
+
+def test_metadata_is_sent_once_per_version_and_complete_and_close_are_seen():
+    hub = EventHub()
+    assert hub.read(-1).meta is None
+    hub.publish_meta({"status": "running"})
+    first = hub.read(-1, 0)
+    assert json.loads(first.meta.data) == {"status": "running"}
+    assert hub.read(-1, first.meta_version).meta is None
+    hub.publish_complete({"status": "completed"})
+    hub.close()
+    last = hub.read(-1, first.meta_version)
+    assert json.loads(last.complete.data) == {"status": "completed"}
+    assert last.closed
+    hub.reopen()
+    assert not hub.read(-1).closed
+
+
+def test_urgent_events_wake_the_watching_loop_and_epochs_do_not():
+    hub = EventHub()
+
+    async def scenario() -> list[str]:
+        woken: list[str] = []
+        loop = asyncio.get_running_loop()
+        hub.watch(loop, lambda: woken.append("woken"))
+        publisher = threading.Thread(target=lambda: [hub.publish_epoch({"epoch": i}) for i in range(100)])
         publisher.start()
-        await asyncio.sleep(0)
-        subscriber, snapshot = hub.subscribe()
         publisher.join()
-        live = [m for m in await drain(subscriber.queue) if isinstance(m, Message)]
-        return [json.loads(m.data)["epoch"] for m in snapshot.epochs + live]
+        await asyncio.sleep(0.05)
+        epochs_woke = len(woken)
+        threading.Thread(target=lambda: hub.publish_complete({"status": "completed"})).start()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(woken) > epochs_woke:
+                break
+        hub.unwatch(loop)
+        return [str(epochs_woke), *woken[epochs_woke:]]
 
-    assert asyncio.run(scenario()) == list(range(1, 2001))
-
-
-def test_full_queue_drops_the_client_and_ends_its_stream():
-    hub = EventHub(queue_size=3)
-
-    async def scenario():
-        subscriber, _ = hub.subscribe()
-        for i in range(10):
-            hub.publish_epoch({"epoch": i})
-        items = await drain(subscriber.queue)
-        return subscriber, items
-
-    subscriber, items = asyncio.run(scenario())
-    assert subscriber.dropped
-    assert len(items) == 1 and isinstance(items[0], _Stop) and items[0].reason == "dropped"
-    assert hub.dropped_count == 1
-    hub.publish_epoch({"epoch": 99})  # the stopped subscriber is forgotten on the next publish
-    assert hub.subscriber_count == 0
-
-
-def test_close_lets_queued_events_through_before_ending():
-    hub = EventHub(queue_size=10)
-
-    async def scenario():
-        subscriber, _ = hub.subscribe()
-        hub.publish_epoch({"epoch": 1})
-        hub.publish_complete({"status": "completed"})
-        hub.close()
-        return await drain(subscriber.queue)
-
-    items = asyncio.run(scenario())
-    assert [getattr(i, "event", None) for i in items] == ["epoch", "complete", None]
-    assert isinstance(items[-1], _Stop) and items[-1].reason == "closed"
+    assert asyncio.run(scenario()) == ["0", "woken"]
 
 
 def test_history_and_meta_json():
     hub = EventHub()
-    assert hub.history_json() == "[]"
+    assert hub.history_json() == b"[]"
     assert hub.meta_json() == "{}"
     hub.publish_epoch({"epoch": 1, "metrics": {"loss": None}})
     hub.publish_meta({"status": "running"})
     assert json.loads(hub.history_json()) == [{"epoch": 1, "metrics": {"loss": None}}]
     assert json.loads(hub.meta_json()) == {"status": "running"}
     assert hub.complete_json() is None
+
+
+def test_a_message_is_one_sse_frame_and_its_data_is_sliced_from_it():
+    message = Message("epoch", '{"epoch":1,"name":"caf\\u00e9"}', id=7)
+    assert message.frame == b'id: 7\r\nevent: epoch\r\ndata: {"epoch":1,"name":"caf\\u00e9"}\r\n\r\n'
+    assert json.loads(message.data) == {"epoch": 1, "name": "café"}
+    multi = Message("note", "two\nlines")
+    assert multi.frame == b"event: note\r\ndata: two\r\ndata: lines\r\n\r\n"
+    assert multi.data == "two\nlines"

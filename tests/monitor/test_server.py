@@ -142,7 +142,8 @@ def test_fifty_concurrent_clients_receive_every_epoch(served):
 
 
 def read_like_a_browser(url: str, limit: int = 50) -> tuple[list[int], int]:
-    """Follow /events to `complete`, reconnecting with Last-Event-ID whenever the server drops us.
+    """Follow /events to `complete`, reconnecting with Last-Event-ID whenever the server drops us (a dropped
+    client's connection is reset, which a browser's EventSource answers by reconnecting).
 
     Returns the epoch numbers received and how many connections it took.
     """
@@ -151,13 +152,16 @@ def read_like_a_browser(url: str, limit: int = 50) -> tuple[list[int], int]:
     with httpx.Client(timeout=TIMEOUT) as client:
         for connection in range(1, limit + 1):
             headers = {} if last_id is None else {"Last-Event-ID": last_id}
-            with client.stream("GET", url + "/events", headers=headers) as response:
-                for event in sse_events(response):
-                    if event.event == "epoch":
-                        received.append(event.data["epoch"])
-                        last_id = event.id
-                    elif event.event == "complete":
-                        return received, connection
+            try:
+                with client.stream("GET", url + "/events", headers=headers) as response:
+                    for event in sse_events(response):
+                        if event.event == "epoch":
+                            received.append(event.data["epoch"])
+                            last_id = event.id
+                        elif event.event == "complete":
+                            return received, connection
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                continue  # reset by the server: reconnect
     raise AssertionError(f"no complete after {limit} connections")
 
 
@@ -182,10 +186,18 @@ def test_a_stalled_client_neither_blocks_training_nor_starves_others(served):
             received, connections = reader.result(timeout=30)
         # a bound about not blocking, not about speed
         assert slowest < 2.0
-        # the reader may itself have been dropped (queue of 8) but resumed without loss or repetition
+        # the reader may itself have been dropped (8 epochs behind while blocked) but resumed without loss
+        # or repetition
         assert received == list(range(1, 301))
-        # the stalled client was dropped too (beyond the reader's own drops, one per reconnection)
-        assert mon._hub.dropped_count >= connections
+        # the stalled client was dropped (beyond the reader's own drops, one per reconnection), its socket
+        # closed: the server holds no connection for it
+        for _ in range(200):
+            stats = mon._server.stats()
+            if stats["dropped"] >= connections and stats["open_streams"] == 0:
+                break
+            time.sleep(0.05)
+        assert stats["dropped"] >= connections
+        assert stats["open_streams"] == 0
     finally:
         stalled.close()
 
