@@ -92,11 +92,11 @@ class CapturedStep:
         for s, x in zip(self.static_inputs, example_inputs):
             if isinstance(x, Tensor) and x.requires_grad:
                 s.requires_grad_(True)
-        self.session = bk.graph_session()
         #: Whether the step replays as a CUDA graph (False: the device has none and the step runs eagerly).
-        self.captured = self.session is not None
+        self.captured = bk.supports_graph_capture
+        self.session = bk.graph_session() if self.captured else None
         self.outputs: Any = None
-        if self.session is None:
+        if not self.captured:
             # No graphs here: the same real warm-up steps, so a run does not depend on the device.
             for _ in range(warmup):
                 self.outputs = step_fn(*self.static_inputs)
@@ -154,7 +154,7 @@ class CapturedStep:
     def __call__(self, *inputs: Any) -> Any:
         """Copy ``inputs`` into the static inputs and run the step; returns the (static) outputs."""
         self._copy_inputs(inputs)
-        if self.session is None:
+        if not self.captured:
             return self.step_fn(*self.static_inputs)
         for hook in self.pre_replay:
             hook()

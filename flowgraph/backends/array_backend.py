@@ -21,6 +21,9 @@ from .base import Array, Backend, Shape
 class ArrayBackend(Backend):
     """The protocol implemented with a NumPy-compatible array namespace ``xp``."""
 
+    #: NumPy and CuPy arrays speak DLPack: ``fg.from_dlpack`` and ``Tensor.__dlpack__`` are zero-copy.
+    supports_dlpack = True
+
     def __init__(self, xp: Any, name: str, device: str):
         self.xp = xp
         self.name = name
@@ -264,10 +267,9 @@ class NumpyBackend(ArrayBackend):
         """The CPU device."""
         return ["cpu"]
 
-    def gelu_exact(self, x: Array) -> tuple | None:
-        """Optional composite: exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2``
-        finished in place (the same operations as the generic path). None unless ``x`` is a float32/float64
-        NumPy array."""
+    def gelu_exact(self, x: Array) -> tuple:
+        """Exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2`` finished in place (the
+        generic default's operations); the generic default unless ``x`` is a float32/float64 NumPy array."""
         if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or x.ndim == 0:
             return super().gelu_exact(x)
         cdf = self.erf(np.multiply(x, 1.0 / math.sqrt(2.0)))
@@ -275,10 +277,10 @@ class NumpyBackend(ArrayBackend):
         cdf *= 0.5
         return np.multiply(x, cdf), cdf
 
-    def gelu_exact_backward(self, g: Array, x: Array, cdf: Array) -> Array | None:
-        """Optional composite: ``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))`` in one scratch array (the
-        generic path's operations and order, without a fresh array and tensor per step). None unless ``g``
-        is a NumPy array of ``x``'s dtype and shape."""
+    def gelu_exact_backward(self, g: Array, x: Array, cdf: Array) -> Array:
+        """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))`` in one scratch array (the generic default's operations
+        and order, without a fresh array per step); the generic default unless ``g`` is a NumPy array of
+        ``x``'s dtype and shape."""
         if type(g) is not np.ndarray or g.dtype != x.dtype or g.shape != x.shape:
             return super().gelu_exact_backward(g, x, cdf)
         t = np.multiply(x, x)
@@ -300,25 +302,25 @@ class NumpyBackend(ArrayBackend):
             return np.add(dst, src, out=dst)
         return np.add(dst, src)
 
-    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: float,
-                  eps_hat: float, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
-        """Optional fused composite: one Adam/AdamW update written in place with ufunc ``out=`` arguments.
+    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
+                  eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                  v_max: Array | None = None) -> tuple:
+        """One Adam/AdamW update written in place with ufunc ``out=`` arguments (see ``Backend.adam_step``).
 
         ``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*g*g``; ``p = p*decay - step_size*m/(sqrt(v)+eps_hat)``
         (``g`` is ``-g`` with ``maximize`` and ``g + l2*p`` with L2 decay). The generic tensor-op update costs
         a fresh array per op plus a copy per buffer; this does ~12 in-place passes per cache-sized chunk with
-        two chunk-sized scratch arrays. Returns
-        False (the caller then takes the generic path) when any buffer is not a writable, contiguous
-        array of one dtype.
+        two chunk-sized scratch arrays. The generic default runs instead with AMSGrad (``v_max``), device
+        scalars, or any buffer that is not a writable, contiguous array of one dtype and shape.
         """
         arrays = (p, g, m, v)
-        if not all(type(a) is np.ndarray for a in arrays) or not isinstance(step_size, (int, float, np.generic)):
-            return False
-        if not (p.flags.writeable and m.flags.writeable and v.flags.writeable and p.flags.c_contiguous
-                and m.flags.c_contiguous and v.flags.c_contiguous) or len({a.dtype for a in arrays}) != 1:
-            return False
-        if p.shape != g.shape:
-            return False
+        fast = (v_max is None and all(type(a) is np.ndarray for a in arrays)
+                and all(isinstance(s, (int, float, np.generic)) for s in (step_size, eps_hat, decay))
+                and p.flags.writeable and m.flags.writeable and v.flags.writeable and p.flags.c_contiguous
+                and m.flags.c_contiguous and v.flags.c_contiguous and len({a.dtype for a in arrays}) == 1
+                and p.shape == g.shape)
+        if not fast:
+            return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
         if maximize:
             g = -g
         if l2:
@@ -349,7 +351,7 @@ class NumpyBackend(ArrayBackend):
             if decay != 1.0:
                 np.multiply(pc, decay, out=pc)
             np.subtract(pc, tmp, out=pc)
-        return True
+        return p, m, v, None
 
     @staticmethod
     def _einsum_reduce(operands: tuple, axes: tuple[int, ...], shape: tuple[int, ...] | None = None) -> Array:
@@ -503,19 +505,17 @@ class NumpyBackend(ArrayBackend):
             inv[f] = i
         return tuple(inv)
 
-    def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array | None:
-        """Optional composite: the maximum of each non-overlapping ``kernel`` block of ``(N, C, *S)``
+    def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
+        """The maximum of each non-overlapping ``kernel`` block of ``(N, C, *S)``
         (stride equal to the kernel, every ``S[i]`` a multiple of ``kernel[i]``), NaN propagating.
 
         One ``maximum`` per pair of block slices, innermost axis first, on a reshaped view taken in the
         input's memory order: no window stack, no index array (a reduction over the split axes is ~40x
-        slower in NumPy) and no copy of a permuted input. None when ``a`` is not a NumPy array or the
-        blocks do not tile it (the caller then takes the generic path).
+        slower in NumPy) and no copy of a permuted input. The generic default where ``a`` is not a NumPy
+        array.
         """
-        if type(a) is not np.ndarray or a.ndim != len(kernel) + 2:
-            return None
-        if any(k < 1 or n % k for n, k in zip(a.shape[2:], kernel)):
-            return None
+        if type(a) is not np.ndarray:
+            return super().max_pool_blocks(a, kernel)
         frame = self._frame(a)
         m, k_axes = self._block_view(a.transpose(frame), frame, kernel)
         for i in sorted(range(len(kernel)), key=lambda i: -k_axes[i]):  # innermost first: positions stay valid
@@ -533,8 +533,11 @@ class NumpyBackend(ArrayBackend):
 
         The masks are computed here from ``a`` and the forward's ``best``: one compare per block offset on
         output-sized arrays, an ``and not`` against the offsets already taken, and one masked product
-        written straight into that offset's strided view of the result (laid out like ``a``).
+        written straight into that offset's strided view of the result (laid out like ``a``). The generic
+        default where ``a`` is not a NumPy array (as in the forward).
         """
+        if type(a) is not np.ndarray:
+            return super().max_pool_blocks_backward(a, best, g, kernel)
         frame = self._frame(a)  # the forward's frame: no copy of ``a``, and ``gx`` laid out like it
         a, best, g = a.transpose(frame), best.transpose(frame), g.transpose(frame)
         blocks, k_axes = self._block_view(a, frame, kernel)

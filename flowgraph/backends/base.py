@@ -21,6 +21,7 @@ Contract shared by all primitives:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -251,39 +252,145 @@ class Backend:
         out = self.sum(a, axes, True) if axes else a
         return self.reshape(out, shape) if tuple(out.shape) != tuple(shape) else out
 
-    def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array | None:
-        """Max pooling of ``(N, C, *S)`` over non-overlapping windows that tile ``S`` (stride == kernel).
-        ``None`` (the default) declines: the pooling layer then takes its general window path."""
-        return None
+    def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
+        """Max pooling of ``(N, C, *S)`` over non-overlapping windows that tile ``S`` (stride == kernel, every
+        ``S[i]`` a multiple of ``kernel[i]``; the caller checks that), NaN propagating.
+
+        Generic default: the pooling layer's window loop in primitives, one strided slice per kernel offset, a
+        piece replacing the running maximum where it is greater or NaN (the first maximum wins, the last NaN)."""
+        best = None
+        for piece in self._block_pieces(a, kernel):
+            if best is None:
+                best = self.add(piece, 0)
+            else:
+                best = self.where(self.logical_or(self.gt(piece, best), self.isnan(piece)), piece, best)
+        return best
 
     def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
-        """The input gradient of ``max_pool_blocks`` (only called where ``max_pool_blocks`` gave a result)."""
-        raise _missing(self, "max_pool_blocks_backward")
+        """The input gradient of ``max_pool_blocks``: each block's gradient ``g`` goes to its first maximum in
+        row-major order (to its last NaN where it has one), zeros elsewhere.
+
+        Generic default: the forward's loop again, keeping each block's winning offset, then one write per
+        offset into a zero buffer (the pooling layer's window backward, with ``best`` not needed)."""
+        running, where_k = None, None
+        for k, piece in enumerate(self._block_pieces(a, kernel)):
+            if running is None:
+                running = self.add(piece, 0)
+                where_k = self.full(tuple(running.shape), 0, np.dtype(np.int64))
+                continue
+            better = self.logical_or(self.gt(piece, running), self.isnan(piece))
+            running = self.where(better, piece, running)
+            where_k = self.where(better, self.full((), k, np.dtype(np.int64)), where_k)
+        gx = self.full(tuple(a.shape), 0, g.dtype)
+        zero = self.full((), 0, g.dtype)
+        for k, index in enumerate(self._block_slices(tuple(a.shape), kernel)):
+            view = self.slice(gx, index)
+            picked = self.where(self.eq(where_k, self.full((), k, np.dtype(np.int64))), g, zero)
+            self.assign(view, self.add(view, picked))
+        return gx
+
+    @staticmethod
+    def _block_slices(shape: tuple[int, ...], kernel: tuple[int, ...]) -> list[tuple[slice, ...]]:
+        """One slice tuple per kernel offset (row-major order) picking that offset of every block of ``shape``."""
+        out = tuple(n // k for n, k in zip(shape[2:], kernel))
+        return [(slice(None), slice(None))
+                + tuple(slice(o, o + (n - 1) * k + 1, k) for o, n, k in zip(off, out, kernel))
+                for off in itertools.product(*(range(k) for k in kernel))]
+
+    def _block_pieces(self, a: Array, kernel: tuple[int, ...]) -> list[Array]:
+        """``a``'s strided views at each kernel offset (see ``_block_slices``)."""
+        return [self.slice(a, index) for index in self._block_slices(tuple(a.shape), kernel)]
 
     def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
-                  eps_hat: Any, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
-        """One Adam/AdamW update of ``p``, ``m``, ``v`` in place (one kernel on the GPU backends); ``False`` (the
-        default) declines and the optimizer runs its tensor-op update, which is the same formula."""
-        return False
+                  eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                  v_max: Array | None = None) -> tuple[Array, Array, Array, Array | None]:
+        """One Adam/AdamW update of ``p``, ``m``, ``v`` (and ``v_max`` with AMSGrad) in place::
 
-    def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
-                 weight_decay: float, nesterov: bool, maximize: bool) -> bool:
-        """One SGD-with-momentum update of ``p`` and ``buf`` in place; ``False`` (the default) declines and the
-        optimizer runs its tensor-op update."""
-        return False
+            g = -g if maximize else g;  g = g + l2 * p
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g * g;   v_max = max(v_max, v)    (AMSGrad: v_max given)
+            p = p * decay - step_size * m / (sqrt(v_max or v) + eps_hat)
+
+        ``step_size``, ``eps_hat`` and ``decay`` (AdamW's ``1 - lr * wd``) are host numbers or, inside
+        ``fg.capture``, 0-d device arrays; ``g`` is used in ``p``'s dtype. Returns ``(p, m, v, v_max)``: the
+        arrays now holding the new values, as ``assign`` returns them (the inputs themselves where written in
+        place). Generic default: the optimizer's tensor-op update in primitives, operation for operation; the
+        backends override it with one kernel (CUDA, OpenCL) or chunked in-place passes (NumPy).
+        """
+        dtype = p.dtype
+        g = g if g.dtype == dtype else self.cast(g, dtype)
+        if maximize:
+            g = self.neg(g)
+        if l2:
+            g = self.add(g, self.mul(p, self._step_scalar(l2, dtype)))
+        p_base = p if _is_host_number(decay) and decay == 1.0 else self.mul(p, self._step_scalar(decay, dtype))
+        m = self.assign(m, self.add(self.mul(m, self._step_scalar(beta1, dtype)),
+                                    self.mul(g, self._step_scalar(1 - beta1, dtype))))
+        v = self.assign(v, self.add(self.mul(v, self._step_scalar(beta2, dtype)),
+                                    self.mul(self.mul(g, self._step_scalar(1 - beta2, dtype)), g)))
+        second = v
+        if v_max is not None:
+            v_max = second = self.assign(v_max, self.maximum(v_max, v))
+        update = self.div(self.mul(m, self._step_scalar(step_size, dtype)),
+                          self.add(self.sqrt(second), self._step_scalar(eps_hat, dtype)))
+        return self.assign(p, self.sub(p_base, update)), m, v, v_max
+
+    def sgd_step(self, p: Array, g: Array, buf: Array | None, lr: Any, momentum: float, dampening: float,
+                 weight_decay: float, nesterov: bool, maximize: bool) -> tuple[Array, Array | None]:
+        """One SGD update of ``p`` (and of the momentum buffer ``buf``) in place, PyTorch's formula::
+
+            g = -g if maximize else g;  g = g + weight_decay * p
+            buf = copy of g (first step: buf None)   or   buf = momentum * buf + (1 - dampening) * g
+            g = g + momentum * buf if nesterov else buf                (only with momentum != 0)
+            p = p - lr * g
+
+        ``lr`` is a host number or, inside ``fg.capture``, a 0-d device array; ``g`` is used in ``p``'s dtype.
+        Returns ``(p, buf)``: the arrays now holding the new values (the inputs themselves where written in
+        place; a new buffer on the first momentum step, None without momentum). Generic default: the
+        optimizer's tensor-op update in primitives; CUDA and OpenCL run a momentum step in one kernel.
+        """
+        dtype = p.dtype
+        g = g if g.dtype == dtype else self.cast(g, dtype)
+        if maximize:
+            g = self.neg(g)
+        if weight_decay != 0:
+            g = self.add(g, self.mul(p, self._step_scalar(weight_decay, dtype)))
+        if momentum != 0:
+            if buf is None:  # a copy with its own storage, as ``Tensor.clone`` makes it
+                buf = self.contiguous(g)
+                if buf is g:
+                    buf = self.contiguous(self.add(g, 0))
+            else:
+                damped = g if dampening == 0 else self.mul(g, self._step_scalar(1 - dampening, dtype))
+                buf = self.assign(buf, self.add(self.mul(buf, self._step_scalar(momentum, dtype)), damped))
+            g = self.add(g, self.mul(buf, self._step_scalar(momentum, dtype))) if nesterov else buf
+        return self.assign(p, self.sub(p, self.mul(g, self._step_scalar(lr, dtype)))), buf
+
+    def _step_scalar(self, x: Any, dtype: np.dtype) -> Any:
+        """An optimizer scalar as the tensor layer passes it next to a ``dtype`` array: a host number as is (a
+        0-d array for bfloat16, which NumPy would otherwise compute in float32), a 0-d device array cast."""
+        if _is_host_number(x):
+            return x if dtype.kind == "f" else self.full((), x, dtype)
+        return x if x.dtype == dtype else self.cast(x, dtype)
 
     #: Whether ``graph_session`` captures steps as device graphs (CUDA graphs); ``fg.capture`` runs eagerly where not.
     supports_graph_capture = False
 
     def graph_session(self) -> Any:
-        """A device-graph capture session for ``fg.capture`` (see ``runtime.py``); ``None`` where the backend has
-        no graphs (the default): the step then runs eagerly."""
-        return None
+        """A device-graph capture session for ``fg.capture`` (see ``runtime.py``), on backends whose
+        ``supports_graph_capture`` is True; the default raises a BackendError (``fg.capture`` checks the flag
+        and runs the step eagerly instead)."""
+        raise BackendError(f"the {self.name} backend has no device graphs (supports_graph_capture is False); "
+                           "run the step eagerly")
 
     def native(self, a: Array) -> Any:
         """The array as the backend's array library sees it (a CuPy array for a fused lazy one), for
         collectives that hand it to another library; the default is the array itself."""
         return a
+
+    #: Whether ``from_dlpack``/``to_dlpack``/``dlpack_device`` exchange arrays zero-copy (NumPy, CuPy); the
+    #: defaults raise a BackendError naming the backend.
+    supports_dlpack = False
 
     def from_dlpack(self, obj: Any) -> Array:
         """Zero-copy import of a DLPack-capable array on this device (``fg.from_dlpack``)."""
@@ -311,6 +418,11 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.device}>"
+
+
+def _is_host_number(x: Any) -> bool:
+    """A Python/NumPy number (as opposed to a 0-d device array holding a step scalar inside ``fg.capture``)."""
+    return isinstance(x, (int, float, np.generic))
 
 
 def _declare_elementwise() -> None:

@@ -139,17 +139,12 @@ def _window_max(x: Tensor, kernel: tuple, stride: tuple, dilation: tuple, out: t
     return values, kidx
 
 
-def _block_max(x: Tensor, kernel: tuple, out: tuple) -> Tensor | None:
+def _block_max(x: Tensor, kernel: tuple, out: tuple) -> Tensor:
     """Max pooling with non-overlapping windows that tile the input (stride == kernel, no padding or
-    dilation) through the backend's optional ``max_pool_blocks`` composite; None where the backend has
-    none or the blocks do not tile ``x`` (the caller then takes ``_window_max``)."""
+    dilation) through the backend's ``max_pool_blocks`` (``Backend.max_pool_blocks``: the generic default is
+    the window loop in primitives, NumPy overrides it)."""
     bk = x._backend
-    if any(o * k != n for o, k, n in zip(out, kernel, x.shape[2:])):
-        return None
-    best = bk.max_pool_blocks(x._data, kernel)
-    if best is None:
-        return None
-    values = _wrap(best, bk)
+    values = _wrap(bk.max_pool_blocks(x._data, kernel), bk)
     if x.requires_grad and STATE.enabled:
         ones_ = (1,) * len(kernel)
 
@@ -172,10 +167,10 @@ def _max_poolnd(x, kernel_size, stride, padding, dilation, ceil_mode, return_ind
     kernel, stride, padding, dilation = _pool_args(kernel_size, stride, padding, dilation, nd, where)
     in_size = tuple(x.shape[2:])
     out, widths = _pool_geometry(in_size, kernel, stride, padding, dilation, ceil_mode, where)
-    if not return_indices and stride == kernel and all(d == 1 for d in dilation) and not any(padding):
+    tiled = all(o * k == n for o, k, n in zip(out, kernel, in_size))
+    if not return_indices and stride == kernel and all(d == 1 for d in dilation) and not any(padding) and tiled:
         values = _block_max(x, kernel, out)
-        if values is not None:
-            return values.squeeze(0) if unbatched else values
+        return values.squeeze(0) if unbatched else values
     values, kidx = _window_max(_pad_spatial(x, widths, "constant", -math.inf), kernel, stride, dilation, out)
     if not return_indices:
         return values.squeeze(0) if unbatched else values

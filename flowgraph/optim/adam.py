@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..tensor import Tensor, maximum, zeros_like
+from ..tensor import Tensor, zeros_like
 from .optimizer import Optimizer, ParamsT, check_betas, check_range, write_
 
 
@@ -58,8 +58,8 @@ class Adam(Optimizer):
         v = beta2 * v + (1 - beta2) * g * g        (v_max = max(v_max, v) with amsgrad)
         p -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
 
-    Each line is one fused-friendly expression ending in one in-place write (the decoupled decay is folded
-    into the parameter's single write).
+    The update is the backend's ``adam_step`` (``Backend.adam_step``), which writes ``p``, ``m`` and ``v`` in
+    place (the decoupled decay is folded into the parameter's single write).
 
     >>> opt = optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
     """
@@ -91,40 +91,32 @@ class Adam(Optimizer):
             state["max_exp_avg_sq"] = zeros_like(p)
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """One step through the backend's ``adam_step`` (``Backend.adam_step``: its generic default is the
+        formula above in primitives; NumPy, CUDA and OpenCL override it with in-place passes or one kernel).
+
+        Inside ``fg.capture`` ``step_size`` and ``eps_hat`` (and AdamW's decay with a device ``lr``) are 0-d
+        device tensors; their arrays are passed.
+        """
         state["step"] += 1
         step_size, eps_hat = adam_scalars(group, state["step"])
-        if not group["amsgrad"] and self._fused_update(p, grad, state, group, step_size, eps_hat):
-            return
-        g, p_base = decayed_grad(p, grad, group)
-        m, v = update_moments(state, g, group["betas"])
-        if group["amsgrad"]:
-            v = write_(state["max_exp_avg_sq"], maximum(state["max_exp_avg_sq"], v))
-        write_(p, p_base - (m * step_size) / (v.sqrt() + eps_hat))
-
-
-    @staticmethod
-    def _fused_update(p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any], step_size: Any,
-                      eps_hat: Any) -> bool:
-        """The backend's fused in-place Adam step where it has one (NumPy, CUDA); False otherwise.
-
-        Inside ``fg.capture`` ``step_size`` and ``eps_hat`` are 0-d device tensors; their arrays are passed
-        and a backend that cannot take them declines.
-        """
-        if isinstance(step_size, Tensor):
-            step_size, eps_hat = step_size._data, eps_hat._data
         wd = group["weight_decay"]
         decoupled = group.get("decoupled_weight_decay", False)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
         beta1, beta2 = group["betas"]
         decay = 1 - group["lr"] * wd if decoupled and wd else 1.0
-        if isinstance(decay, Tensor):  # AdamW's decay with a device lr: the generic path folds it in
-            return False
-        if not p._backend.adam_step(p._data, grad._data, m._data, v._data, beta1, beta2, step_size, eps_hat,
-                     l2=0.0 if decoupled else wd, decay=decay, maximize=group["maximize"]):
-            return False
-        for t in (p, m, v):
-            t._bump_version()
-        return True
+        buffers = (p, state["exp_avg"], state["exp_avg_sq"], state["max_exp_avg_sq"] if group["amsgrad"] else None)
+        new = p._backend.adam_step(
+            p._data, grad._data, buffers[1]._data, buffers[2]._data, beta1, beta2, _array(step_size),
+            _array(eps_hat), l2=0.0 if decoupled else wd, decay=_array(decay), maximize=group["maximize"],
+            v_max=None if buffers[3] is None else buffers[3]._data)
+        for t, data in zip(buffers, new):
+            if t is not None:
+                t._data = data
+                t._bump_version()
+
+
+def _array(x: Any) -> Any:
+    """A step scalar for a backend call: a device tensor's array, a host number as is."""
+    return x._data if isinstance(x, Tensor) else x
 
 
 class AdamW(Adam):

@@ -6,7 +6,8 @@ from typing import Any
 
 from ..errors import FlowError
 from ..tensor import Tensor
-from .optimizer import Optimizer, ParamsT, check_range, write_
+from ..tensor.tensor import _wrap
+from .optimizer import Optimizer, ParamsT, check_range
 
 
 class SGD(Optimizer):
@@ -39,30 +40,18 @@ class SGD(Optimizer):
                             f"(got momentum={group['momentum']}, dampening={group['dampening']})")
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        momentum = group["momentum"]
+        """One step through the backend's ``sgd_step`` (``Backend.sgd_step``: its generic default is the formula
+        above in primitives; CUDA and OpenCL run a momentum step in one kernel). Inside ``fg.capture`` ``lr``
+        is a 0-d device tensor; its array is passed."""
         buf = state.get("momentum_buffer")
-        if momentum != 0 and buf is not None and self._fused_update(p, grad, buf, group):
-            return
-        g = -grad if group["maximize"] else grad
-        if group["weight_decay"] != 0:
-            g = g + p * group["weight_decay"]
-        if momentum != 0:
-            if buf is None:
-                buf = state["momentum_buffer"] = g.detach().clone()
-            else:
-                damped = g if group["dampening"] == 0 else g * (1 - group["dampening"])
-                write_(buf, buf * momentum + damped)
-            g = g + buf * momentum if group["nesterov"] else buf
-        write_(p, p - g * group["lr"])
-
-    @staticmethod
-    def _fused_update(p: Tensor, grad: Tensor, buf: Tensor, group: dict[str, Any]) -> bool:
-        """The backend's one-kernel momentum step where it has one (CUDA, OpenCL); False otherwise."""
         lr = group["lr"]
-        lr = lr._data if isinstance(lr, Tensor) else lr
-        if not p._backend.sgd_step(p._data, grad._data, buf._data, lr, group["momentum"], group["dampening"],
-                     group["weight_decay"], group["nesterov"], group["maximize"]):
-            return False
+        p_data, buf_data = p._backend.sgd_step(
+            p._data, grad._data, None if buf is None else buf._data, lr._data if isinstance(lr, Tensor) else lr,
+            group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"], group["maximize"])
+        p._data = p_data
         p._bump_version()
-        buf._bump_version()
-        return True
+        if buf is not None:
+            buf._data = buf_data
+            buf._bump_version()
+        elif buf_data is not None:  # the first momentum step: the buffer starts as a copy of the gradient
+            state["momentum_buffer"] = _wrap(buf_data, p._backend)

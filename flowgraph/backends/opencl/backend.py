@@ -807,20 +807,28 @@ class OpenCLBackend(Backend):
         return p, self.contiguous(g if g.dtype == p.dtype else self.cast(g, p.dtype)), state
 
     def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
-                  eps_hat: Any, l2: float = 0.0, decay: float = 1.0, maximize: bool = False) -> bool:
+                  eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                  v_max: Array | None = None) -> tuple:
         """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
 
-        ``step_size``/``eps_hat`` are host numbers or 0-d float32 device arrays. False (the caller takes the
-        generic path) unless ``p``, ``m``, ``v`` are contiguous float32/float64 arrays of one dtype.
+        ``step_size``/``eps_hat`` are host numbers or 0-d float32 device arrays. The generic default runs
+        instead with AMSGrad (``v_max``), a device ``decay``, or unless ``p``, ``m``, ``v`` are contiguous
+        float32/float64 arrays of one dtype.
         """
-        return self._update_step(ADAM_UPDATE, p, g, (m, v), (step_size, eps_hat),
-                                 adam_update_scalars(beta1, beta2, l2, decay, maximize))
+        fits = v_max is None and is_host_scalar(decay)
+        if fits and self._update_step(ADAM_UPDATE, p, g, (m, v), (step_size, eps_hat),
+                                      adam_update_scalars(beta1, beta2, l2, decay, maximize)):
+            return p, m, v, None
+        return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
 
-    def sgd_step(self, p: Array, g: Array, buf: Array, lr: Any, momentum: float, dampening: float,
-                 weight_decay: float, nesterov: bool, maximize: bool) -> bool:
+    def sgd_step(self, p: Array, g: Array, buf: Array | None, lr: Any, momentum: float, dampening: float,
+                 weight_decay: float, nesterov: bool, maximize: bool) -> tuple:
         """Optional fused composite: one SGD-with-momentum step in one kernel (see ``CupyBackend.sgd_step``)."""
-        return self._update_step(SGD_UPDATE, p, g, (buf,), (lr,),
-                                 sgd_update_scalars(momentum, dampening, weight_decay, nesterov, maximize))
+        fits = buf is not None and momentum != 0
+        if fits and self._update_step(SGD_UPDATE, p, g, (buf,), (lr,),
+                                      sgd_update_scalars(momentum, dampening, weight_decay, nesterov, maximize)):
+            return p, buf
+        return super().sgd_step(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, maximize)
 
     def _update_step(self, spec: UpdateKernel, p: Array, g: Array, state: tuple, steps: tuple,
                      scalars: tuple) -> bool:
