@@ -1,0 +1,133 @@
+"""Declared backend capabilities (``flowgraph/backends/base.py``): each generic default against the device's
+own override, on every available device, and the contracts the layers above rely on."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+from flowgraph.backends import get_backend
+from flowgraph.backends.base import Backend
+from flowgraph.errors import BackendError
+
+F32 = np.float32
+
+
+def _arrays(be, *hosts):
+    return [be.from_host(np.ascontiguousarray(h)) for h in hosts]
+
+
+def _host(be, *arrays):
+    return [None if a is None else be.to_host(a) for a in arrays]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(l2=0.1, maximize=True),
+    dict(decay=0.99),
+], ids=["plain", "l2-maximize", "decoupled"])
+def test_adam_step_override_matches_generic_default(device, kw):
+    be = get_backend(device)
+    rng = np.random.default_rng(0)
+    p, g, m = (rng.standard_normal((6, 5)).astype(F32) for _ in range(3))
+    v = np.abs(rng.standard_normal((6, 5))).astype(F32)
+    results = []
+    for step in (type(be).adam_step, Backend.adam_step):
+        arrays = _arrays(be, p, g, m, v)
+        out = step(be, *arrays, 0.9, 0.999, 1e-2, 1e-8, **kw)
+        assert len(out) == 4 and out[3] is None
+        results.append(_host(be, *out[:3]))
+    for fast, generic in zip(*results):
+        np.testing.assert_allclose(fast, generic, rtol=1e-6, atol=1e-7)
+
+
+def test_adam_step_amsgrad_keeps_the_running_maximum(device):
+    be = get_backend(device)
+    p, g, m, v = _arrays(be, np.ones(4, F32), np.full(4, 2.0, F32), np.zeros(4, F32), np.zeros(4, F32))
+    (v_max,) = _arrays(be, np.array([0.0, 1.0, 0.0, 1.0], F32))
+    p, m, v, v_max = be.adam_step(p, g, m, v, 0.9, 0.999, 0.1, 1e-8, v_max=v_max)
+    np.testing.assert_allclose(be.to_host(v), np.full(4, 0.004), rtol=1e-6)
+    np.testing.assert_allclose(be.to_host(v_max), [0.004, 1.0, 0.004, 1.0], rtol=1e-6)
+    expected = 1 - 0.1 * 0.2 / (np.sqrt(be.to_host(v_max).astype(np.float64)) + 1e-8)
+    np.testing.assert_allclose(be.to_host(p), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_step_override_matches_generic_default(device, nesterov):
+    be = get_backend(device)
+    rng = np.random.default_rng(1)
+    p, g, buf = (rng.standard_normal((3, 7)).astype(F32) for _ in range(3))
+    results = []
+    for step in (type(be).sgd_step, Backend.sgd_step):
+        arrays = _arrays(be, p, g, buf)
+        results.append(_host(be, *step(be, *arrays, 0.1, 0.9, 0.0, 0.01, nesterov, False)))
+    for fast, generic in zip(*results):
+        np.testing.assert_allclose(fast, generic, rtol=1e-6, atol=1e-7)
+
+
+def test_sgd_step_first_momentum_step_copies_the_gradient(device):
+    be = get_backend(device)
+    p, g = _arrays(be, np.ones(3, F32), np.array([1.0, -2.0, 3.0], F32))
+    p, buf = be.sgd_step(p, g, None, 0.5, 0.9, 0.3, 0.0, False, False)
+    np.testing.assert_array_equal(be.to_host(buf), [1.0, -2.0, 3.0])
+    np.testing.assert_allclose(be.to_host(p), [0.5, 2.0, -0.5])
+    be.assign(g, 0.0)
+    np.testing.assert_array_equal(be.to_host(buf), [1.0, -2.0, 3.0])  # its own storage, not the gradient's
+    p, none = be.sgd_step(p, g, None, 0.5, 0.0, 0.0, 0.0, False, False)
+    assert none is None
+
+
+@pytest.mark.parametrize("kernel", [(2, 2), (3, 1), (1, 1)])
+def test_max_pool_blocks_override_matches_generic_default(device, kernel):
+    be = get_backend(device)
+    rng = np.random.default_rng(2)
+    x = rng.integers(-2, 3, size=(2, 3, 6, 4)).astype(F32)  # many ties: the first maximum must win
+    x[0, 0, 0, 0] = x[1, 2, 3, 1] = np.nan
+    out = (2, 3, 6 // kernel[0], 4 // kernel[1])
+    gy = rng.standard_normal(out).astype(F32)
+    results = []
+    for forward, backward in ((type(be).max_pool_blocks, type(be).max_pool_blocks_backward),
+                              (Backend.max_pool_blocks, Backend.max_pool_blocks_backward)):
+        (a,) = _arrays(be, x)
+        best = forward(be, a, kernel)
+        (g,) = _arrays(be, gy)
+        results.append(_host(be, best, backward(be, a, best, g, kernel)))
+    for fast, generic in zip(*results):
+        np.testing.assert_array_equal(fast, generic)
+    assert results[0][1].sum() == pytest.approx(gy.sum(), rel=1e-5)  # each block's gradient lands once
+
+
+def test_add_into_contract(device):
+    be = get_backend(device)
+    dst, src = _arrays(be, np.arange(4, dtype=F32), np.ones(4, F32))
+    total = be.add_into(dst, src)
+    np.testing.assert_array_equal(be.to_host(total), [1.0, 2.0, 3.0, 4.0])
+    if total is dst:  # added in place: ``dst`` holds the sum
+        np.testing.assert_array_equal(be.to_host(dst), [1.0, 2.0, 3.0, 4.0])
+
+
+def test_capability_attributes_and_their_errors(device):
+    be = get_backend(device)
+    (a,) = _arrays(be, np.ones(2, F32))
+    if not be.supports_graph_capture:
+        with pytest.raises(BackendError, match="supports_graph_capture"):
+            be.graph_session()
+    if not be.supports_dlpack:
+        with pytest.raises(BackendError, match=be.name):
+            be.to_dlpack(a)
+        with pytest.raises(BackendError, match=be.name):
+            be.dlpack_device(a)
+    else:
+        assert isinstance(be.dlpack_device(a), tuple)
+
+
+def test_no_capability_probes_above_the_backends():
+    """Code above ``backends/`` calls declared capabilities, never ``getattr(backend, "name", ...)``."""
+    root = pathlib.Path(__file__).resolve().parents[2] / "flowgraph"
+    probe = re.compile(r"getattr\(\s*[\w.]*(?:bk|backend)\w*\s*,\s*['\"]")
+    found = [f"{path.relative_to(root)}:{n}" for path in root.rglob("*.py") if "backends" not in path.parts
+             for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
+    assert not found, f"capability probes: {found}"
