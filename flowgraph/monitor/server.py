@@ -176,7 +176,9 @@ class DashboardProtocol(H11Protocol):
         super().connection_made(transport)
         self._await_request()
         if len(self.connections) > self.limits.max_connections:
-            self._make_room()
+            live = sum(1 for c in self.connections if getattr(c, "drop_reason", None) is None)
+            if live > self.limits.max_connections:  # dropped ones leave within a loop iteration
+                self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -253,7 +255,7 @@ class DashboardProtocol(H11Protocol):
     def _make_room(self) -> None:
         waiting = [
             c for c in self.connections
-            if c is not self and getattr(c, "waiting_since", None) is not None
+            if c is not self and getattr(c, "waiting_since", None) is not None and c.drop_reason is None
         ]
         if waiting:
             oldest = min(waiting, key=lambda c: c.waiting_since)  # type: ignore[attr-defined]
@@ -319,6 +321,13 @@ async def _serve_request(app: Any, connection: DashboardProtocol, scope: Any, re
     """Run one request once admitted, with its connection in the scope and a send that drops a client that
     stopped reading. A request whose client left before its turn ends quietly without running the app."""
     connection.request_started()
+    head = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b""))
+    head += sum(len(name) + len(value) + 4 for name, value in scope.get("headers", ()))
+    if head > connection.limits.max_header_bytes:
+        await send({"type": "http.response.start", "status": 431,
+                    "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": b"request head too large"})
+        return
     if not await connection.admission.admit(connection):
         await connection.closed_quietly("left: before its turn")
         return
