@@ -10,7 +10,7 @@ Importing this package is cheap: the server's packages (starlette, sse-starlette
 ``Monitor.serve()`` only, psutil, NVML and tqdm when first needed.
 """
 
-from .monitor import Monitor
+from .monitor import Monitor, Terminated
 from .source import MetricSource
 
-__all__ = ["MetricSource", "Monitor"]
+__all__ = ["MetricSource", "Monitor", "Terminated"]

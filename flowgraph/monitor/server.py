@@ -107,7 +107,7 @@ class Limits:
     admit_burst: int = 20
     stall: float = 0.5
     drain: float = 0.5
-    write_interval: float = 0.2
+    write_interval: float = 0.5
 
 
 class _ProtocolLog:
@@ -409,9 +409,10 @@ class LiveFeed:
     The same task drops a client whose writes are blocked while it is more than ``max_lag`` epochs behind.
     """
 
-    def __init__(self, hub: EventHub, limits: Limits) -> None:
+    def __init__(self, hub: EventHub, limits: Limits, ping: float = 15.0) -> None:
         self.hub = hub
         self.limits = limits
+        self.ping = ping  # seconds between comment lines on an idle stream (proxies close silent ones)
         self.readers: set[_Reader] = set()
         self.dropped_count = 0  # streams that ended because their connection was dropped
         self._event: asyncio.Event | None = None
@@ -443,28 +444,27 @@ class LiveFeed:
         if event is not None:
             event.set()
 
-    async def changed(self, version: int, timeout: float) -> bool:
-        """Wait until the hub's version differs from ``version`` and the feed noticed (or woke the streams
-        for another reason); False when ``timeout`` seconds passed first."""
+    async def changed(self, version: int) -> None:
+        """Wait until the hub's version differs from ``version`` and the feed noticed, or the feed woke the
+        streams for another reason (a client left, a ping is due)."""
         if self.hub.version != version:
-            return True
+            return
         if self._event is None:
             self._event = asyncio.Event()
-        event = self._event
-        try:
-            async with asyncio.timeout(timeout):
-                await event.wait()
-        except TimeoutError:
-            return False
-        return True
+        await self._event.wait()
 
     async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
         seen = self.hub.version
+        next_ping = loop.time() + self.ping
         while True:
             await asyncio.sleep(self.limits.write_interval)
             version = self.hub.version
             gone = any(r.connection is not None and r.connection.gone for r in self.readers)
-            if version != seen or gone:  # a stream whose client left ends when woken
+            ping = loop.time() >= next_ping
+            if ping:
+                next_ping = loop.time() + self.ping
+            if version != seen or gone or ping:  # a stream whose client left ends when woken
                 seen = version
                 self.wake()
             self._drop_laggards()
@@ -575,14 +575,13 @@ class EventStream:
     connections cost the training thread about twice as much with it.) The stream ends at ``complete``,
     when the server closes, or once its client is gone: a write to a client that left returns at once
     and the stream stops there; an idle one is woken by the feed, which notices within
-    ``write_interval``. A comment line every ``ping`` seconds keeps proxies from closing an idle stream.
+    ``write_interval``. A comment line every ``feed.ping`` seconds keeps proxies from closing an idle stream.
     """
 
-    def __init__(self, feed: LiveFeed, tracker: StreamTracker, retry_ms: int = 2000, ping: float = 15.0) -> None:
+    def __init__(self, feed: LiveFeed, tracker: StreamTracker, retry_ms: int = 2000) -> None:
         self.feed = feed
         self.tracker = tracker
         self.retry_ms = retry_ms
-        self.ping = ping
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Answer one ``GET /events`` (``HEAD``: the headers only)."""
@@ -594,7 +593,7 @@ class EventStream:
             return
         connection = scope.get(_CONNECTION_KEY)
         last_seen = _last_event_id(Request(scope))
-        stream = _stream(self.feed, last_seen, self.retry_ms, connection, self.tracker, self.ping)
+        stream = _stream(self.feed, last_seen, self.retry_ms, connection, self.tracker)
         try:
             async for chunk in stream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -614,7 +613,6 @@ async def _stream(
     retry_ms: int,
     connection: DashboardProtocol | None,
     tracker: StreamTracker,
-    ping: float = 15.0,
 ) -> AsyncIterator[bytes]:
     """One client's events: metadata, the epochs after ``last_seen`` (all for a new client), live ones as
     the feed wakes it, until ``complete``.
@@ -624,6 +622,7 @@ async def _stream(
     into a dead socket.
     """
     hub = feed.hub
+    loop = asyncio.get_running_loop()
     reader = feed.join(connection, -1 if last_seen is None else last_seen)
     tracker.opened()
     finished = False
@@ -660,7 +659,9 @@ async def _stream(
             if update.closed or (connection is not None and connection.gone):
                 closed = update.closed
                 return
-            if not await feed.changed(update.version, ping):
+            wrote = loop.time()
+            await feed.changed(update.version)
+            if hub.version == update.version and loop.time() - wrote >= feed.ping * 0.9:
                 yield b": ping\r\n\r\n"
     finally:
         feed.leave(reader)

@@ -205,3 +205,25 @@ def test_many_connect_and_leave_clients_leave_nothing_behind(served, quiet_conso
     assert stats["open_streams"] == 0 and stats["request_tasks"] == 0
     fds_after = len(psutil.Process().open_files()) + len(psutil.Process().net_connections("tcp"))
     assert fds_after <= fds_before
+
+
+def test_an_idle_stream_gets_pings(quiet_console):
+    hub = EventHub()
+    limits = Limits(write_interval=0.05)
+    tracker, feed = StreamTracker(), LiveFeed(hub, limits, ping=0.2)
+    app = build_app(hub, lambda: None, "127.0.0.1", tracker=tracker, feed=feed)
+    server = DashboardServer(app, bind_socket("127.0.0.1", 0), "127.0.0.1", limits=limits, tracker=tracker,
+                             feed=feed)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(f"GET /events HTTP/1.0\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+            received = b""
+            while received.count(b": ping") < 3:
+                chunk = sock.recv(4096)
+                assert chunk, "the stream ended"
+                received += chunk
+        assert b"event: epoch" not in received
+    finally:
+        hub.close()
+        server.stop()
