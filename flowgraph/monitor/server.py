@@ -84,7 +84,8 @@ class Limits:
         keep_alive: seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``).
         send_timeout: seconds a write may wait for a client that stopped reading before it is dropped.
         max_connections: open connections at most; one more closes the longest-waiting idle one.
-        max_header_bytes: the largest request head accepted (h11's ``max_incomplete_event_size``).
+        max_header_bytes: the largest request head accepted: h11's ``max_incomplete_event_size`` while it
+            arrives (400), and checked once complete (431).
         max_lag: epochs a client whose writes are blocked may fall behind before it is dropped.
         admit_rate, admit_burst: requests start at most ``admit_rate`` per second once ``admit_burst`` have
             started at once (a browser makes five on loading the page); the others wait their turn, and
@@ -152,10 +153,12 @@ _PROTOCOL_LOG = _ProtocolLog()
 
 
 class DashboardProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a header timeout, a connection cap and quiet, immediate drops.
+    """uvicorn's h11 protocol with a header timeout, a connection cap, paced request starts and quiet,
+    immediate drops (see the module text).
 
-    The limits come from the class attribute :attr:`limits` (:class:`DashboardServer` makes a subclass
-    per server). Each request finds its connection in ``scope["flowgraph.connection"]``.
+    The limits and the admission come from the class attributes :attr:`limits` and :attr:`admission`
+    (:class:`DashboardServer` makes a subclass per server). Each request finds its connection in
+    ``scope["flowgraph.connection"]``.
     """
 
     limits: ClassVar[Limits] = Limits()
@@ -571,8 +574,8 @@ def _fresh_clock(meta: Message) -> Message:
 class EventStream:
     """The ``/events`` endpoint, a plain ASGI app: one task per client and nothing else.
 
-    (sse-starlette's response runs four tasks per client and a cancel scope per write; a flood of
-    connections cost the training thread about twice as much with it.) The stream ends at ``complete``,
+    (sse-starlette's response runs four tasks per client and a cancel scope per write; with it, a flood of
+    connections cost the server thread about 1.4 times as much CPU.) The stream ends at ``complete``,
     when the server closes, or once its client is gone: a write to a client that left returns at once
     and the stream stops there; an idle one is woken by the feed, which notices within
     ``write_interval``. A comment line every ``feed.ping`` seconds keeps proxies from closing an idle stream.
