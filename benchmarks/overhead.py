@@ -5,7 +5,7 @@ parameter that requires grad, then ``sum().backward()``. Raw NumPy runs the same
 autograd: the floor no framework can beat. torch runs forward + backward with ``torch.set_num_threads`` set to
 the same thread count. Prints microseconds per op (median of ``--repeats``) and the flowgraph/torch ratio.
 
-    python benchmarks/overhead.py                # cpu
+    python benchmarks/overhead.py                # cpu (eager and fg.jit columns)
     python benchmarks/overhead.py --device opencl:0 --ops 1000 --repeats 7
     python benchmarks/overhead.py --profile      # cProfile of the flowgraph chain, top 25 by own time
 """
@@ -65,6 +65,39 @@ def _chain_flowgraph(n_ops: int, size: int, device: str):
                 h = h * 0.5
         h.sum().backward()
         w.grad.sum().item()
+
+    return run
+
+
+def _chain_flowgraph_jit(n_ops: int, size: int, device: str):
+    """The same chain as a ``fg.jit`` step: after two calls (eager, recorded) it replays recorded backend calls."""
+    import flowgraph as fg
+
+    x = fg.tensor(np.random.default_rng(0).standard_normal(size).astype(np.float32), device=device)
+    w = fg.full((size,), 0.999, dtype=fg.float32, device=device, requires_grad=True)
+
+    @fg.jit
+    def step(x):
+        w.grad = None
+        h = x
+        for i in range(n_ops):
+            k = i % 4
+            if k == 0:
+                h = h + w
+            elif k == 1:
+                h = h * w
+            elif k == 2:
+                h = h - w
+            else:
+                h = h * 0.5
+        h.sum().backward()
+        return w.grad.sum()
+
+    step(x)  # eager
+    step(x)  # recorded
+
+    def run() -> None:
+        step(x).item()
 
     return run
 
@@ -147,7 +180,8 @@ def main() -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         return
 
-    runs = {"numpy": _chain_numpy(args.ops, args.size), "flowgraph": fg_run}
+    runs = {"numpy": _chain_numpy(args.ops, args.size), "flowgraph": fg_run,
+            "flowgraph_jit": _chain_flowgraph_jit(args.ops, args.size, args.device)}
     if not args.no_torch:
         runs["torch"] = _chain_torch(args.ops, args.size, threads)
     med, ratios = _interleaved_us_per_op(runs, args.ops, args.repeats)
@@ -155,8 +189,10 @@ def main() -> None:
           f"{threads} torch threads, {args.clock} clock")
     print(f"  numpy forward only (floor) : {med['numpy']:7.2f} us/op")
     print(f"  flowgraph {args.device:<8} fwd+bwd : {med['flowgraph']:7.2f} us/op")
+    print(f"  flowgraph {args.device:<8} fg.jit  : {med['flowgraph_jit']:7.2f} us/op")
     if ratios:
         print(f"  torch cpu fwd+bwd          : {med['torch']:7.2f} us/op")
+        print(f"  ratio fg.jit/torch         : {med['flowgraph_jit'] / med['torch']:7.2f}  (goal <= 0.6)")
         print(f"  ratio flowgraph/torch      : {statistics.median(ratios):7.2f}  (median of per-round ratios; "
               f"goal <= 1.0)")
         print(f"  ratio of best rounds       : {med['flowgraph_best'] / med['torch_best']:7.2f}  "

@@ -59,6 +59,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "MigrateReport": ("flowgraph.tree", "MigrateReport"),
     "Monitor": ("flowgraph.monitor", "Monitor"),
     "capture": ("flowgraph.runtime", "capture"),
+    "jit": ("flowgraph.runtime", "jit"),
     "cuda": ("flowgraph.cuda", None),
 }
 

@@ -1,53 +1,89 @@
-"""``fg.capture``: record a whole training step once and replay it as one CUDA graph.
+"""``fg.jit`` and ``fg.capture``: a training step recorded once and replayed, on every backend.
 
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to("cuda")
-    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
+    opt = optim.Adam(model.parameters(), lr=1e-3)
 
+    @fg.jit
     def step(x, y):
         opt.zero_grad()
-        loss = ((model(x) - y) ** 2).mean()
+        loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step()
         return loss
 
-    graphed = fg.capture(step, x0, y0)   # 3 real warm-up steps on (x0, y0), then the recording
     for x, y in batches:
-        loss = graphed(x, y)             # inputs copied into static buffers, one graph launch
-    print(loss.item())
+        loss = step(x, y)        # call 1: eager; call 2: recorded; then replayed
 
-How it works: the step runs ``warmup`` times eagerly on a side stream (kernels compile, the optimizer
-creates its state, a private memory pool fills), then once more while the stream records a CUDA graph
-(forward, backward and optimizer step; nothing runs then). A replay copies the new inputs into the static
-input tensors and launches the graph; the returned tensors are the same static outputs every time,
-overwritten by each replay.
+What each call does, per *signature* (the inputs' shapes, dtypes, devices and ``requires_grad``, the values of
+non-tensor inputs, the grad mode and the autocast state):
 
-Rules a captured step must follow (flowgraph raises a FlowError where it can tell):
+1. **First call: one eager step.** It trains on its batch like any other step (no extra steps): kernels
+   compile and the optimizer creates its state. Optimizers run in their replay form from this call on
+   (step counts and each group's ``lr`` as 0-d device tensors), so nothing of that is recorded later.
+2. **Second call: the recording.** On ``cuda`` the step is recorded as a CUDA graph (nothing runs while
+   recording) and the graph is launched once; on ``cpu`` and ``opencl`` the step runs for real while every
+   backend call it makes is recorded: the primitive, which of its arguments are the step's inputs, results of
+   earlier calls or state (parameters, gradients, optimizer buffers), and the constants. Either way it is
+   again exactly one training step.
+3. **Later calls: replays.** ``cuda`` copies the inputs into the graph's static inputs and launches the graph;
+   ``cpu`` and ``opencl`` run the recorded calls again on the new inputs (no Tensor, autograd node or module
+   code runs). Tensors the step rebinds (new gradients, updated parameters) are pointed at the replay's results.
+   The returned tensors are new, detached tensors on every call (eager and recorded calls too).
 
-* No host reads or host data inside the step (``.item()``, ``.numpy()``, ``print(t)``, ``if t:``,
-  ``fg.tensor(host_data)``): there is no value while recording.
-* Python runs once, at capture: Python numbers are frozen into the graph. Keep what changes per step in
-  device tensors, updated in place. flowgraph's SGD, Adam, AdamW and RMSprop do that by themselves inside
-  ``capture``: step counts become device tensors and each group's ``lr`` a device scalar refreshed from
-  ``group["lr"]`` before every replay (so lr schedulers work); other optimizers raise a FlowError.
-* Parameters and optimizer state must be updated in place (``copy_``, ``add_``): the graph writes the
-  addresses it saw while recording.
-* Shapes and dtypes of the inputs are fixed; a replay with other shapes raises.
+A replay checks the state the recording depended on; when it changed, the step is recorded again (a short
+last batch, a freeze, ``model.eval()``, a replaced parameter, another momentum or weight decay): each
+signature gets its own recording, up to ``cache_size`` of them (least recently used dropped). A change of
+``group["lr"]`` (an LR scheduler) needs no new recording: the device ``lr`` is refreshed before each replay.
 
-On a device without graph support (``cpu``, ``opencl``) ``capture`` runs the same warm-up steps and
-returns a step that runs eagerly with the same calling convention, so code written for it runs
-everywhere and trains the same.
+Rules a jitted step follows (flowgraph raises a :class:`~flowgraph.errors.FlowError` naming the line where it
+can tell):
+
+* No host reads inside the step (``.item()``, ``.numpy()``, ``print(t)``, ``if t > 0:``): a value read on the
+  host could decide Python control flow, which a replay would not follow. Return the tensor and read it after
+  the call. The error names the line of the read.
+* Python runs at recording only: Python numbers computed inside the step are frozen into the recording.
+  Pass what changes per step as an argument (a new value is a new signature) or keep it in a tensor.
+* The step runs on one device; parameters, buffers and optimizer state are its state.
+
+``fg.capture(step, *example_inputs)`` is the explicit fixed-signature form: the same engine, with the
+signature taken from the example inputs (nothing runs at construction) and any other signature refused.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
+import os
+import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from .autograd.grad_mode import STATE
 from .errors import FlowError
 from .tensor.tensor import Tensor, _wrap
+
+#: Refreshers of device learning rates (one per optimizer group and device), run before every replay.
+_LR_HOOKS: list[Callable[[], None]] = []
+
+#: Backend methods that read device data on the host: forbidden while a step is recorded.
+_HOST_READS = frozenset({"to_host", "to_dlpack", "native", "from_dlpack", "dlpack_device"})
+#: Backend methods that are not computations and are never recorded.
+_NOT_RECORDED = frozenset({"synchronize", "graph_session", "memory_stats", "list_devices", "is_available"})
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_line() -> str:
+    """``file:line: code`` of the innermost stack frame outside flowgraph (where a host read was asked for)."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep):
+            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return "<unknown line>"
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, Tensor)
 
 
 def _tensors_in(obj: Any) -> list[Tensor]:
@@ -60,122 +96,553 @@ def _tensors_in(obj: Any) -> list[Tensor]:
     return []
 
 
-class CapturedStep:
-    """A step function recorded once and replayed with new inputs (see :func:`capture`)."""
+def _live_tensors() -> list[Tensor]:
+    """Every tensor alive now (a recording compares the tensors' arrays before and after the step)."""
+    return [o for o in gc.get_objects() if issubclass(type(o), Tensor)]
 
-    def __init__(self, step_fn: Callable[..., Any], example_inputs: tuple[Any, ...], warmup: int = 3):
-        if not callable(step_fn):
-            raise FlowError(f"capture: step_fn must be callable, got {type(step_fn).__name__}")
-        if warmup < 1:
-            raise FlowError(
-                f"capture: warmup must be >= 1 (kernels compile and state appears there), got {warmup}"
-            )
-        tensors = [x for x in example_inputs if isinstance(x, Tensor)]
-        if not tensors:
-            raise FlowError(
-                "capture: pass at least one example input tensor (it fixes the device and shapes)"
-            )
-        self.step_fn = step_fn
-        self.backend = tensors[0]._backend
-        for t in tensors:
-            if t._backend is not self.backend:
-                raise FlowError(
-                    f"capture: example inputs live on {self.backend.device} and {t.device}; "
-                    "put them on one device"
-                )
-        bk = self.backend
-        #: The static input tensors (own storage); replays copy new inputs into them.
-        self.static_inputs = tuple(
-            _wrap(bk.assign(bk.full(x.shape, 0, x._data.dtype), x._data), bk) if isinstance(x, Tensor) else x
-            for x in example_inputs
-        )
-        for s, x in zip(self.static_inputs, example_inputs):
-            if isinstance(x, Tensor) and x.requires_grad:
-                s.requires_grad_(True)
-        #: Whether the step replays as a CUDA graph (False: the device has none and the step runs eagerly).
-        self.captured = bk.supports_graph_capture
-        self.session = bk.graph_session() if self.captured else None
-        self.outputs: Any = None
-        if not self.captured:
-            # No graphs here: the same real warm-up steps, so a run does not depend on the device.
-            for _ in range(warmup):
-                self.outputs = step_fn(*self.static_inputs)
-            return
-        #: Callables run before every replay (optimizers refresh their device learning rates here).
-        self.pre_replay: list[Callable[[], None]] = []
-        previous_hooks = STATE.capture_hooks
-        STATE.capture_hooks = self.pre_replay
+
+# ---------------------------------------------------------------------------------------------- signatures
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    """The cache key of a call: tensor metadata, constant values, grad mode and autocast."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            return ("T", tuple(x._data.shape), str(x._data.dtype), x._backend.device, x.requires_grad)
+        if isinstance(x, (list, tuple)):
+            return (type(x).__name__, tuple(one(i) for i in x))
+        if isinstance(x, dict):
+            return ("dict", tuple((k, one(v)) for k, v in x.items()))
+        if _is_array(x):
+            return ("A", tuple(x.shape), str(x.dtype))
         try:
-            with self.session.warmup():
-                for _ in range(warmup):
-                    step_fn(*self.static_inputs)
-            with self.session.capture():
-                outputs = step_fn(*self.static_inputs)
+            hash(x)
+        except TypeError:
+            return ("id", id(x))
+        return ("V", type(x).__name__, x)
+
+    return (one(args), one(kwargs), STATE.enabled, repr(STATE.autocast))
+
+
+def _flat_inputs(args: tuple, kwargs: dict) -> list[Tensor]:
+    return _tensors_in(list(args)) + _tensors_in(kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- guards
+class _Guards:
+    """What a recording depended on besides its signature, checked before every replay."""
+
+    def __init__(self, state: list[Tensor]):
+        from .nn.module import Module
+        from .optim.optimizer import Optimizer
+
+        ids = {id(t) for t in state}
+        self.modules: list[tuple[Any, bool, tuple]] = []
+        self.optimizers: list[tuple[Any, list]] = []
+        for o in gc.get_objects():
+            if issubclass(type(o), Module):
+                owned = list(o._parameters.values()) + list(o._buffers.values())
+                if any(id(p) in ids for p in owned if p is not None):
+                    self.modules.append((o, o.training, self._params_of(o)))
+            elif issubclass(type(o), Optimizer):
+                if any(id(p) in ids for g in o.param_groups for p in g["params"]):
+                    self.optimizers.append((o, self._hyper(o)))
+        self.frozen = [(t, t.requires_grad) for t in state]
+
+    @staticmethod
+    def _params_of(m: Any) -> tuple:
+        return tuple((k, id(v)) for k, v in m._parameters.items()) + tuple(
+            (k, id(v)) for k, v in m._buffers.items())
+
+    @staticmethod
+    def _hyper(opt: Any) -> list:
+        return [
+            ({k: v for k, v in g.items() if k not in ("params", "lr")}, tuple(id(p) for p in g["params"]))
+            for g in opt.param_groups
+        ]
+
+    def miss(self) -> str | None:
+        """Why the recording no longer applies (None when it does)."""
+        for m, training, params in self.modules:
+            if m.training != training:
+                return f"{type(m).__name__}.training changed to {m.training}"
+            if self._params_of(m) != params:
+                return f"a parameter or buffer of {type(m).__name__} was replaced"
+        for t, rg in self.frozen:
+            if t.requires_grad != rg:
+                return "the set of frozen parameters changed"
+        for opt, hyper in self.optimizers:
+            if self._hyper(opt) != hyper:
+                return f"{type(opt).__name__}'s hyper-parameters or parameter groups changed"
+        return None
+
+
+# ---------------------------------------------------------------------------------------------- array-call recording
+class _Ref:
+    """A recorded argument that is an array: an index into the replay's environment."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+
+class _Seq:
+    """A recorded list/tuple argument holding arrays."""
+
+    __slots__ = ("kind", "items")
+
+    def __init__(self, kind: type, items: tuple):
+        self.kind = kind
+        self.items = items
+
+
+def _resolve(x: Any, env: list) -> Any:
+    t = type(x)
+    if t is _Ref:
+        return env[x.k]
+    if t is _Seq:
+        return x.kind(_resolve(i, env) for i in x.items)
+    return x
+
+
+class _Recorder:
+    """Instruments one backend instance: every top-level primitive call is logged, nested ones are not.
+
+    Arrays are known by identity; every array seen is kept alive until the recording ends so no identity
+    is reused. An array the step did not make is an *external*: an input, state owned by a tensor, or a
+    constant.
+    """
+
+    def __init__(self, backend: Any, inputs: list[Tensor]):
+        self.backend = backend
+        self.env_ids: dict[int, int] = {}
+        self.sources: list[tuple[str, Any]] = []  # per env index: ("in", i) | ("ext", array) | ("out", None)
+        self.keep: list[Any] = []
+        self.calls: list[tuple[Callable, tuple, dict, Any]] = []
+        self.depth = 0
+        for i, t in enumerate(inputs):
+            self._index(t._data, ("in", i))
+        self.installed: list[tuple[str, Any]] = []
+
+    def _index(self, a: Any, source: tuple[str, Any]) -> int:
+        k = len(self.sources)
+        self.env_ids[id(a)] = k
+        self.sources.append(source)
+        self.keep.append(a)
+        return k
+
+    def _encode(self, x: Any) -> Any:
+        if _is_array(x):
+            k = self.env_ids.get(id(x))
+            if k is None:
+                k = self._index(x, ("ext", x))
+            return _Ref(k)
+        if isinstance(x, (list, tuple)) and any(_is_array(i) or isinstance(i, (list, tuple)) for i in x):
+            return _Seq(type(x), tuple(self._encode(i) for i in x))
+        return x
+
+    def _output(self, out: Any) -> Any:
+        if _is_array(out):
+            return self._index(out, ("out", None))
+        if isinstance(out, (list, tuple)):
+            return tuple(self._output(o) for o in out)
+        if out is None:
+            return None
+        raise FlowError(
+            f"jit: a backend call returned the host value {out!r} while the step was recorded (at "
+            f"{_user_line()}); a jitted step must keep its values on the device")
+
+    def _wrapper(self, name: str, method: Callable) -> Callable:
+        recorder = self
+
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if recorder.depth:
+                return method(*args, **kwargs)
+            if name in _HOST_READS:
+                raise FlowError(
+                    f"jit: host read inside a jitted step at {_user_line()}: the value could decide Python "
+                    "control flow, which a replay would not follow. Return the tensor from the step and read "
+                    "it after the call (or run this step without fg.jit)")
+            recorder.depth += 1
+            try:
+                out = method(*args, **kwargs)
+            finally:
+                recorder.depth -= 1
+            targs = tuple(recorder._encode(a) for a in args)
+            tkw = {k: recorder._encode(v) for k, v in kwargs.items()}
+            recorder.calls.append((method, targs, tkw, recorder._output(out)))
+            return out
+
+        return call
+
+    def __enter__(self) -> _Recorder:
+        bk = self.backend
+        for name in dir(type(bk)):
+            if name.startswith("_") or name in _NOT_RECORDED:
+                continue
+            attr = getattr(type(bk), name, None)
+            if not callable(attr) or isinstance(attr, type):
+                continue
+            self.installed.append((name, bk.__dict__.get(name)))  # an instance attribute to restore, if any
+            setattr(bk, name, self._wrapper(name, getattr(bk, name)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, own in self.installed:
+            if own is None:
+                self.backend.__dict__.pop(name, None)
+            else:
+                self.backend.__dict__[name] = own
+
+
+class _ArrayProgram:
+    """A step recorded as backend calls (cpu, opencl) and replayed by calling them again."""
+
+    def __init__(self, rec: _Recorder, inputs: list[Tensor], outputs: Any, before: dict[int, tuple],
+                 after: list[Tensor]):
+        self.backend = rec.backend
+        self.n_env = len(rec.sources)
+        self.n_inputs = len(inputs)
+        calls = rec.calls
+        owner_of: dict[int, Tensor] = {}
+        for t, data, _grad in before.values():
+            owner_of.setdefault(id(data), t)
+        rebound: list[Tensor] = []
+        for t, data, _grad in before.values():
+            if t._data is not data:
+                rebound.append(t)
+                owner_of[id(data)] = t
+        #: External arrays: (env index, owner tensor or None, the constant array).
+        self.externals = []
+        state: list[Tensor] = []
+        for k, (kind, arr) in enumerate(rec.sources):
+            if kind == "ext":
+                owner = owner_of.get(id(arr))
+                self.externals.append((k, owner, arr))
+                if owner is not None:
+                    state.append(owner)
+        # Tensors left pointing at arrays the step made: rebind them to the replay's arrays.
+        self.writeback: list[tuple[Tensor, int]] = []
+        seen: set[int] = set()
+        for t in rebound + after:
+            k = rec.env_ids.get(id(t._data))
+            if k is not None and rec.sources[k][0] == "out" and id(t) not in seen:
+                seen.add(id(t))
+                self.writeback.append((t, k))
+        # Gradient attributes the step set or cleared, restored after each replay.
+        self.grads = [(t, t.grad) for t, _data, grad in before.values() if t.grad is not grad]
+        self.outputs = self._template(outputs, rec)
+        self.guards = _Guards(state + [t for t, _ in self.writeback if t.requires_grad])
+        # Liveness: a replay drops each intermediate array after its last reader, as eager code would
+        # (keeping all of them made a replay hold the whole step's activations at once).
+        keep = {k for _t, k in self.writeback} | set(_template_refs(self.outputs))
+        last: dict[int, int] = {}
+        for i, (_fn, targs, tkw, out) in enumerate(calls):
+            for a in (*targs, *tkw.values()):
+                for k in _arg_refs(a):
+                    last[k] = i
+            for k in _out_refs(out):
+                last.setdefault(k, i)
+        frees: list[list[int]] = [[] for _ in calls]
+        for k, i in last.items():
+            if k not in keep:
+                frees[i].append(k)
+        self.calls = [(fn, targs, tkw, out, tuple(f)) for (fn, targs, tkw, out), f in zip(calls, frees)]
+
+    def _template(self, obj: Any, rec: _Recorder) -> Any:
+        if isinstance(obj, Tensor):
+            k = rec.env_ids.get(id(obj._data))
+            if k is None:  # an array the step did not make through the backend (a constant)
+                return ("C", obj._data)
+            return ("T", k)
+        if isinstance(obj, (list, tuple)):
+            return (type(obj), [self._template(o, rec) for o in obj])
+        if isinstance(obj, dict):
+            return (dict, {k: self._template(v, rec) for k, v in obj.items()})
+        return ("V", obj)
+
+    def _build(self, tmpl: Any, env: list) -> Any:
+        kind = tmpl[0]
+        if kind == "T":
+            return _wrap(env[tmpl[1]], self.backend)
+        if kind == "C":
+            return _wrap(tmpl[1], self.backend)
+        if kind == "V":
+            return tmpl[1]
+        if kind is dict:
+            return {k: self._build(v, env) for k, v in tmpl[1].items()}
+        return kind(self._build(o, env) for o in tmpl[1])
+
+    def replay(self, inputs: list[Tensor]) -> Any:
+        env: list[Any] = [None] * self.n_env
+        for i, t in enumerate(inputs):
+            env[i] = t._data
+        for k, owner, arr in self.externals:
+            env[k] = arr if owner is None else owner._data
+        for fn, targs, tkw, out, frees in self.calls:
+            args = [env[a.k] if type(a) is _Ref else _resolve(a, env) for a in targs]
+            result = fn(*args, **{k: _resolve(v, env) for k, v in tkw.items()}) if tkw else fn(*args)
+            if type(out) is int:
+                env[out] = result
+            elif out is not None:
+                _store(out, result, env)
+            for k in frees:
+                env[k] = None
+        for t, k in self.writeback:
+            t._data = env[k]
+        for t, grad in self.grads:
+            t.grad = grad
+        return self._build(self.outputs, env)
+
+
+def _arg_refs(x: Any) -> list[int]:
+    if type(x) is _Ref:
+        return [x.k]
+    if type(x) is _Seq:
+        return [k for i in x.items for k in _arg_refs(i)]
+    return []
+
+
+def _out_refs(out: Any) -> list[int]:
+    if type(out) is int:
+        return [out]
+    if out is None:
+        return []
+    return [k for o in out for k in _out_refs(o)]
+
+
+def _template_refs(tmpl: Any) -> list[int]:
+    kind = tmpl[0]
+    if kind == "T":
+        return [tmpl[1]]
+    if kind in ("C", "V"):
+        return []
+    items = tmpl[1].values() if kind is dict else tmpl[1]
+    return [k for o in items for k in _template_refs(o)]
+
+
+def _store(out: Any, result: Any, env: list) -> None:
+    if type(out) is int:
+        env[out] = result
+    elif out is not None:
+        for o, r in zip(out, result):
+            _store(o, r, env)
+
+
+# ---------------------------------------------------------------------------------------------- CUDA graphs
+class _GraphProgram:
+    """A step recorded as one CUDA graph: static inputs in, the same arrays rewritten on every launch."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, inputs: list[Tensor], session: Any):
+        bk = inputs[0]._backend
+        self.backend = bk
+        self.session = session
+        self.static = [_wrap(bk.assign(bk.full(t.shape, 0, t._data.dtype), t._data), bk) for t in inputs]
+        for s, t in zip(self.static, inputs):
+            if t.requires_grad:
+                s.requires_grad_(True)
+        before = {id(t): (t, t._data, t.grad) for t in _live_tensors()}
+        s_args, s_kwargs = _substitute(args, kwargs, dict(zip(map(id, inputs), self.static)))
+        try:
+            with session.capture():
+                outputs = fn(*s_args, **s_kwargs)
                 for t in _tensors_in(outputs):
-                    t._data = bk.contiguous(t._data)  # finish pending fused work inside the graph
+                    t._data = bk.contiguous(t._data)  # pending fused work finishes inside the graph
+                # State the step rebound to new arrays is copied back into its own buffers inside the graph,
+                # so every launch reads and writes the same addresses.
+                state = []
+                for t, data, _grad in before.values():
+                    if t._data is not data:
+                        bk.assign(data, t._data)
+                        t._data = data
+                    state.append(t)
         except FlowError:
             raise
         except Exception as exc:
             raise FlowError(
-                f"capture: the step failed while its CUDA graph was recorded ({type(exc).__name__}: {exc}); "
-                "the step must run on the device without host reads (see flowgraph.runtime)"
-            ) from exc
-        finally:
-            STATE.capture_hooks = previous_hooks
+                f"jit: the step failed while its CUDA graph was recorded ({type(exc).__name__}: {exc}); a "
+                "jitted step must run on the device without host reads (see flowgraph.runtime)") from exc
         self.outputs = outputs
+        self.guards = _Guards([t for t in state if t.requires_grad])
 
-    def _copy_inputs(self, inputs: tuple[Any, ...]) -> None:
-        if len(inputs) != len(self.static_inputs):
-            raise FlowError(f"captured step takes {len(self.static_inputs)} inputs, got {len(inputs)}")
+    def replay(self, inputs: list[Tensor]) -> Any:
         bk = self.backend
-        for i, (static, new) in enumerate(zip(self.static_inputs, inputs)):
-            if not isinstance(static, Tensor):
-                if new is not static and new != static:
-                    raise FlowError(
-                        f"captured step: input {i} was the constant {static!r} at capture, is {new!r} now; "
-                        "non-tensor inputs are frozen into the graph"
-                    )
-                continue
-            if isinstance(new, Tensor):
-                if new._backend is not bk:
-                    raise FlowError(f"captured step: input {i} is on {new.device}, the graph on {bk.device}")
-                data = new._data
-            else:
-                data = bk.from_host(np.asarray(new, dtype=static._data.dtype))
-            if tuple(data.shape) != tuple(static.shape) or data.dtype != static._data.dtype:
-                raise FlowError(
-                    f"captured step: input {i} has shape {tuple(data.shape)} and dtype {data.dtype}, the "
-                    f"graph was recorded for {tuple(static.shape)} {static._data.dtype}; capture again for "
-                    "other shapes"
-                )
-            if data is not static._data:
-                bk.assign(static._data, data)
-
-    def __call__(self, *inputs: Any) -> Any:
-        """Copy ``inputs`` into the static inputs and run the step; returns the (static) outputs."""
-        self._copy_inputs(inputs)
-        if not self.captured:
-            return self.step_fn(*self.static_inputs)
-        for hook in self.pre_replay:
-            hook()
+        for s, t in zip(self.static, inputs):
+            if t._data is not s._data:
+                bk.assign(s._data, t._data)
         self.session.replay()
-        return self.outputs
+        return _map_tensors(self.outputs, lambda t: _wrap(bk.assign(bk.full(t.shape, 0, t._data.dtype),
+                                                                    t._data), bk))
+
+
+def _map_tensors(obj: Any, f: Callable[[Tensor], Any]) -> Any:
+    if isinstance(obj, Tensor):
+        return f(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, f) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, f) for k, v in obj.items()}
+    return obj
+
+
+def _substitute(args: tuple, kwargs: dict, table: dict[int, Tensor]) -> tuple[tuple, dict]:
+    def sub(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            return table.get(id(x), x)
+        if isinstance(x, (list, tuple)):
+            return type(x)(sub(i) for i in x)
+        if isinstance(x, dict):
+            return {k: sub(v) for k, v in x.items()}
+        return x
+
+    return sub(args), sub(kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- the decorator
+class _Entry:
+    __slots__ = ("calls", "program", "session")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.program: Any = None
+        self.session: Any = None
+
+
+class JitFunction:
+    """A step function run eagerly once, recorded on its next call and replayed after (see :func:`jit`)."""
+
+    def __init__(self, fn: Callable[..., Any], cache_size: int = 8, fixed: tuple | None = None):
+        if not callable(fn):
+            raise FlowError(f"jit: expected a callable step function, got {type(fn).__name__}")
+        if not isinstance(cache_size, int) or cache_size < 1:
+            raise FlowError(f"jit: cache_size must be a positive int, got {cache_size!r}")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.cache_size = cache_size
+        self.fixed = fixed
+        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
+        #: How many times a step was recorded (re-recordings after a guard miss included).
+        self.recordings = 0
+        #: Why the last re-recording happened (None before any).
+        self.last_miss: str | None = None
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self.__call__, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inputs = _flat_inputs(args, kwargs)
+        if not inputs:
+            raise FlowError(f"jit: {self.__name__} got no tensor argument; a jitted step takes its batch as "
+                            "tensors (they fix the device and the shapes)")
+        bk = inputs[0]._backend
+        for t in inputs:
+            if t._backend is not bk:
+                raise FlowError(f"jit: inputs of {self.__name__} live on {bk.device} and {t.device}; "
+                                "a jitted step runs on one device")
+        key = _signature(args, kwargs)
+        if self.fixed is not None and key != self.fixed:
+            raise FlowError(
+                f"captured step {self.__name__}: called with another signature than its example inputs "
+                f"(shapes, dtypes, devices, requires_grad, constants); got {_describe(key)}, captured "
+                f"{_describe(self.fixed)}. Use fg.jit for steps whose shapes change")
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = _Entry()
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        if entry.program is not None:
+            miss = entry.program.guards.miss()
+            if miss is None:
+                for hook in _LR_HOOKS:
+                    hook()
+                return entry.program.replay(inputs)
+            self.last_miss = miss
+            entry.program = None
+            entry.calls = 1
+        if entry.calls == 0:
+            entry.calls = 1
+            return _map_tensors(self._eager(bk, entry, args, kwargs), Tensor.detach)
+        return _map_tensors(self._record(bk, entry, args, kwargs, inputs), Tensor.detach)
+
+    def _eager(self, bk: Any, entry: _Entry, args: tuple, kwargs: dict) -> Any:
+        previous = STATE.capture_hooks
+        STATE.capture_hooks = _LR_HOOKS
+        try:
+            if bk.supports_graph_capture:
+                entry.session = bk.graph_session()
+                with entry.session.warmup():
+                    return self.fn(*args, **kwargs)
+            return self.fn(*args, **kwargs)
+        finally:
+            STATE.capture_hooks = previous
+
+    def _record(self, bk: Any, entry: _Entry, args: tuple, kwargs: dict, inputs: list[Tensor]) -> Any:
+        previous = STATE.capture_hooks
+        STATE.capture_hooks = _LR_HOOKS
+        try:
+            for hook in _LR_HOOKS:
+                hook()
+            if bk.supports_graph_capture:
+                if entry.session is None:
+                    entry.session = bk.graph_session()
+                program = _GraphProgram(self.fn, args, kwargs, inputs, entry.session)
+                out = program.replay(inputs)
+            else:
+                before = {id(t): (t, t._data, t.grad) for t in _live_tensors()}
+                with _Recorder(bk, inputs) as rec:
+                    outputs = self.fn(*args, **kwargs)
+                gc.collect()  # cyclic garbage of the step (autograd graphs) is not state
+                returned = {id(t) for t in _tensors_in(outputs)}
+                created = [t for t in _live_tensors() if id(t) not in before and id(t) not in returned]
+                program = _ArrayProgram(rec, inputs, outputs, before, created)
+                out = outputs
+        finally:
+            STATE.capture_hooks = previous
+        entry.program = program
+        entry.calls = 2
+        self.recordings += 1
+        return out
 
     def __repr__(self) -> str:
-        mode = "CUDA graph" if self.captured else "eager"
-        return f"<CapturedStep {getattr(self.step_fn, '__name__', 'step')} on {self.backend.device} ({mode})>"
+        return f"<fg.jit {self.__name__}: {len(self._cache)} signature(s), {self.recordings} recording(s)>"
 
 
-def capture(step_fn: Callable[..., Any], *example_inputs: Any, warmup: int = 3) -> CapturedStep:
-    """Record ``step_fn(*example_inputs)`` (forward, backward, optimizer step) as one replayable CUDA graph.
+def _describe(key: tuple) -> str:
+    return repr(key[0])[:300]
 
-    The first ``warmup`` calls are real, eager steps on the example inputs; the recording then runs
-    nothing. Call the result with new inputs of the same shapes and dtypes; it returns ``step_fn``'s
-    outputs, the same tensors each time (read or clone them before the next call). See the module
-    documentation for the rules a captured step follows. On devices without CUDA graphs the step runs
-    eagerly.
+
+def jit(fn: Callable[..., Any] | None = None, *, cache_size: int = 8) -> Any:
+    """Record a training step once per signature and replay it (CUDA graphs on cuda, recorded backend calls
+    on cpu and opencl).
+
+    Use as ``@fg.jit`` or ``@fg.jit(cache_size=4)``. The first call of a signature runs eagerly, the second is
+    recorded (and still trains exactly one step), later ones replay; see :mod:`flowgraph.runtime` for the
+    rules and what is guarded. ``step.recordings`` counts recordings; ``step.last_miss`` says why the last
+    re-recording happened.
     """
-    return CapturedStep(step_fn, example_inputs, warmup=warmup)
+    if fn is None:
+        return lambda f: JitFunction(f, cache_size=cache_size)
+    return JitFunction(fn, cache_size=cache_size)
 
 
-__all__ = ["CapturedStep", "capture"]
+def capture(step_fn: Callable[..., Any], *example_inputs: Any) -> JitFunction:
+    """The fixed-signature form of :func:`jit`: ``step = fg.capture(step_fn, x0, y0)``.
+
+    Nothing runs at construction (no warm-up steps on the example). ``step(x, y)`` with inputs of the
+    example's shapes, dtypes and devices behaves as a jitted step (eager, recorded, then replayed); another
+    signature raises a FlowError.
+    """
+    if not callable(step_fn):
+        raise FlowError(f"capture: step_fn must be callable, got {type(step_fn).__name__}")
+    if not _flat_inputs(example_inputs, {}):
+        raise FlowError("capture: pass at least one example input tensor (it fixes the device and shapes)")
+    devices = {t._backend.device for t in _flat_inputs(example_inputs, {})}
+    if len(devices) > 1:
+        raise FlowError(f"capture: example inputs live on {' and '.join(sorted(devices))}; put them on one device")
+    return JitFunction(step_fn, cache_size=1, fixed=_signature(example_inputs, {}))
+
+
+__all__ = ["JitFunction", "capture", "jit"]

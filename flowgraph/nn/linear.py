@@ -37,7 +37,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     need_b = bias is not None and bias.requires_grad
 
     def backward(g: Tensor, *saved: Tensor):
-        x, weight = (saved[0], saved[-1]) if need_x and need_w else (None, saved[0]) if need_x else (saved[0], None)
+        x, weight = saved[0] if need_w else None, saved[-1] if need_x else None  # see _linear_saved
         g2 = g.reshape(-1, out_features)
         gx = g.matmul(weight) if need_x else None
         gw = g2.t().matmul(x.reshape(-1, in_features)) if need_w else None
@@ -68,7 +68,7 @@ def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return out
 
     def backward(g: Tensor, *saved: Tensor):
-        x, weight = (saved[0], saved[-1]) if need_x and need_w else (None, saved[0]) if need_x else (saved[0], None)
+        x, weight = saved[0] if need_w else None, saved[-1] if need_x else None  # see _linear_saved
         if g.requires_grad:  # create_graph
             return (g.matmul(weight) if need_x else None, g.t().matmul(x) if need_w else None,
                     g.sum(0) if need_b else None)

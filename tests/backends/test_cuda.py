@@ -44,29 +44,6 @@ def test_fg_cuda_module_without_gpu():
         fg.cuda.synchronize()
 
 
-def test_capture_falls_back_to_eager_on_cpu():
-    w = fg.tensor([1.0, 2.0], requires_grad=True)
-    calls = []
-
-    def step(x):
-        calls.append(1)
-        loss = (w * x).sum()
-        w.grad = None
-        loss.backward()
-        with fg.no_grad():
-            w.sub_(w.grad * 0.1)
-        return loss
-
-    graphed = fg.capture(step, fg.tensor([1.0, 1.0]), warmup=2)
-    assert not graphed.captured and len(calls) == 2
-    loss = graphed(fg.tensor([2.0, 0.0]))
-    # Two warm-up steps on [1, 1] took w to [0.8, 1.8]; the call on [2, 0] saw loss 1.6, grad [2, 0].
-    assert loss.item() == pytest.approx(1.6)
-    np.testing.assert_allclose(w.detach().numpy(), [0.6, 1.8], rtol=1e-6)
-    with pytest.raises(FlowError, match="shape"):
-        graphed(fg.tensor([1.0, 2.0, 3.0]))
-
-
 # ------------------------------------------------------------------------------------ fusion
 @pytest.fixture
 def be():
@@ -347,7 +324,7 @@ def test_dlpack_with_torch():
 
 
 # ------------------------------------------------------------------------------------ capture
-def _mlp_run(captured: bool, steps: int = 50, warmup: int = 3):
+def _mlp_run(captured: bool, steps: int = 50):
     from flowgraph import nn, optim
 
     fg.manual_seed(0)
@@ -368,18 +345,10 @@ def _mlp_run(captured: bool, steps: int = 50, warmup: int = 3):
         data.append((x, (np.sin(2 * x[:, :1]) + 0.5 * x[:, 1:2]).astype(F32)))
     x0 = fg.tensor(data[0][0], device="cuda")
     y0 = fg.tensor(data[0][1], device="cuda")
-    losses = []
+    run = fg.capture(step, x0, y0) if captured else step
+    losses = [run(fg.tensor(x, device="cuda"), fg.tensor(y, device="cuda")).item() for x, y in data]
     if captured:
-        graphed = fg.capture(step, x0, y0, warmup=warmup)
-        assert graphed.captured
-        for x, y in data:
-            loss = graphed(fg.tensor(x, device="cuda"), fg.tensor(y, device="cuda"))
-            losses.append(loss.item())
-    else:
-        for _ in range(warmup):
-            step(x0, y0)
-        for x, y in data:
-            losses.append(step(fg.tensor(x, device="cuda"), fg.tensor(y, device="cuda")).item())
+        assert run.recordings == 1
     return np.array(losses), [p.detach().numpy() for p in model.parameters()]
 
 
@@ -403,16 +372,19 @@ def test_capture_rejects_host_reads_and_shape_changes():
             pass
         return loss
 
-    with pytest.raises(FlowError, match="inside fg.capture"):
-        fg.capture(peeks, fg.ones(4, device="cuda"), warmup=1)
+    peeking = fg.capture(peeks, fg.ones(4, device="cuda"))
+    peeking(fg.ones(4, device="cuda"))  # the first call is eager
+    with pytest.raises(FlowError, match="host"):
+        peeking(fg.ones(4, device="cuda"))
 
     def fine(x):
         return (w * x).sum()
 
-    graphed = fg.capture(fine, fg.ones(4, device="cuda"), warmup=1)
-    assert graphed(fg.full((4,), 2.0, device="cuda")).item() == 8.0
-    assert graphed(np.arange(4, dtype=F32)).item() == 6.0
-    with pytest.raises(FlowError, match="shape"):
+    graphed = fg.capture(fine, fg.ones(4, device="cuda"))
+    for _ in range(3):  # eager, recorded, replayed
+        assert graphed(fg.full((4,), 2.0, device="cuda")).item() == 8.0
+    assert graphed(fg.tensor(np.arange(4, dtype=F32), device="cuda")).item() == 6.0
+    with pytest.raises(FlowError, match="another signature"):
         graphed(fg.ones(5, device="cuda"))
     # Eager work still runs normally after a capture.
     assert (w * 3).sum().item() == 12.0
@@ -423,13 +395,14 @@ def test_capture_random_numbers_change_per_replay():
     def draw(x):
         return x + fg.rand(8, device="cuda")
 
-    graphed = fg.capture(draw, fg.zeros(8, device="cuda"), warmup=1)
+    graphed = fg.capture(draw, fg.zeros(8, device="cuda"))
+    graphed(fg.zeros(8, device="cuda")), graphed(fg.zeros(8, device="cuda"))
     a = graphed(fg.zeros(8, device="cuda")).numpy().copy()
     b = graphed(fg.zeros(8, device="cuda")).numpy().copy()
     assert not np.array_equal(a, b) and 0 <= a.min() and a.max() < 1
 
 
-def _amp_run(captured: bool, steps: int = 12, warmup: int = 3):
+def _amp_run(captured: bool, steps: int = 12):
     from flowgraph import nn, optim
 
     fg.manual_seed(0)
@@ -456,12 +429,7 @@ def _amp_run(captured: bool, steps: int = 12, warmup: int = 3):
         data.append((x, rng.normal(size=(32, 1)).astype(F32)))
     x0 = fg.tensor(data[0][0], device="cuda")
     y0 = fg.tensor(data[0][1], device="cuda")
-    run = fg.capture(step, x0, y0, warmup=warmup) if captured else step
-    if captured:
-        assert run.captured
-    else:
-        for _ in range(warmup):
-            step(x0, y0)
+    run = fg.capture(step, x0, y0) if captured else step
     losses = [run(fg.tensor(x, device="cuda"), fg.tensor(y, device="cuda")).item() for x, y in data]
     return np.array(losses), [p.detach().numpy() for p in model.parameters()], scaler.get_scale()
 

@@ -1,0 +1,240 @@
+"""fg.jit and fg.capture on every backend: jitted training equals eager training step for step.
+
+The first call of a signature is eager, the second is recorded (and trains), later calls replay: on cpu and
+opencl as recorded backend calls, on cuda as a CUDA graph. Every guard that forces a new recording is
+exercised here, and so are the errors of the rules a jitted step follows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgraph as fg
+import flowgraph.nn.functional as F
+from flowgraph import nn, optim
+from flowgraph.errors import FlowError
+
+F32 = np.float32
+
+
+def _batches(n_steps, seed=1, short_at=None, inf_at=None):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_steps):
+        n = 5 if i == short_at else 12
+        x = rng.standard_normal((n, 8)).astype(F32)
+        y = (np.sin(2 * x[:, :1]) + 0.5 * x[:, 1:2]).astype(F32)  # learnable
+        if i == inf_at:
+            x[0, 0] = np.inf
+        out.append((x, y))
+    return out
+
+
+def _train(device, jitted, opt_name, steps=20, events=None, scaler=False, seed=0):
+    """20 steps of a small model with dropout and BatchNorm; ``events`` maps a step index to a change."""
+    fg.manual_seed(seed)
+    # no bias before BatchNorm: its gradient is rounding noise, which Adam would amplify into the comparison
+    model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.BatchNorm1d(16), nn.GELU(), nn.Dropout(0.2),
+                          nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
+    kw = {"SGD": dict(lr=0.05, momentum=0.9), "Adam": dict(lr=1e-2), "AdamW": dict(lr=1e-2, amsgrad=True),
+          "RMSprop": dict(lr=1e-2, momentum=0.5)}[opt_name]
+    opt = getattr(optim, opt_name)(model.parameters(), **kw)
+    sched = optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    gs = optim.GradScaler(init_scale=2.0 ** 8, growth_interval=3) if scaler else None
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        if gs is None:
+            loss.backward()
+            opt.step()
+        else:
+            gs.scale(loss).backward()
+            gs.step(opt)
+            gs.update()
+        return loss
+
+    run = fg.jit(step) if jitted else step
+    losses = []
+    for i, (x, y) in enumerate(_batches(steps, short_at=(events or {}).get("short"),
+                                        inf_at=(events or {}).get("inf"))):
+        if events and events.get("freeze") == i:
+            model[0].weight.requires_grad_(False)
+        if events and events.get("eval") == i:
+            model.eval()
+        if events and events.get("momentum") == i:
+            for g in opt.param_groups:
+                g["momentum" if opt_name in ("SGD", "RMSprop") else "weight_decay"] = 0.1
+        losses.append(run(fg.tensor(x, device=device), fg.tensor(y, device=device)).item())
+        sched.step()
+    params = [p.detach().numpy() for p in model.parameters()] + [b.numpy() for b in model.buffers()]
+    return np.array(losses), params, run
+
+
+# Adam's bias corrections use the device step count in the replay form (float32 on the device instead of
+# float64 on the host): a few ulps per step, hence the tolerance; SGD and RMSprop are bitwise equal on cpu.
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam", "AdamW", "RMSprop"])
+def test_jit_equals_eager_step_for_step(device, opt_name):
+    events = {"short": 9, "freeze": 13, "momentum": 16}
+    eager, eager_params, _ = _train(device, False, opt_name, events=events)
+    jitted, jit_params, step = _train(device, True, opt_name, events=events)
+    assert eager[-4:].mean() < eager[:4].mean()  # it trains
+    np.testing.assert_allclose(jitted, eager, **TOL)
+    for p, q in zip(jit_params, eager_params):
+        np.testing.assert_allclose(p, q, **TOL)
+    # full batches: recorded at step 1, again after the freeze (13) and the momentum change (16); the short
+    # batch (step 9) ran once, eagerly; the lr halvings of the scheduler needed no recording.
+    assert step.recordings == 3
+    assert "momentum" in step.last_miss or "hyper-parameters" in step.last_miss
+
+
+def test_jit_eval_mode_records_again(device):
+    eager, eager_params, _ = _train(device, False, "SGD", events={"eval": 10})
+    jitted, jit_params, step = _train(device, True, "SGD", events={"eval": 10})
+    np.testing.assert_allclose(jitted, eager, **TOL)
+    for p, q in zip(jit_params, eager_params):
+        np.testing.assert_allclose(p, q, **TOL)
+    assert step.recordings == 2 and "training" in step.last_miss
+
+
+def test_jit_with_grad_scaler_skips_like_eager(device):
+    events = {"inf": 7}
+    eager, eager_params, _ = _train(device, False, "Adam", events=events, scaler=True)
+    jitted, jit_params, _ = _train(device, True, "Adam", events=events, scaler=True)
+    assert not np.isfinite(eager[7]) and np.isfinite(eager[8:]).all()
+    np.testing.assert_allclose(jitted, eager, **TOL)  # inf/NaN at the same step
+    assert np.isfinite(jit_params[0]).all()  # the weights skipped the overflowing step
+    for p, q in zip(jit_params, eager_params):  # BatchNorm's running stats saw the inf batch in both
+        np.testing.assert_allclose(p, q, **TOL)
+
+
+def test_each_call_is_one_step_and_the_body_runs_twice(device):
+    w = fg.tensor([1.0, 2.0], device=device, requires_grad=True)
+    runs = []
+
+    @fg.jit
+    def step(x):
+        runs.append(1)
+        w.grad = None
+        loss = (w * x).sum()
+        loss.backward()
+        with fg.no_grad():
+            w.sub_(w.grad * 0.5)
+        return loss
+
+    losses = [step(fg.tensor([1.0, 1.0], device=device)) for _ in range(4)]
+    assert len(runs) == 2  # eager, then recorded; calls 3 and 4 replayed without running Python
+    # w: [1, 2] -> [0.5, 1.5] -> [0, 1] -> [-0.5, 0.5] -> [-1, 0]; each call returned its own loss
+    assert [t.item() for t in losses] == [3.0, 2.0, 1.0, 0.0]
+    np.testing.assert_allclose(w.detach().numpy(), [-1.0, 0.0])
+    np.testing.assert_allclose(w.grad.numpy(), [1.0, 1.0])
+
+
+def test_host_read_inside_a_jitted_step_names_the_line(device):
+    w = fg.ones(3, device=device, requires_grad=True)
+
+    @fg.jit
+    def step(x):
+        loss = (w * x).sum()
+        if loss.item() > 0:  # decides control flow: a replay could not follow it
+            loss = loss * 2
+        return loss
+
+    x = fg.ones(3, device=device)
+    assert step(x).item() == 6.0  # the first call is eager
+    with pytest.raises(FlowError, match=r"host read inside a jitted step at .*test_jit.py:\d+: if loss.item"):
+        step(x)
+
+
+def test_cache_is_bounded_and_signatures_record_separately(device):
+    w = fg.ones(4, device=device, requires_grad=True)
+
+    @fg.jit(cache_size=2)
+    def fwd(x):
+        return (x @ w).tanh()
+
+    for n in (1, 2, 3, 1):
+        for _ in range(3):
+            out = fwd(fg.ones(n, 4, device=device))
+            np.testing.assert_allclose(out.numpy(), np.full(n, np.tanh(4.0), F32), rtol=1e-6)
+    assert len(fwd._cache) == 2
+    assert fwd.recordings == 4  # n=1 was dropped when n=3 came, so it was recorded again
+
+
+def test_random_numbers_change_per_replay(device):
+    @fg.jit
+    def draw(x):
+        return x + fg.rand(64, device=device)
+
+    z = fg.zeros(64, device=device)
+    draws = [draw(z).numpy() for _ in range(4)]
+    assert all(not np.array_equal(a, b) for a, b in zip(draws, draws[1:]))
+    assert all(0 <= d.min() and d.max() < 1 for d in draws)
+
+
+def test_replaced_parameter_records_again(device):
+    lin = nn.Linear(3, 1).to(device)
+
+    @fg.jit
+    def fwd(x):
+        return lin(x)
+
+    x = fg.ones(2, 3, device=device)
+    fwd(x), fwd(x), fwd(x)
+    lin.weight = nn.Parameter(fg.zeros(1, 3, device=device))
+    with fg.no_grad():
+        lin.bias.fill_(0.25)
+    np.testing.assert_allclose(fwd(x).detach().numpy(), [[0.25], [0.25]])
+    assert fwd.recordings == 2 and "replaced" in fwd.last_miss
+
+
+def test_jit_errors_name_what_is_wrong(device):
+    with pytest.raises(FlowError, match="callable"):
+        fg.jit(3)
+    with pytest.raises(FlowError, match="cache_size"):
+        fg.jit(lambda x: x, cache_size=0)
+    with pytest.raises(FlowError, match="no tensor argument"):
+        fg.jit(lambda n: n)(3)
+
+
+def test_non_capturable_optimizer_is_refused_at_the_first_call(device):
+    w = fg.ones(3, device=device, requires_grad=True)
+    opt = optim.Adagrad([w], lr=0.1)
+
+    @fg.jit
+    def step(x):
+        opt.zero_grad()
+        (w * x).sum().backward()
+        opt.step()
+
+    with pytest.raises(FlowError, match="cannot run inside fg.capture"):
+        step(fg.ones(3, device=device))
+
+
+def test_capture_is_the_fixed_signature_form(device):
+    w = fg.tensor([1.0, 2.0], device=device, requires_grad=True)
+    runs = []
+
+    def step(x):
+        runs.append(1)
+        w.grad = None
+        loss = (w * x).sum()
+        loss.backward()
+        with fg.no_grad():
+            w.sub_(w.grad * 0.1)
+        return loss
+
+    graphed = fg.capture(step, fg.tensor([1.0, 1.0], device=device))
+    assert runs == []  # nothing runs at construction: no warm-up steps on the example
+    assert graphed(fg.tensor([2.0, 0.0], device=device)).item() == pytest.approx(2.0)
+    assert graphed(fg.tensor([2.0, 0.0], device=device)).item() == pytest.approx(1.6)
+    assert graphed(fg.tensor([2.0, 0.0], device=device)).item() == pytest.approx(1.2)
+    np.testing.assert_allclose(w.detach().numpy(), [0.4, 2.0], rtol=1e-6)
+    with pytest.raises(FlowError, match="another signature"):
+        graphed(fg.tensor([1.0, 2.0, 3.0], device=device))
+    with pytest.raises(FlowError, match="example input tensor"):
+        fg.capture(step, 3)
