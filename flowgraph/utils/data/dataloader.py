@@ -201,12 +201,17 @@ class DataLoader(Generic[T_co]):
         return _DevicePrefetch(it, self.device) if self.device is not None else it
 
     def __len__(self) -> int:
-        if isinstance(self.dataset, IterableDataset):
-            length = len(self.dataset)  # type: ignore[arg-type]
-            if self.batch_size is not None:
-                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
-            return length
-        return len(self._index_sampler)
+        return _length(self.dataset, self.batch_size, self.drop_last, self._index_sampler)
+
+
+def _length(dataset: Any, batch_size: int | None, drop_last: bool, index_sampler: Any) -> int:
+    """``len(DataLoader)``: batches per epoch (an iterable data set's own length, batched)."""
+    if isinstance(dataset, IterableDataset):
+        length = len(dataset)  # type: ignore[arg-type]
+        if batch_size is not None:
+            length = length // batch_size if drop_last else math.ceil(length / batch_size)
+        return length
+    return len(index_sampler)
 
 
 class _BaseIter:
@@ -220,17 +225,13 @@ class _BaseIter:
         self._index_sampler = loader._index_sampler
         self._collate_fn = loader.collate_fn
         self._batch_size, self._drop_last = loader.batch_size, loader.drop_last
-        self._length_of = weakref.ref(loader)
         self._base_seed = draw_seed(loader._rng)
 
     def __iter__(self) -> _BaseIter:
         return self
 
     def __len__(self) -> int:
-        loader = self._length_of()
-        if loader is None:
-            raise FlowError("len() of a DataLoader iterator whose DataLoader is gone")
-        return len(loader)
+        return _length(self._dataset, self._batch_size, self._drop_last, self._index_sampler)
 
 
 class _SingleProcessIter(_BaseIter):
