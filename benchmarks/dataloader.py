@@ -1,7 +1,8 @@
 """DataLoader throughput: flowgraph.utils.data vs torch.utils.data in the same run, and against a training step.
 
 The data is the mlp benchmark's (``benchmarks/models.py``): ``--batches`` batches of ``spec("mlp", scale)``
-inputs and targets (float32), held in memory as a ``TensorDataset``. Each configuration iterates whole shuffled
+inputs and targets (float32), held in memory as a ``TensorDataset`` ("tensors") or as a map-style data set of
+NumPy rows read sample by sample ("rows"). Each configuration iterates whole shuffled
 epochs (``shuffle=True``, the worker start included when the workers are not persistent); the table gives
 batches per second (median epoch over ``--rounds``, frameworks alternating which goes first) and the ratio
 flowgraph / torch in time per batch (below 1.0: flowgraph is faster). The last lines compare the loader's time per
@@ -26,8 +27,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from benchmarks.models import build_flowgraph, spec  # noqa: E402
 
-CONFIGS = [("0 workers", dict(num_workers=0)), ("2 workers", dict(num_workers=2)),
-           ("2 persistent workers", dict(num_workers=2, persistent_workers=True))]
+CONFIGS = [("tensors, 0 workers", "tensors", dict(num_workers=0)),
+           ("tensors, 2 workers", "tensors", dict(num_workers=2)),
+           ("tensors, 2 persistent", "tensors", dict(num_workers=2, persistent_workers=True)),
+           ("rows, 0 workers", "rows", dict(num_workers=0)),
+           ("rows, 2 persistent", "rows", dict(num_workers=2, persistent_workers=True))]
+
+
+class Rows:
+    """A map-style data set of NumPy rows (``(x[i], y[i])``): every framework reads it sample by sample and
+    stacks the rows with its ``default_collate``."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[i], self.y[i]
+
+    def __len__(self) -> int:
+        return len(self.x)
 
 
 def _data(scale: float, batches: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -47,7 +65,7 @@ def _epoch_seconds(loader) -> tuple[float, int]:
     return time.perf_counter() - start, count
 
 
-def _loaders(x: np.ndarray, y: np.ndarray, batch: int, kwargs: dict):
+def _loaders(x: np.ndarray, y: np.ndarray, batch: int, kind: str, kwargs: dict):
     """The flowgraph and the torch loader of one configuration over the same arrays."""
     import torch
     import torch.utils.data as td
@@ -55,8 +73,11 @@ def _loaders(x: np.ndarray, y: np.ndarray, batch: int, kwargs: dict):
     import flowgraph as fg
     from flowgraph.utils import data as fd
 
-    ours = fd.TensorDataset(fg.from_numpy(x), fg.from_numpy(y))
-    theirs = td.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    if kind == "tensors":
+        ours = fd.TensorDataset(fg.from_numpy(x), fg.from_numpy(y))
+        theirs = td.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    else:
+        ours = theirs = Rows(x, y)
     return (fd.DataLoader(ours, batch_size=batch, shuffle=True, generator=0, **kwargs),
             td.DataLoader(theirs, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0),
                           **kwargs))
@@ -104,8 +125,8 @@ def main() -> None:
           f"{args.batches} batches per epoch, shuffle=True; median of {args.rounds} epochs")
     print(f"{'configuration':<22} {'flowgraph batch/s':>18} {'torch batch/s':>14} {'ratio (time)':>13}")
     per_batch = {}
-    for name, kwargs in CONFIGS:
-        ours, theirs = _loaders(x, y, batch, kwargs)
+    for name, kind, kwargs in CONFIGS:
+        ours, theirs = _loaders(x, y, batch, kind, kwargs)
         _epoch_seconds(ours), _epoch_seconds(theirs)  # warm-up (and the persistent workers' start)
         times: dict[str, list[float]] = {"fg": [], "torch": []}
         for r in range(args.rounds):

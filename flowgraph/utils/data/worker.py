@@ -86,7 +86,7 @@ class WorkerError:
         msg = (f"Caught {self.type_name} in DataLoader worker process {self.worker_id}{where}.\n"
                f"Original {self.traceback}")
         if self.exc_type is KeyError:
-            raise FlowError(msg)  # KeyError would print the message as a quoted repr
+            raise _KeyErrorMessage(msg)
         if self.exc_type is not None:
             try:
                 exc = self.exc_type(msg)
@@ -95,6 +95,14 @@ class WorkerError:
             if exc is not None:
                 raise exc
         raise FlowError(msg)
+
+
+class _KeyErrorMessage(KeyError):
+    """A ``KeyError`` from a worker: printed as its message (a plain ``KeyError`` shows a quoted repr, which would
+    put the traceback on one line)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class IterableEnd:
