@@ -101,8 +101,9 @@ def test_random_sampler_permutes_and_is_reproducible():
                                                                                generator=np.random.default_rng(5)))
     fg.manual_seed(11)
     a = list(RandomSampler(range(20)))
+    split = [list(s) for s in random_split(range(20), [0.5, 0.5])]
     fg.manual_seed(11)
-    assert list(RandomSampler(range(20))) == a
+    assert list(RandomSampler(range(20))) == a and [list(s) for s in random_split(range(20), [0.5, 0.5])] == split
 
 
 def test_random_sampler_num_samples_and_replacement():
@@ -141,6 +142,23 @@ def test_distributed_sampler_shuffles_disjointly_per_epoch():
         p.set_epoch(1)
     assert [list(p) for p in parts] != first
     assert list(DistributedSampler(range(12), num_replicas=3, rank=0, seed=4)) == first[0]
+
+
+def test_distributed_sampler_defaults_come_from_the_process_group(monkeypatch):
+    from flowgraph import distributed
+    from tests.distributed._util import free_port
+
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    distributed.init(backend="local", timeout=10)
+    try:
+        sampler = DistributedSampler(range(5), shuffle=False)
+        assert (sampler.num_replicas, sampler.rank, list(sampler)) == (1, 0, [0, 1, 2, 3, 4])
+        assert DistributedSampler(range(5), num_replicas=2, shuffle=False).rank == 0
+    finally:
+        distributed.destroy()
 
 
 def test_distributed_sampler_errors():
