@@ -409,6 +409,16 @@ def test_device_moves_batches_one_ahead(device):
     assert loaded[1][0].device == fg.device(device) and loaded[1][0].tolist() == [[6.0, 7.0]]
 
 
+def test_workers_refuse_a_tensor_dataset_on_an_accelerator(device):
+    ds = TensorDataset(fg.zeros(4, 2, device=device), fg.zeros(4, device=device))
+    if fg.device(device) == "cpu":
+        assert len(DataLoader(Subset(ds, [0, 1]), num_workers=1)) == 2
+        return
+    with pytest.raises(FlowError, match=f"holds tensors on {fg.device(device)}, but worker processes read CPU "
+                                        f"data only; keep the data set on the CPU and pass device="):
+        DataLoader(Subset(ds, [0, 1]), num_workers=1)
+
+
 def test_device_prefetch_raises_a_later_error_on_its_own_batch():
     class Broken(Dataset):
         def __getitem__(self, i):

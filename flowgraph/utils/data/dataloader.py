@@ -23,7 +23,7 @@ from ...backends import parse_device
 from ...errors import FlowError
 from .collate import default_collate, default_convert, from_host, to_device
 from .dataset import Dataset, IterableDataset
-from .fetch import IterableFetcher, MapFetcher
+from .fetch import IterableFetcher, MapFetcher, tensor_dataset_devices
 from .sampler import (
     BatchSampler,
     GeneratorLike,
@@ -98,6 +98,11 @@ class DataLoader(Generic[T_co]):
         if prefetch_factor is not None and (isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int)
                                             or prefetch_factor < 1):
             raise FlowError(f"DataLoader(): prefetch_factor must be a positive int, got {prefetch_factor!r}")
+        on_device = sorted(tensor_dataset_devices(dataset) - {"cpu"}) if num_workers else []
+        if on_device:
+            raise FlowError(f"DataLoader(num_workers={num_workers}): the TensorDataset holds tensors on "
+                            f"{', '.join(on_device)}, but worker processes read CPU data only; keep the data set on "
+                            f"the CPU and pass device={on_device[0]!r} to move the batches, or use num_workers=0")
         if persistent_workers and num_workers == 0:
             raise FlowError("DataLoader(): persistent_workers option needs num_workers > 0")
         if isinstance(dataset, IterableDataset):

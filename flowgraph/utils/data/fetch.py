@@ -39,6 +39,15 @@ def _tensor_rows(dataset: Any, index: list[int]) -> list[Tensor] | None:
     return None
 
 
+def tensor_dataset_devices(dataset: Any) -> set[str]:
+    """The devices of a ``TensorDataset``'s tensors (looking through ``Subset``s); empty for other data sets."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    if isinstance(dataset, TensorDataset):
+        return {t.device for t in dataset.tensors}
+    return set()
+
+
 class MapFetcher:
     """Batches of a map-style data set: ``fetch(indices)`` (a list with auto-collation, one index without)."""
 
