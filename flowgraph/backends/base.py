@@ -405,6 +405,15 @@ class Backend:
         raise BackendError(f"the {self.name} backend has no DLPack device; copy to 'cpu' first")
 
     # ----------------------------------------------------------------- runtime
+    def host_call(self, fn: Any, *arrays: Array) -> Any:
+        """Host work on device arrays as one unit: ``fn(*arrays)``, returning arrays (or None).
+
+        A store collective or a metric read goes through here, so ``fg.jit`` records it as one call and runs
+        it again, on the replay's arrays, every time the step replays (host reads inside ``fn`` are its own
+        business). A backend recording a device graph refuses it: a graph cannot run Python.
+        """
+        return fn(*arrays)
+
     def synchronize(self) -> None:
         """Wait for all queued work on the device."""
 

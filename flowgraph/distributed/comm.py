@@ -38,12 +38,6 @@ def _c_order(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
-def _write_host(tensor: Tensor, array: np.ndarray) -> None:
-    """Copy a host array into ``tensor`` in place (outside autograd)."""
-    with no_grad():
-        tensor.copy_(_wrap(tensor._backend.from_host(_c_order(array)), tensor._backend))
-
-
 class Communicator(ABC):
     """The interface every transport implements; ``rank`` and ``world_size`` are set by the constructor."""
 
@@ -109,45 +103,67 @@ class StoreCommunicator(Communicator):
 
     def all_reduce_coalesced(self, tensors: list[Tensor], op: str = "sum", async_op: bool = False) -> list[Tensor]:
         """One exchange for all ``tensors`` of one dtype (their host copies concatenated; one exchange per dtype
-        otherwise). Sums are taken in rank order, so every rank gets identical bits."""
+        otherwise). Sums are taken in rank order, so every rank gets identical bits. The host part is one
+        ``Backend.host_call``, so a step recorded by ``fg.jit`` exchanges again on every replay."""
         _check_op(op)
         for t in tensors:
             _check_tensor(t, "all_reduce")
-        hosts = [self._host(t) for t in tensors]
-        dtypes = list(dict.fromkeys(h.dtype for h in hosts))
-        if len(dtypes) > 1:
-            for dt in dtypes:
-                self.all_reduce_coalesced([t for t, h in zip(tensors, hosts) if h.dtype == dt], op)
+        if not tensors:
             return tensors
-        flat = np.concatenate([h.reshape(-1) for h in hosts]) if hosts else np.zeros(0, np.float32)
-        parts = [np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())]
-        if op == "max":
-            out = np.maximum.reduce(parts)
-        else:
-            out = parts[0].copy()
-            for p in parts[1:]:
-                out += p
-            if op == "avg":
-                out = (out / self.world_size).astype(flat.dtype, copy=False)
-        offset = 0
-        for t, h in zip(tensors, hosts):
-            _write_host(t, out[offset:offset + h.size].reshape(h.shape))
-            offset += h.size
+        bk = tensors[0]._backend
+        reduced = bk.host_call(lambda *arrays: self._reduce_arrays(bk, arrays, op), *[t._data for t in tensors])
+        with no_grad():
+            for t, r in zip(tensors, reduced):
+                t.copy_(_wrap(r, bk))
         return tensors
 
+    def _reduce_arrays(self, bk: Any, arrays: tuple, op: str) -> tuple:
+        """The reduced values of ``arrays`` as new device arrays (one exchange per dtype)."""
+        hosts = [_c_order(np.asarray(bk.to_host(a))) for a in arrays]
+        out: list[Any] = [None] * len(hosts)
+        for dt in dict.fromkeys(h.dtype for h in hosts):
+            idx = [i for i, h in enumerate(hosts) if h.dtype == dt]
+            flat = np.concatenate([hosts[i].reshape(-1) for i in idx])
+            total = self._reduce_flat(flat, op)
+            offset = 0
+            for i in idx:
+                n = hosts[i].size
+                out[i] = bk.from_host(_c_order(total[offset:offset + n].reshape(hosts[i].shape)))
+                offset += n
+        return tuple(out)
+
+    def _reduce_flat(self, flat: np.ndarray, op: str) -> np.ndarray:
+        parts = [np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())]
+        if op == "max":
+            return np.maximum.reduce(parts)
+        out = parts[0].copy()
+        for p in parts[1:]:
+            out += p
+        if op == "avg":
+            out = (out / self.world_size).astype(flat.dtype, copy=False)
+        return out
+
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
-        """Overwrite ``tensor`` with rank ``src``'s values."""
+        """Overwrite ``tensor`` with rank ``src``'s values (the exchange is one ``Backend.host_call``)."""
         _check_tensor(tensor, "broadcast")
         if not 0 <= src < self.world_size:
             raise FlowError(f"broadcast src={src} is not a rank of a world of size {self.world_size}")
-        host = self._host(tensor)
+        bk = tensor._backend
+        (received,) = bk.host_call(lambda a: (self._broadcast_array(bk, a, src),), tensor._data)
+        if self.rank != src:
+            with no_grad():
+                tensor.copy_(_wrap(received, bk))
+        return tensor
+
+    def _broadcast_array(self, bk: Any, array: Any, src: int) -> Any:
+        host = _c_order(np.asarray(bk.to_host(array)))
         data = self._exchange(host.tobytes() if self.rank == src else b"")[src]
         if len(data) != host.nbytes:
             raise FlowError(f"broadcast: rank {src} sent {len(data)} bytes, rank {self.rank} expected "
                             f"{host.nbytes} (shape {tuple(host.shape)}, {host.dtype}); shapes must match")
-        if self.rank != src:
-            _write_host(tensor, np.frombuffer(data, dtype=host.dtype).reshape(host.shape))
-        return tensor
+        if self.rank == src:
+            return array
+        return bk.from_host(_c_order(np.frombuffer(data, dtype=host.dtype).reshape(host.shape)))
 
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
         """Every rank's tensor in rank order (new tensors on ``tensor``'s device)."""

@@ -14,6 +14,8 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from ..autograd.grad_mode import no_grad
 from ..errors import FlowError, PathError
 from ..nn import Module
@@ -68,7 +70,17 @@ def record(graph: Module, name: str, value: Any, mode: str | None = None) -> Non
     if "." in name:
         raise FlowError(f"record({name!r}): metric names cannot contain '.'; use record_at for a nested graph")
     book = _book(graph)
-    book.buffers.setdefault(name, []).append(_scalar(value))
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise FlowError(f"record: expected a scalar, got a tensor of shape {value.shape}; reduce it first")
+        bk = value._backend
+
+        def append(a: Any) -> None:  # one host_call: a step under fg.jit records the value on every replay
+            book.buffers.setdefault(name, []).append(float(np.asarray(bk.to_host(a)).reshape(())))
+
+        bk.host_call(append, value.detach()._data)
+    else:
+        book.buffers.setdefault(name, []).append(_scalar(value))
     book.history.setdefault(name, [])
     if mode is not None:
         if mode not in ("min", "max"):

@@ -238,3 +238,51 @@ def test_capture_is_the_fixed_signature_form(device):
         graphed(fg.tensor([1.0, 2.0, 3.0], device=device))
     with pytest.raises(FlowError, match="example input tensor"):
         fg.capture(step, 3)
+
+
+def test_graph_record_inside_a_jitted_step_records_every_replay(device):
+    from flowgraph import FlowBuilder
+
+    model = FlowBuilder.from_(nn.Linear(4, 4)).through(nn.Linear(4, 1)).build().to(device)
+    opt = optim.SGD(model.parameters(), lr=0.01)
+
+    @fg.jit
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        model.record("loss", loss)  # a metric read: one host_call, run again on every replay
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = fg.ones(3, 4, device=device)
+    losses = [step(x).item() for _ in range(5)]
+    model.flush()
+    assert model.trend("loss").values == pytest.approx([float(np.mean(losses))], rel=1e-6)
+
+
+def test_autocast_inside_and_around_a_jitted_step(device):
+    low = fg.float16 if device.startswith("opencl") else fg.bfloat16  # OpenCL has no bfloat16
+    try:
+        fg.ones(2, device=device).to(low)
+    except fg.BackendError as exc:
+        pytest.skip(f"{low} not on {device}: {exc}")
+
+    def run(jitted):
+        fg.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1)).to(device)
+        opt = optim.SGD(model.parameters(), lr=0.05)
+
+        def step(x, y):
+            opt.zero_grad()
+            with fg.autocast(low):
+                out = model(x)
+            loss = F.mse_loss(out.float(), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = fg.jit(step) if jitted else step
+        return [f(fg.tensor(x, device=device), fg.tensor(y, device=device)).item() for x, y in _batches(6)]
+
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-6)

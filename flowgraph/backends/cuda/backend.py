@@ -526,10 +526,14 @@ class CupyBackend(ArrayBackend):
         return self._node("cast", (a,), dtype)
 
     # ----------------------------------------------------------------- host exchange and creation
+    def host_call(self, fn: Any, *arrays: Array) -> Any:
+        self._no_capture("host work (a store collective, a metric read)")
+        return fn(*arrays)
+
     def _no_capture(self, what: str) -> None:
         if self.capturing:
             raise FlowError(
-                f"{what} inside fg.capture: a CUDA graph cannot read device memory on the host or copy host "
+                f"{what} inside fg.jit/fg.capture: a CUDA graph cannot read device memory on the host or copy host "
                 "memory in while it is recorded (no .item(), .numpy(), print, float(), if on a tensor, "
                 "fg.tensor(...) of host data). Return the tensor from the step function and read it after "
                 "the replay, or create constants before capturing"
