@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session on NVIDIA GPUs: the backend-parametrised suite on cuda and on NVIDIA's OpenCL driver, the
-# NCCL test (2 GPUs), the 7-model benchmark (CUDA eager + captured vs torch eager + CUDA graph; OpenCL vs torch),
+# NCCL test (2 GPUs), the 7-model benchmark (CUDA eager + fg.jit vs torch eager + CUDA graph; OpenCL eager + jit),
 # data-parallel equality and scaling (2 GPUs), and a kernel profile of mlp.
 # Results land in $OUT (or ./out). Run from the repository root:  bash benchmarks/gpu_session.sh
 # Each stage has a time budget (seconds, environment): TEST_BUDGET, CUDA_BENCH_BUDGET, OCL_BENCH_BUDGET, DP_BUDGET.
@@ -24,7 +24,7 @@ python3 -c "import flowgraph as fg, cupy, torch; print(fg.available_devices(), c
   > "$OUT/devices.txt" 2>&1
 STAGES="${STAGES:-tests bench dp profile overhead}"
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
-TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree"
+TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree tests/runtime tests/utils"
 if has tests; then
 timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "cuda" -n 16 -p no:cacheprovider \
   > "$OUT/tests_cuda.txt" 2>&1
@@ -39,7 +39,7 @@ fi
 if has bench; then
 timeout "${CUDA_BENCH_BUDGET:-300}" python3 -m benchmarks --device cuda --models all --capture --check-losses \
   --rounds 2 --epochs 2 --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
-timeout "${OCL_BENCH_BUDGET:-200}" python3 -m benchmarks --device opencl:0 --models all --rounds 1 --epochs 2 \
+timeout "${OCL_BENCH_BUDGET:-200}" python3 -m benchmarks --device opencl:0 --models all --jit --rounds 1 --epochs 2 \
   --json "$OUT/bench_opencl.json" > "$OUT/bench_opencl.txt" 2>&1
 fi
 if has dp; then

@@ -74,9 +74,11 @@ _NOT_RECORDED = frozenset({"synchronize", "graph_session", "memory_stats", "list
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _user_line() -> str:
-    """``file:line: code`` of the innermost stack frame outside flowgraph (where a host read was asked for)."""
-    for frame in reversed(traceback.extract_stack()):
+def _user_line(exc: BaseException | None = None) -> str:
+    """``file:line: code`` of the innermost frame outside flowgraph: of the current stack, or of where ``exc``
+    was raised (where a host read was asked for)."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc is not None else traceback.extract_stack()
+    for frame in reversed(frames):
         if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep):
             return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
     return "<unknown line>"
@@ -444,11 +446,16 @@ class _GraphProgram:
                 s.requires_grad_(True)
         before = {id(t): (t, t._data, t.grad) for t in _live_tensors()}
         s_args, s_kwargs = _substitute(args, kwargs, dict(zip(map(id, inputs), self.static)))
+        bk.after_launch = []
         try:
             with session.capture():
                 outputs = fn(*s_args, **s_kwargs)
-                for t in _tensors_in(outputs):
-                    t._data = bk.contiguous(t._data)  # pending fused work finishes inside the graph
+                # Pending fused work of every tensor the step leaves behind (outputs, new gradients, state)
+                # finishes inside the graph: a lazy array realized after the recording would read stale memory.
+                gc.collect()
+                for t in _live_tensors():
+                    if id(t) not in before or t._data is not before[id(t)][1]:
+                        t._data = bk.contiguous(t._data)
                 # State the step rebound to new arrays is copied back into its own buffers inside the graph,
                 # so every launch reads and writes the same addresses.
                 state = []
@@ -457,13 +464,16 @@ class _GraphProgram:
                         bk.assign(data, t._data)
                         t._data = data
                     state.append(t)
-        except FlowError:
-            raise
         except Exception as exc:
             raise FlowError(
-                f"jit: the step failed while its CUDA graph was recorded ({type(exc).__name__}: {exc}); a "
-                "jitted step must run on the device without host reads (see flowgraph.runtime)") from exc
+                f"jit: the step cannot be recorded as a CUDA graph at {_user_line(exc)}: {exc}"
+                if isinstance(exc, FlowError) else
+                f"jit: the step failed while its CUDA graph was recorded at {_user_line(exc)} "
+                f"({type(exc).__name__}: {exc}); a jitted step must run on the device without host reads "
+                "(see flowgraph.runtime)") from exc
         self.outputs = outputs
+        #: Metric reads of the step (sink host calls), run after every launch.
+        self.after_launch, bk.after_launch = bk.after_launch, []
         self.guards = _Guards([t for t in state if t.requires_grad])
 
     def replay(self, inputs: list[Tensor]) -> Any:
@@ -472,6 +482,8 @@ class _GraphProgram:
             if t._data is not s._data:
                 bk.assign(s._data, t._data)
         self.session.replay()
+        for fn, arrays in self.after_launch:
+            fn(*arrays)
         return _map_tensors(self.outputs, lambda t: _wrap(bk.assign(bk.full(t.shape, 0, t._data.dtype),
                                                                     t._data), bk))
 

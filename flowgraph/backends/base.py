@@ -405,12 +405,14 @@ class Backend:
         raise BackendError(f"the {self.name} backend has no DLPack device; copy to 'cpu' first")
 
     # ----------------------------------------------------------------- runtime
-    def host_call(self, fn: Any, *arrays: Array) -> Any:
+    def host_call(self, fn: Any, *arrays: Array, sink: bool = False) -> Any:
         """Host work on device arrays as one unit: ``fn(*arrays)``, returning arrays (or None).
 
         A store collective or a metric read goes through here, so ``fg.jit`` records it as one call and runs
         it again, on the replay's arrays, every time the step replays (host reads inside ``fn`` are its own
-        business). A backend recording a device graph refuses it: a graph cannot run Python.
+        business). ``sink=True`` says ``fn`` returns nothing the step uses (a metric read): a backend recording
+        a device graph then runs it after each launch on copies of ``arrays`` made inside the graph; other
+        host work is refused there (a graph cannot run Python).
         """
         return fn(*arrays)
 

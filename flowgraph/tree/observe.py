@@ -78,7 +78,7 @@ def record(graph: Module, name: str, value: Any, mode: str | None = None) -> Non
         def append(a: Any) -> None:  # one host_call: a step under fg.jit records the value on every replay
             book.buffers.setdefault(name, []).append(float(np.asarray(bk.to_host(a)).reshape(())))
 
-        bk.host_call(append, value.detach()._data)
+        bk.host_call(append, value.detach()._data, sink=True)
     else:
         book.buffers.setdefault(name, []).append(_scalar(value))
     book.history.setdefault(name, [])

@@ -204,6 +204,8 @@ class CupyBackend(ArrayBackend):
         self._blas: Cublas | None = None
         #: Set by ``fg.capture`` while a CUDA graph is being recorded: host reads raise.
         self.capturing = False
+        #: Sink host calls met while recording a graph: ``(fn, arrays)`` run after each launch.
+        self.after_launch: list = []
         #: Counters for tests and benchmarks: fused kernel launches and elementwise ops folded into them.
         self.stats = {"fused_launches": 0, "fused_ops": 0}
         super().__init__(cupy, "cuda", f"cuda:{self.index}")
@@ -526,8 +528,12 @@ class CupyBackend(ArrayBackend):
         return self._node("cast", (a,), dtype)
 
     # ----------------------------------------------------------------- host exchange and creation
-    def host_call(self, fn: Any, *arrays: Array) -> Any:
-        self._no_capture("host work (a store collective, a metric read)")
+    def host_call(self, fn: Any, *arrays: Array, sink: bool = False) -> Any:
+        if self.capturing and sink:  # run after each launch, on copies the graph makes
+            copies = tuple(self.assign(self.full(a.shape, 0, a.dtype), a) for a in arrays)
+            self.after_launch.append((fn, copies))
+            return None
+        self._no_capture("host work (a store collective)")
         return fn(*arrays)
 
     def _no_capture(self, what: str) -> None:
