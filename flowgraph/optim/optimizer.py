@@ -129,6 +129,7 @@ def _with_step_hooks(step: Callable[..., Any]) -> Callable[..., Any]:
             return step(self, *args, **kwargs)
         self._inside_step = True
         try:
+            args = (self, *args)  # hooks see the optimizer as args[0], as in PyTorch
             for hook in list(self.__dict__.get("_optimizer_step_pre_hooks", {}).values()):
                 result = hook(self, args, kwargs)
                 if result is not None:
@@ -136,7 +137,7 @@ def _with_step_hooks(step: Callable[..., Any]) -> Callable[..., Any]:
                         raise FlowError(f"{type(self).__name__}.step: a step pre-hook must return None or a "
                                         f"tuple (new_args, new_kwargs), got {type(result).__name__}")
                     args, kwargs = result
-            out = step(self, *args, **kwargs)
+            out = step(*args, **kwargs)
             for hook in list(self.__dict__.get("_optimizer_step_post_hooks", {}).values()):
                 hook(self, args, kwargs)
             return out
@@ -290,7 +291,8 @@ class Optimizer:
 
     def register_step_pre_hook(self, hook: StepHook) -> StepHookHandle:
         """Run ``hook(optimizer, args, kwargs)`` before every ``step``; it may return ``(new_args, new_kwargs)``
-        to replace ``step``'s arguments. Returns a handle whose ``remove()`` unregisters it (PyTorch's API)."""
+        to replace ``step``'s arguments. As in PyTorch, ``args`` starts with the optimizer itself
+        (``(opt, closure)`` for ``opt.step(closure)``). Returns a handle whose ``remove()`` unregisters it."""
         handle = StepHookHandle(self._optimizer_step_pre_hooks)
         self._optimizer_step_pre_hooks[handle.id] = hook
         return handle
@@ -433,6 +435,9 @@ class Optimizer:
             new_groups.append(group)
         self.state = new_state
         self.param_groups = new_groups
+
+
+Optimizer.step = _with_step_hooks(Optimizer.step)  # type: ignore[method-assign]  # subclasses: __init_subclass__
 
 
 def _load_value(key: str, value: Any, p: Tensor, host_scalars: tuple[str, ...]) -> Any:
