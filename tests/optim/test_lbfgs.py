@@ -261,3 +261,33 @@ def test_errors():
         optim.LBFGS([p], lr=-1.0)
     with pytest.raises(fg.FlowError, match="closure must return the loss"):
         opt.step(lambda: "loss")
+
+
+def test_parameter_without_gradient_counts_as_zero(device):
+    """A parameter the loss does not use (``.grad`` None) enters the flat gradient as zeros and stays put,
+    while the others follow torch."""
+    _float64(device)
+    fx = fg.tensor(X0, dtype=fg.float64, device=device, requires_grad=True)
+    fu = fg.tensor([3.0, 4.0], dtype=fg.float64, device=device, requires_grad=True)
+    tx = torch.tensor(X0, dtype=torch.float64, requires_grad=True)
+    tu = torch.tensor([3.0, 4.0], dtype=torch.float64, requires_grad=True)
+    fopt = optim.LBFGS([fu, fx], line_search_fn="strong_wolfe", max_iter=6)
+    topt = torch.optim.LBFGS([tu, tx], line_search_fn="strong_wolfe", max_iter=6)
+
+    def fg_closure():
+        fopt.zero_grad()
+        loss = rosenbrock(fx)
+        loss.backward()
+        return loss
+
+    def torch_closure():
+        topt.zero_grad()
+        loss = rosenbrock(tx)
+        loss.backward()
+        return loss
+
+    fopt.step(fg_closure)
+    topt.step(torch_closure)
+    assert fu.grad is None and fu.detach().numpy().tolist() == [3.0, 4.0]
+    np.testing.assert_allclose(fx.detach().numpy(), tx.detach().numpy(), rtol=1e-8, atol=1e-10)
+    assert list(fopt.state) == [fu] and fopt.state[fu]["d"].shape == (6,)
