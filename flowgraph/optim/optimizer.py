@@ -463,5 +463,5 @@ def _load_value(key: str, value: Any, p: Tensor, host_scalars: tuple[str, ...]) 
     if key in host_scalars and loaded.numel() == 1:
         return float(loaded.item())
     if loaded.dtype.is_floating_point and p.dtype.is_floating_point and key != "step":
-        return loaded.to(p.device, p.dtype).clone()
+        loaded = loaded.to(p.dtype)  # cast where the value is (a device without float64 never sees one)
     return loaded.to(p.device).clone()
