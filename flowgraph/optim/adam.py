@@ -66,6 +66,7 @@ class Adam(Optimizer):
 
     _name = "Adam"
     _capturable = True
+    _host_scalars = ("step",)
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,

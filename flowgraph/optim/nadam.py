@@ -40,6 +40,8 @@ class NAdam(Optimizer):
     >>> opt = optim.NAdam(model.parameters(), lr=2e-3)
     """
 
+    _host_scalars = ("step", "mu_product")
+
     def __init__(self, params: ParamsT, lr: float = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, momentum_decay: float = 4e-3,
                  decoupled_weight_decay: bool = False, *, foreach: bool | None = None,

@@ -1,7 +1,11 @@
 """``Optimizer``: the base class every optimizer derives from (PyTorch's ``torch.optim.Optimizer`` surface).
 
 An optimizer holds ``param_groups`` (a list of dicts: ``"params"`` plus that group's hyper-parameters) and
-``state`` (a dict from parameter to that parameter's buffers). ``step()`` walks the groups and, for every
+``state`` (a dict from parameter to that parameter's buffers). A user subclass is written as in PyTorch: its
+``__init__`` calls ``super().__init__(params, defaults)`` and it overrides ``step(closure=None)``, reading
+``self.param_groups``, ``self.state[p]`` and ``self.defaults`` (see :class:`Optimizer`).
+
+flowgraph's own optimizers instead keep the base ``step()``, which walks the groups and, for every
 parameter that requires grad and has a ``.grad``, calls the subclass's ``_update``. Updates are written as a
 short, fixed sequence of whole-tensor ops under ``fg.no_grad()`` ending in one in-place write per buffer
 (:func:`write_`), so a fusing backend can turn one parameter's step into one kernel.
@@ -17,8 +21,8 @@ step. The same helpers compute the bias corrections with tensor ops then.
 from __future__ import annotations
 
 import copy
-from abc import ABC, abstractmethod
-from collections import defaultdict
+import functools
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -84,7 +88,67 @@ def check_betas(where: str, betas: tuple[float, float]) -> None:
     check_range(where, "betas[1] (beta2)", betas[1], 0.0, 1.0)
 
 
-class Optimizer(ABC):
+StepHook = Callable[["Optimizer", tuple, dict], Any]
+
+
+class StepHookHandle:
+    """Returned by ``register_step_pre_hook`` / ``register_step_post_hook``: ``remove()`` unregisters the hook
+    (PyTorch's ``RemovableHandle``; also a context manager that removes it on exit)."""
+
+    _next_id = 0
+
+    def __init__(self, store: dict[int, StepHook]) -> None:
+        self._store = store
+        self.id = StepHookHandle._next_id
+        StepHookHandle._next_id += 1
+
+    def remove(self) -> None:
+        """Unregister the hook (a second call does nothing)."""
+        self._store.pop(self.id, None)
+
+    def __enter__(self) -> StepHookHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def _with_step_hooks(step: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an optimizer's ``step`` so that the registered pre- and post-hooks run around it.
+
+    Applied to ``Optimizer.step`` and to every subclass's own ``step`` (by ``__init_subclass__``), so a user
+    subclass gets hooks without doing anything. A ``step`` that calls ``super().step()`` runs the hooks once:
+    the inner call sees that hooks already ran for this step.
+    """
+    if getattr(step, "_runs_step_hooks", False):
+        return step
+
+    @functools.wraps(step)
+    def stepped(self: Optimizer, *args: Any, **kwargs: Any) -> Any:
+        if self.__dict__.get("_inside_step"):
+            return step(self, *args, **kwargs)
+        self._inside_step = True
+        try:
+            args = (self, *args)  # hooks see the optimizer as args[0], as in PyTorch
+            for hook in list(self.__dict__.get("_optimizer_step_pre_hooks", {}).values()):
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise FlowError(f"{type(self).__name__}.step: a step pre-hook must return None or a "
+                                        f"tuple (new_args, new_kwargs), got {type(result).__name__}")
+                    args, kwargs = result
+            out = step(*args, **kwargs)
+            for hook in list(self.__dict__.get("_optimizer_step_post_hooks", {}).values()):
+                hook(self, args, kwargs)
+            return out
+        finally:
+            self._inside_step = False
+
+    stepped._runs_step_hooks = True  # type: ignore[attr-defined]
+    return stepped
+
+
+class Optimizer:
     """Base class of all optimizers: param groups, per-parameter state, ``zero_grad``, ``step``, state dicts.
 
     ``params`` is an iterable of tensors, or of dicts each with a ``"params"`` entry and any per-group options
@@ -93,11 +157,49 @@ class Optimizer(ABC):
         opt = optim.SGD([{"params": encoder.parameters()},
                          {"params": head.parameters(), "lr": 1e-2}], lr=1e-3, momentum=0.9)
 
-    Subclasses define ``_init_state(p, group)`` (a new parameter's buffers) and
-    ``_update(p, grad, state, group)`` (one step for one parameter, run under ``fg.no_grad()``).
+    Subclass it as in PyTorch: call ``super().__init__(params, defaults)`` and override ``step``; hooks,
+    ``zero_grad``, ``add_param_group`` and state dicts come from the base::
+
+        class MySGD(optim.Optimizer):
+            def __init__(self, params, lr=0.1, momentum=0.9):
+                super().__init__(params, dict(lr=lr, momentum=momentum))
+
+            @fg.no_grad()
+            def step(self, closure=None):
+                loss = None
+                if closure is not None:
+                    with fg.enable_grad():
+                        loss = closure()
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is None:
+                            continue
+                        state = self.state[p]
+                        if "momentum_buffer" not in state:
+                            state["momentum_buffer"] = p.grad.clone()
+                        else:
+                            state["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
+                        p.add_(state["momentum_buffer"], alpha=-group["lr"])
+                return loss
+
+    flowgraph's own optimizers keep the base ``step`` and define two hooks instead (nothing forces a user
+    subclass to): ``_init_state(p, state, group)`` fills a new parameter's ``state`` dict, and
+    ``_update(p, grad, state, group)`` makes one parameter's step in place (run under ``fg.no_grad()``).
     """
 
+    #: State entries kept as Python floats (PyTorch keeps 0-d tensors): ``load_state_dict`` turns one-element
+    #: tensors under these keys into floats. Each optimizer of flowgraph's names its own.
+    _host_scalars: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give a subclass's own ``step`` the step hooks (``register_step_pre_hook`` and co.)."""
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__ and callable(cls.__dict__["step"]):
+            cls.step = _with_step_hooks(cls.__dict__["step"])
+
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
+        self._optimizer_step_pre_hooks: OrderedDict[int, StepHook] = OrderedDict()
+        self._optimizer_step_post_hooks: OrderedDict[int, StepHook] = OrderedDict()
         self.defaults = defaults
         self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
@@ -115,6 +217,12 @@ class Optimizer(ABC):
             param_groups = [{"params": param_groups}]
         for group in param_groups:
             self.add_param_group(group)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore attributes (``copy.deepcopy``); PyTorch subclasses call ``super().__setstate__(state)``."""
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_optimizer_step_pre_hooks", OrderedDict())
+        self.__dict__.setdefault("_optimizer_step_post_hooks", OrderedDict())
 
     def __repr__(self) -> str:
         lines = [type(self).__name__ + " ("]
@@ -181,10 +289,25 @@ class Optimizer(ABC):
                         p.grad = p.grad.detach()
                         p.grad.zero_()
 
+    def register_step_pre_hook(self, hook: StepHook) -> StepHookHandle:
+        """Run ``hook(optimizer, args, kwargs)`` before every ``step``; it may return ``(new_args, new_kwargs)``
+        to replace ``step``'s arguments. As in PyTorch, ``args`` starts with the optimizer itself
+        (``(opt, closure)`` for ``opt.step(closure)``). Returns a handle whose ``remove()`` unregisters it."""
+        handle = StepHookHandle(self._optimizer_step_pre_hooks)
+        self._optimizer_step_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_step_post_hook(self, hook: StepHook) -> StepHookHandle:
+        """Run ``hook(optimizer, args, kwargs)`` after every ``step``. Returns a handle with ``remove()``."""
+        handle = StepHookHandle(self._optimizer_step_post_hooks)
+        self._optimizer_step_post_hooks[handle.id] = hook
+        return handle
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that requires grad and has a gradient; returns ``closure()``'s loss.
 
         Parameters whose ``.grad`` is None or that do not require grad (frozen) are skipped and get no state.
+        Each parameter's update is the subclass's ``_update``; a user subclass overrides ``step`` itself.
         """
         loss = None
         if closure is not None:
@@ -248,9 +371,12 @@ class Optimizer(ABC):
         """Fill ``state`` with the new parameter ``p``'s buffers."""
         return  # an optional hook: the default does nothing
 
-    @abstractmethod
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        """One parameter's update, in place under ``no_grad`` (each optimizer defines it)."""
+        """One parameter's update, in place under ``no_grad`` (each of flowgraph's optimizers defines it)."""
+        name = type(self).__name__
+        raise FlowError(f"{name}.step: {name} overrides neither step(closure=None) nor _update(); a subclass "
+                        "of optim.Optimizer defines step() as in PyTorch, reading self.param_groups and "
+                        "self.state[p]")
 
     # ------------------------------------------------------------------ state dicts
     def state_dict(self) -> dict[str, Any]:
@@ -301,7 +427,7 @@ class Optimizer(ABC):
                 raise FlowError(f"{name}.load_state_dict: state for parameter index {key}, "
                                 "which no group lists")
             p = id_map[key]
-            new_state[p] = {k: _load_value(k, v, p) for k, v in buffers.items()}
+            new_state[p] = {k: _load_value(k, v, p, self._host_scalars) for k, v in buffers.items()}
         new_groups = []
         for mine, saved in zip(self.param_groups, saved_groups):
             group = copy.deepcopy({k: v for k, v in saved.items() if k != "params"})
@@ -311,17 +437,31 @@ class Optimizer(ABC):
         self.param_groups = new_groups
 
 
-def _load_value(key: str, value: Any, p: Tensor) -> Any:
-    """A state entry as this optimizer keeps it: step counts as floats, buffers as tensors like ``p``."""
+Optimizer.step = _with_step_hooks(Optimizer.step)  # type: ignore[method-assign]  # subclasses: __init_subclass__
+
+
+def _load_value(key: str, value: Any, p: Tensor, host_scalars: tuple[str, ...]) -> Any:
+    """A state entry as this optimizer keeps it, with PyTorch's casting rules.
+
+    Entries named in ``host_scalars`` become Python floats when they hold one number. Tensors (flowgraph's,
+    torch's, NumPy arrays) are copied onto ``p``'s device; floating ones take ``p``'s dtype too, except
+    ``step``. Lists, tuples and dicts (LBFGS's history) are converted item by item; anything else is copied.
+    """
+    if isinstance(value, (list, tuple)):
+        return type(value)(_load_value(key, v, p, host_scalars) for v in value)
+    if isinstance(value, dict):
+        return {k: _load_value(k, v, p, host_scalars) for k, v in value.items()}
     if isinstance(value, Tensor):
-        if key in ("step", "mu_product") and value.numel() == 1:
-            return float(value.item())
-        return value.to(p.device, p.dtype).clone()
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor (torch is not a dependency)
-        host = value.detach().cpu().numpy()
-        if key in ("step", "mu_product") and host.size == 1:
-            return float(host.reshape(()))
-        return tensor(host, dtype=p.dtype, device=p.device)
-    if hasattr(value, "__array__") and not isinstance(value, (int, float)):
-        return tensor(value, dtype=p.dtype, device=p.device)
-    return copy.deepcopy(value)
+        loaded = value
+    elif hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor (torch is not a dependency)
+        host = value.detach().cpu()
+        loaded = tensor(host.float().numpy() if str(host.dtype) == "torch.bfloat16" else host.numpy())
+    elif hasattr(value, "__array__") and not isinstance(value, (int, float)):
+        loaded = tensor(value)
+    else:
+        return copy.deepcopy(value)
+    if key in host_scalars and loaded.numel() == 1:
+        return float(loaded.item())
+    if loaded.dtype.is_floating_point and p.dtype.is_floating_point and key != "step":
+        loaded = loaded.to(p.dtype)  # cast where the value is (a device without float64 never sees one)
+    return loaded.to(p.device).clone()

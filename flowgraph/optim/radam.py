@@ -38,6 +38,8 @@ class RAdam(Optimizer):
     >>> opt = optim.RAdam(model.parameters(), lr=1e-3, decoupled_weight_decay=True, weight_decay=0.01)
     """
 
+    _host_scalars = ("step",)
+
     def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, decoupled_weight_decay: bool = False, *,
                  foreach: bool | None = None, maximize: bool = False) -> None:

@@ -22,6 +22,7 @@ class RMSprop(Optimizer):
     """
 
     _capturable = True
+    _host_scalars = ("step",)
 
     def __init__(self, params: ParamsT, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
                  weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False, *,

@@ -8,7 +8,7 @@ import pytest
 import flowgraph as fg
 from flowgraph import nn, optim
 
-ALL = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "RAdam", "NAdam"]
+ALL = ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "RAdam", "NAdam", "Adadelta", "Adamax", "ASGD", "Rprop"]
 
 
 def _p(device="cpu"):

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from flowgraph import optim
 
-from .helpers import Pair, assert_close_params
+from .helpers import ATOL, RTOL, Pair, assert_close_params, float64_reference, run_pair
 
 torch = pytest.importorskip("torch")
 
-# Tightest tolerance that holds for all the grids below over 20 steps (float32; the update formulas are
-# PyTorch's, evaluated in a fused-friendly order, so they differ by a few ulps per step).
-RTOL, ATOL = 1e-5, 1e-6
 STEPS = 20
 
 GRID = [
@@ -49,46 +45,6 @@ GRID = [
 def _ids(case):
     name, opts = case
     return name + "-" + "-".join(f"{k}={v}" for k, v in opts.items())
-
-
-def run_pair(pair: Pair, fopt, topt, steps: int, rtol: float = RTOL, atol: float = ATOL, reference=None) -> None:
-    """Step both optimizers ``steps`` times, comparing the parameters after each step.
-
-    With ``reference`` (a float64 torch run of the same optimizer, see ``float64_reference``) the tolerance is
-    derived from float32 arithmetic instead of fixed: flowgraph's distance to the float64 trajectory may be at
-    most 4x torch's own float32 distance to it, plus a rounding floor that grows by one ulp of the parameters
-    per step (the error of any float32 evaluation order). That holds on every CPU, and still catches a wrong
-    update (an error of the order of the learning rate).
-    """
-    for step in range(steps):
-        fopt.zero_grad()
-        topt.zero_grad()
-        pair.fg_backward()
-        pair.torch_backward()
-        fopt.step()
-        topt.step()
-        if reference is None:
-            assert_close_params(pair.fp, pair.tp, rtol, atol, f"after step {step + 1}")
-            continue
-        ref_params, ref_opt = reference
-        ref_opt.zero_grad()
-        pair.torch_backward(ref_params)
-        ref_opt.step()
-        for i, (f, t, r) in enumerate(zip(pair.fp, pair.tp, ref_params)):
-            r = r.detach().numpy()
-            err_fg = np.abs(f.detach().numpy().astype(np.float64) - r).max()
-            err_torch = np.abs(t.detach().numpy().astype(np.float64) - r).max()
-            floor = 4 * (step + 1) * np.finfo(np.float32).eps * max(np.abs(r).max(), 1.0)
-            assert err_fg <= 4 * err_torch + floor, (
-                f"parameter {i} after step {step + 1}: flowgraph is {err_fg:.3g} from the float64 trajectory, "
-                f"torch's float32 run {err_torch:.3g} (allowed {4 * err_torch + floor:.3g})"
-            )
-
-
-def float64_reference(pair: Pair, name: str, opts: dict):
-    """torch's optimizer run in float64 from the same start: the trajectory both float32 runs approximate."""
-    params = [torch.tensor(p.detach().numpy().astype(np.float64), requires_grad=True) for p in pair.tp]
-    return params, getattr(torch.optim, name)(params, **opts)
 
 
 @pytest.mark.parametrize("case", GRID, ids=[_ids(c) for c in GRID])
