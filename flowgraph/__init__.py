@@ -60,6 +60,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Monitor": ("flowgraph.monitor", "Monitor"),
     "capture": ("flowgraph.runtime", "capture"),
     "cuda": ("flowgraph.cuda", None),
+    "serialization": ("flowgraph.serialization", None),
+    "save": ("flowgraph.serialization", "save"),
+    "load": ("flowgraph.serialization", "load"),
 }
 
 
