@@ -108,6 +108,8 @@ from .elementwise import (
     where,
 )
 from .extra import (
+    addcdiv,
+    addcmul,
     allclose,
     argsort,
     diag,
@@ -159,6 +161,7 @@ from .reduction import (
     sum,
     var,
 )
+from .sampling import multinomial
 from .shape import (
     broadcast_tensors,
     broadcast_to,
