@@ -156,6 +156,8 @@ def test_fg_cuda_queries_and_accelerator():
         try:
             assert fg.device("cuda") == f"cuda:{fg.cuda.device_count() - 1}"
             assert fg.zeros(2, device="cuda").device == fg.device("cuda")
+            assert fg.ones(2).cuda().device == fg.device("cuda")  # x.cuda() means the current device, as torch
+            assert fg.nn.Linear(2, 2).cuda().weight.device == fg.device("cuda")
         finally:
             fg.cuda.set_device(0)
         with pytest.raises(BackendError, match="does not exist"):

@@ -289,3 +289,13 @@ def test_checkpoint_metadata_round_trips_and_is_checked(tmp_path):
     with pytest.raises(CheckpointError, match="metadata must be a dict"):
         save_checkpoint(model, path, metadata=[1])
     assert checkpoint_metadata(path) == meta  # the failed saves wrote nothing
+
+
+def test_graph_save_checkpoint_takes_metadata(tmp_path):
+    from .conftest import make_model
+
+    g = make_model(seed=1)
+    path = tmp_path / "g.safetensors"
+    g.save_checkpoint(path, metadata={"epoch": 3, "label": None})
+    report = make_model(seed=2).load_checkpoint(path)
+    assert report.metadata == {"epoch": 3, "label": None} and not report.missing
