@@ -217,7 +217,7 @@ def json_metadata(metadata: dict, name: str, path: str, kind: type = dict) -> An
     """``metadata[name]`` parsed as JSON of type ``kind``; CheckpointError when it is missing or anything else."""
     try:
         value = json.loads(metadata[name])
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError, RecursionError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"checkpoint {path!r} has missing or corrupt {name!r} metadata: {exc!r}") from exc
     if not isinstance(value, kind):
         raise CheckpointError(f"checkpoint {path!r} has corrupt {name!r} metadata: expected a JSON "
@@ -253,7 +253,7 @@ class _Encoder:
         return CheckpointError(f"{self.what}: {_where(path)}: {message}")
 
     def encode(self, obj: Any, path: tuple) -> Any:
-        if obj is None or isinstance(obj, (bool, str)):
+        if obj is None or type(obj) in (bool, str):
             return obj
         if isinstance(obj, int) and type(obj) is int:
             return obj
@@ -511,7 +511,11 @@ def save(obj: Any, f: str | os.PathLike | Any) -> None:
     from safetensors.numpy import save as st_save
 
     encoder = _Encoder(allow_tensors=True, what="fg.save")
-    structure = encoder.encode(obj, ())
+    try:
+        structure = encoder.encode(obj, ())
+    except RecursionError as exc:
+        raise CheckpointError("fg.save: the object is nested too deeply to save (Python's recursion limit); "
+                              "flatten it") from exc
     metadata = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "object": json.dumps(structure, allow_nan=False),
@@ -586,6 +590,8 @@ def load(f: str | os.PathLike | Any, map_location: Any = None, *, device: Any = 
         return decoder.decode(structure)
     except RecursionError as exc:
         raise CheckpointError(f"{path!r}: the saved object is nested too deeply to load") from exc
+    except (TypeError, ValueError, AttributeError) as exc:  # e.g. a list used as a dict key in a crafted file
+        raise decoder.corrupt(repr(exc)) from exc
 
 
 __all__ = ["load", "save"]

@@ -188,6 +188,7 @@ def test_unsupported_objects_name_their_place(tmp_path):
         ({"s": {1, 2}}, r"obj\['s'\]: a set cannot be saved"),
         ({"k": {object(): 1}}, r"obj\['k'\]: a dict key of type object"),
         ({"b": b"raw"}, r"obj\['b'\]: bytes cannot be saved"),
+        ({"e": __import__("enum").StrEnum("Mode", "A")("a")}, r"obj\['e'\]: a .*Mode cannot be saved"),
         ({"o": optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)}, r"obj\['o'\]: an optimizer \(SGD\)"),
     ]
     for obj, message in cases:
@@ -197,6 +198,11 @@ def test_unsupported_objects_name_their_place(tmp_path):
     cyclic["a"].append(cyclic)
     with pytest.raises(CheckpointError, match=r"obj\['a'\]\[0\]: the object contains itself"):
         fg.save(cyclic, path)
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(CheckpointError, match="nested too deeply"):
+        fg.save(deep, path)
     assert path.read_bytes() == before  # nothing written by a failed save
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
@@ -258,6 +264,8 @@ def test_corrupt_or_foreign_files_raise_checkpoint_errors(tmp_path):
     crafted("object", json.dumps({"@tuple": 1}))
     crafted("object", json.dumps({"@dtype": "complex64"}))
     crafted("object", json.dumps({"@items": [[1]]}))
+    crafted("object", json.dumps({"@items": [[[1, 2], 3]]}))  # a list as a dict key
+    crafted("object", "[" * 100000 + "]" * 100000)
     crafted("tensors", json.dumps({"w": {"dtype": "object"}}))
     crafted("checksums", "[]")
     crafted("format_version", "99")
