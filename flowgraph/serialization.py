@@ -449,9 +449,10 @@ class _Decoder:
         try:
             return get_backend(target).device
         except BackendError as exc:
+            where = f"saved on {saved!r}" if target == saved else f"saved on {saved!r} and mapped to {target!r}"
             raise CheckpointError(
-                f"file {self.path!r}: a tensor was saved on {saved!r}, which cannot be used here ({exc}); load "
-                "with map_location='cpu' (or another device)"
+                f"file {self.path!r}: a tensor {where} cannot be placed on that device here ({exc}); load with "
+                "map_location='cpu' (or another available device)"
             ) from exc
 
     def _tensor(self, node: dict) -> Tensor:

@@ -272,9 +272,17 @@ def test_corrupt_or_foreign_files_raise_checkpoint_errors(tmp_path):
     path.write_bytes(good)
     _rewrite(path, lambda t, m: m.__setitem__("tensors", json.dumps({"w": {"dtype": "float32", "device": "cuda:7"}})))
     if "cuda:7" not in fg.available_devices():
-        with pytest.raises(CheckpointError, match="saved on 'cuda:7'.*map_location='cpu'"):
+        with pytest.raises(CheckpointError, match="saved on 'cuda:7' cannot be placed.*map_location='cpu'"):
             fg.load(path)
+        with pytest.raises(CheckpointError, match="saved on 'cpu' and mapped to 'cuda:7'"):
+            fg.load(_saved_on_cpu(tmp_path), map_location="cuda:7")
         assert fg.load(path, map_location="cpu")["w"].tolist() == list(range(8))
+
+
+def _saved_on_cpu(tmp_path):
+    path = tmp_path / "cpu.fg"
+    fg.save({"w": fg.ones(1)}, path)
+    return path
 
 
 def test_checkpoint_metadata_round_trips_and_is_checked(tmp_path):
