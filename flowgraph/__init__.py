@@ -19,7 +19,7 @@ from typing import Any
 
 from . import autograd
 from .autograd import detect_anomaly, enable_grad, gradcheck, is_grad_enabled, no_grad, set_grad_enabled
-from .backends import available_devices, get_backend
+from .backends import available_devices, get_backend, get_float32_matmul_precision, set_float32_matmul_precision
 from .errors import (
     AnomalyError,
     BackendError,
@@ -61,6 +61,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "capture": ("flowgraph.runtime", "capture"),
     "jit": ("flowgraph.runtime", "jit"),
     "cuda": ("flowgraph.cuda", None),
+    "accelerator": ("flowgraph.accelerator", None),
+    "serialization": ("flowgraph.serialization", None),
+    "save": ("flowgraph.serialization", "save"),
+    "load": ("flowgraph.serialization", "load"),
 }
 
 
@@ -88,4 +92,5 @@ __all__ = [
     "ShapeError", "Tensor", "autograd", "available_devices", "bfloat16", "bool", "detect_anomaly", "device",
     "enable_grad", "float16", "float32", "float64", "get_backend", "gradcheck", "int32", "int64",
     "is_grad_enabled", "no_grad", "set_grad_enabled",
+    "get_float32_matmul_precision", "set_float32_matmul_precision",
 ]

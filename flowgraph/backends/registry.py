@@ -1,8 +1,8 @@
 """Device strings, the backend registry and ``available_devices``.
 
-A device string is ``"<type>"`` or ``"<type>:<index>"``: ``"cpu"``, ``"cuda"`` (= ``"cuda:0"``),
-``"opencl:1"``. Each device type maps to a backend class registered here by import path, so the array
-libraries (CuPy, PyOpenCL) are imported only when a device of that type is first used.
+A device string is ``"<type>"`` or ``"<type>:<index>"``: ``"cpu"``, ``"cuda"`` (= ``"cuda:0"``, or the device
+``fg.cuda.set_device`` chose), ``"opencl:1"``. Each device type maps to a backend class registered here by
+import path, so the array libraries (CuPy, PyOpenCL) are imported only when a device of that type is first used.
 """
 
 from __future__ import annotations
@@ -16,11 +16,25 @@ from .base import Backend
 # type -> "module:Class"; imported lazily so `import flowgraph` never imports cupy or pyopencl.
 _BACKEND_CLASSES: dict[str, str] = {
     "cpu": "flowgraph.backends.array_backend:NumpyBackend",
-    "cuda": "flowgraph.backends.cuda:CupyBackend",
+    "cuda": "flowgraph.backends.cuda.backend:CupyBackend",
     "opencl": "flowgraph.backends.opencl:OpenCLBackend",
 }
 _INSTANCES: dict[str, Backend] = {}
 _SEED: list[int] = [0]
+#: The index a bare device type means (``"cuda"`` -> ``"cuda:<index>"``), as ``torch.cuda.set_device`` sets it.
+_DEFAULT_INDEX: dict[str, int] = {}
+
+
+def set_default_index(device_type: str, index: int) -> None:
+    """Make the bare ``device_type`` (``"cuda"``) mean ``"<device_type>:<index>"`` from now on."""
+    _DEFAULT_INDEX[device_type] = int(index)
+    for key in [k for k in _INSTANCES if k.split(":")[0].strip().lower() == device_type and ":" not in k]:
+        del _INSTANCES[key]  # cached aliases of the old default
+
+
+def default_index(device_type: str) -> int:
+    """The index a bare ``device_type`` means (0 unless :func:`set_default_index` changed it)."""
+    return _DEFAULT_INDEX.get(device_type, 0)
 
 
 def register_backend(device_type: str, target: str) -> None:
@@ -46,7 +60,7 @@ def parse_device(device: Any) -> str:
             raise BackendError(f"device {device!r}: the cpu device has no index other than 0; use 'cpu'")
         return "cpu"
     if index == "":
-        index = "0"
+        index = str(_DEFAULT_INDEX.get(kind, 0))
     if not index.isdigit():
         raise BackendError(f"device {device!r}: the index after ':' must be a non-negative integer")
     return f"{kind}:{int(index)}"

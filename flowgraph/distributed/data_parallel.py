@@ -8,11 +8,17 @@ one collective group, while the rest of backward still runs (NCCL works on its o
 bucket completes, the hook finishes: it waits for the collectives (a device-side wait), writes the averaged
 gradients into ``.grad`` and returns the current parameter's (the engine writes it).
 :meth:`DataParallel.finish_gradients` does the same by hand (needed only when some parameter got no gradient).
+
+Gradient accumulation without communication, as DDP: inside ``with dp.no_sync():`` (or while
+``dp.require_backward_grad_sync`` is ``False``, nanoGPT's toggle) the hooks stand aside and backward leaves each
+rank's local gradients in ``.grad``; the first backward after it reduces, per parameter, the whole accumulated
+``.grad`` (what was accumulated locally plus this backward's gradient), so k micro-batches cost one all-reduce.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..autograd.grad_mode import no_grad
@@ -66,6 +72,10 @@ class DataParallel(Module):
     :meth:`finish_gradients` after ``backward`` (they are reduced as zeros).
     ``communicator`` defaults to the one ``flowgraph.distributed.init()`` created. The wrapped model is
     ``.module``; save ``dp.module.state_dict()`` to get the keys of the unwrapped model.
+
+    Gradient accumulation: run the first micro-batches inside :meth:`no_sync` (or with
+    ``require_backward_grad_sync = False``, PyTorch's attribute), the last one outside; as in PyTorch, the
+    setting in force at ``forward`` decides whether that pass's backward all-reduces.
     """
 
     def __init__(self, module: Module, bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True,
@@ -105,7 +115,29 @@ class DataParallel(Module):
                 bucket_of[i] = b
         object.__setattr__(self, "_bucket_of", bucket_of)
         object.__setattr__(self, "_handles", [params[i].register_hook(self._make_hook(i)) for i in bucket_of])
+        #: PyTorch's DDP attribute: ``False`` makes the next forward's backward accumulate local gradients only.
+        object.__setattr__(self, "require_backward_grad_sync", True)
+        object.__setattr__(self, "_sync_backward", True)  # the setting at the last forward
+        object.__setattr__(self, "_unsynced", False)  # .grad holds local gradients that were never reduced
         self._reset()
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside this context, forward/backward passes accumulate local gradients without all-reducing them;
+        the first backward of a forward run outside it reduces the accumulated gradients, as PyTorch's
+        ``DistributedDataParallel.no_sync``::
+
+            with dp.no_sync():
+                (loss_fn(dp(x1), y1) / 2).backward()      # local only, no communication
+            (loss_fn(dp(x2), y2) / 2).backward()          # reduces both micro-batches' gradients
+            opt.step()
+        """
+        old = self.require_backward_grad_sync
+        object.__setattr__(self, "require_backward_grad_sync", False)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "require_backward_grad_sync", old)
 
     # ------------------------------------------------------------------ per-backward state
     def _reset(self) -> None:
@@ -122,17 +154,29 @@ class DataParallel(Module):
 
     def _on_grad(self, i: int, grad: Tensor) -> Tensor | None:
         p = self._params[i]
+        if not self._sync_backward:
+            object.__setattr__(self, "_unsynced", True)
+            return None  # the engine accumulates the local gradient into .grad
         if i in self._ready:
             raise FlowError(f"DataParallel: parameter {self._names[i]!r} got two gradients before the buckets were "
                             "reduced (is it used in two backward passes of one step? call finish_gradients())")
         with no_grad():
             g = grad.detach() if grad.dtype == p.dtype else grad.detach().to(p.dtype)
-        self._ready[i] = (p.grad, g)
+        self._record(i, g)
         self._missing[self._bucket_of[i]] -= 1
         self._launch_ready()
         if self._next_bucket == len(self.buckets):
             return self._finish(current=i)
         return None
+
+    def _record(self, i: int, g: Tensor) -> None:
+        """Keep ``(gradient before this backward, gradient to reduce)`` for parameter ``i``. After ``no_sync``
+        the gradient before is local to this rank: it is reduced together with this backward's."""
+        prev = self._params[i].grad
+        if self._unsynced and prev is not None:
+            with no_grad():
+                g, prev = prev + g, None
+        self._ready[i] = (prev, g)
 
     def _launch_ready(self) -> None:
         while self._next_bucket < len(self.buckets) and self._missing[self._next_bucket] == 0:
@@ -159,11 +203,15 @@ class DataParallel(Module):
         out = None
         with no_grad():
             for i, avg in self._reduced.items():
-                if i == current:
-                    out = avg  # the engine adds it to the gradient that was there before this backward
-                    continue
                 prev = self._ready[i][0]
+                if i == current:
+                    # The engine adds the returned gradient to .grad: make .grad what it should be added to
+                    # (None where the local accumulation was reduced into avg).
+                    self._params[i].grad = prev
+                    out = avg
+                    continue
                 self._params[i].grad = avg if prev is None else prev + avg
+        object.__setattr__(self, "_unsynced", False)
         self._reset()
         return out
 
@@ -183,19 +231,20 @@ class DataParallel(Module):
         from ..tensor import zeros_like
 
         for i in missing:
-            p = self._params[i]
-            self._ready[i] = (p.grad, zeros_like(p))
+            self._record(i, zeros_like(self._params[i]))
             self._missing[self._bucket_of[i]] -= 1
         self._launch_ready()
         self._finish(current=None)
 
     # ------------------------------------------------------------------ forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Check the previous step finished, broadcast buffers from rank 0 (training), and call the module."""
+        """Check the previous step finished, note whether this pass's backward reduces (``no_sync``), broadcast
+        buffers from rank 0 (training), and call the module."""
         if self._ready:
             missing = [self._names[i] for i in sorted(self._bucket_of) if i not in self._ready]
             raise FlowError("DataParallel: the previous backward left gradients unreduced (no gradient for "
                             f"{missing}); call finish_gradients() after backward, with find_unused_parameters=True")
+        object.__setattr__(self, "_sync_backward", bool(self.require_backward_grad_sync))
         if self.broadcast_buffers and self.training and self._comm.world_size > 1:
             with no_grad():
                 for b in self.module.buffers():

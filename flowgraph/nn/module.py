@@ -408,9 +408,9 @@ class Module:
         """Move to the CPU."""
         return self.to("cpu")
 
-    def cuda(self, index: int = 0) -> Module:
-        """Move to ``cuda:index``."""
-        return self.to(f"cuda:{index}")
+    def cuda(self, index: int | None = None) -> Module:
+        """Move to ``cuda:index``; without an index to the current CUDA device (``fg.cuda.set_device``)."""
+        return self.to("cuda" if index is None else f"cuda:{index}")
 
     def float(self) -> Module:
         """Cast floating parameters and buffers to float32."""

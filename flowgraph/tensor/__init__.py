@@ -108,6 +108,8 @@ from .elementwise import (
     where,
 )
 from .extra import (
+    addcdiv,
+    addcmul,
     allclose,
     argsort,
     diag,
@@ -159,6 +161,7 @@ from .reduction import (
     sum,
     var,
 )
+from .sampling import multinomial
 from .shape import (
     broadcast_tensors,
     broadcast_to,
@@ -272,7 +275,7 @@ def _install() -> None:
     T.bool = lambda self: shape.to(self, bool_)
     T.type = lambda self, dtype: shape.to(self, dtype)
     T.cpu = lambda self: shape.to(self, "cpu")
-    T.cuda = lambda self, index=0: shape.to(self, f"cuda:{index}")
+    T.cuda = lambda self, index=None: shape.to(self, "cuda" if index is None else f"cuda:{index}")
     T.is_floating_point = lambda self: self.dtype.is_floating_point
     T.element_size = lambda self: self.dtype.itemsize
     def _size(size) -> tuple:

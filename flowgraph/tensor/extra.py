@@ -1,5 +1,6 @@
 """More of PyTorch's tensor API, composed from the core ops: triangular masks, diagonals, sorting and top-k,
-closeness tests, ``nan_to_num`` and ``inference_mode``.
+closeness tests, ``nan_to_num``, ``inference_mode``, ``addcmul``/``addcdiv``, ``view_as``/``reshape_as`` and the
+``is_cpu``/``is_cuda`` flags.
 
 Sorting has no backend primitive: ``sort``/``argsort``/``topk`` compute the permutation on the host
 (one device-to-host copy of the keys) and then gather on the device, so values stay differentiable and
@@ -14,6 +15,7 @@ from ..autograd.grad_mode import no_grad
 from ..errors import FlowError
 from .creation import arange, tensor
 from .elementwise import where
+from .sampling import multinomial
 from .shape import pad
 from .tensor import Tensor, _norm_dim, _wrap
 
@@ -142,6 +144,58 @@ class inference_mode(no_grad):  # noqa: N801 - PyTorch's name
         self._value = not mode
 
 
+def addcmul(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: float = 1) -> Tensor:  # noqa: A002
+    """``input + value * tensor1 * tensor2`` (broadcast), as ``torch.addcmul``; differentiable in all three."""
+    product = tensor1 * tensor2
+    return input + (product if value == 1 else product * value)
+
+
+def addcdiv(input: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: float = 1) -> Tensor:  # noqa: A002
+    """``input + value * tensor1 / tensor2`` (broadcast), as ``torch.addcdiv``; differentiable in all three.
+
+    Integer ``tensor1`` and ``tensor2`` raise, as in PyTorch (true or floor division would be ambiguous)."""
+    if all(isinstance(t, Tensor) and not t.dtype.is_floating_point for t in (tensor1, tensor2)):
+        raise FlowError(f"addcdiv: integer division of {tensor1.dtype} by {tensor2.dtype} is not supported; "
+                        "convert tensor1 or tensor2 to a floating dtype, or use addcmul with a reciprocal")
+    quotient = tensor1 / tensor2
+    return input + (quotient if value == 1 else quotient * value)
+
+
+def _addc_inplace(name: str, fn):
+    def method(self: Tensor, tensor1: Tensor, tensor2: Tensor, *, value: float = 1) -> Tensor:
+        from .indexing import apply_inplace
+
+        return apply_inplace(self, lambda s: fn(s, tensor1, tensor2, value=value), name, tensor1, tensor2)
+
+    method.__name__ = name
+    method.__doc__ = f"In-place ``{name[:-1]}``: writes the result into this tensor and returns it."
+    return method
+
+
+addcmul_ = _addc_inplace("addcmul_", addcmul)
+addcdiv_ = _addc_inplace("addcdiv_", addcdiv)
+
+
+def view_as(a: Tensor, other: Tensor) -> Tensor:
+    """``a.view(other.shape)``: a view with ``other``'s shape (``a`` must be viewable as it)."""
+    return a.view(other.shape)
+
+
+def reshape_as(a: Tensor, other: Tensor) -> Tensor:
+    """``a.reshape(other.shape)``: ``other``'s shape, a view where possible and a copy otherwise."""
+    return a.reshape(other.shape)
+
+
+def _is_cuda(self: Tensor) -> bool:
+    """Whether the tensor lives on a CUDA device (``torch.Tensor.is_cuda``)."""
+    return self.device.startswith("cuda")
+
+
+def _is_cpu(self: Tensor) -> bool:
+    """Whether the tensor lives on the CPU (``torch.Tensor.is_cpu``)."""
+    return self.device == "cpu"
+
+
 def _t_property(self: Tensor) -> Tensor:
     """``x.T``: all dims reversed (a matrix transpose for 2-d)."""
     return self.permute(tuple(range(self.ndim - 1, -1, -1))) if self.ndim > 1 else self
@@ -156,7 +210,11 @@ def install(T: type) -> None:
     """Attach these ops to ``Tensor``."""
     for name, fn in (("tril", tril), ("triu", triu), ("diagonal", diagonal), ("diag", diag), ("trace", trace),
                      ("sort", sort), ("argsort", argsort), ("topk", topk), ("isclose", isclose),
-                     ("allclose", allclose), ("equal", equal), ("nan_to_num", nan_to_num)):
+                     ("allclose", allclose), ("equal", equal), ("nan_to_num", nan_to_num), ("addcmul", addcmul),
+                     ("addcdiv", addcdiv), ("addcmul_", addcmul_), ("addcdiv_", addcdiv_), ("view_as", view_as),
+                     ("reshape_as", reshape_as), ("multinomial", multinomial)):
         setattr(T, name, fn)
+    T.is_cuda = property(_is_cuda)
+    T.is_cpu = property(_is_cpu)
     T.T = property(_t_property)
     T.mT = property(_mt_property)

@@ -12,6 +12,7 @@ from . import checkpoint, observe, paths, trend
 from .checkpoint import (
     LoadReport,
     MigrateReport,
+    checkpoint_metadata,
     key_map_by_order,
     load_checkpoint,
     load_safetensors_weights,
@@ -84,7 +85,8 @@ class GraphTree:
 
 
 __all__ = [
-    "GraphTree", "LoadReport", "MigrateReport", "PathKind", "Trend", "TrendGroup", "checkpoint", "collect",
+    "GraphTree", "LoadReport", "MigrateReport", "PathKind", "Trend", "TrendGroup", "checkpoint", "checkpoint_metadata",
+    "collect",
     "eta", "flush", "freeze", "history", "is_frozen", "key_map_by_order", "latest_metrics",
     "load_checkpoint", "load_safetensors_weights", "load_subgraph_checkpoint", "migrate_checkpoint",
     "module_at", "named_parameters_at", "observe", "parameters_at", "paths", "plot_html", "read_checkpoint",

@@ -8,7 +8,10 @@ The header's metadata holds:
 * ``structural_hash``: computed from the graph's structure (verbs, names, module classes, parameter shapes),
   never from counters, so an untagged module inserted elsewhere does not change a tagged subgraph's hash;
 * ``label``; ``dtypes`` (JSON: key -> dtype name); ``classes`` (JSON: module path -> class name), used by
-  ``migrate_checkpoint``; ``optimizer`` (JSON: the optimizer's non-tensor state and param groups).
+  ``migrate_checkpoint``; ``optimizer`` (JSON: the optimizer's non-tensor state and param groups);
+* ``user_metadata`` (only when ``save_checkpoint(..., metadata=...)`` was given): the caller's JSON-able values,
+  written by ``flowgraph.serialization.encode_metadata`` (tuples, int keys, ``inf``/``nan`` come back as saved)
+  and returned as ``LoadReport.metadata``.
 
 Nothing here unpickles: safetensors stores raw bytes and JSON only.
 """
@@ -17,10 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import struct
 import sys
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +29,17 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..nn import Module
+from ..serialization import (
+    atomic_write,
+    checksum,
+    decode_metadata,
+    encode_metadata,
+    from_host,
+    read_safetensors,
+    to_host,
+    verify_checksums,
+)
 from ..tensor import Tensor, tensor
-from ..tensor.dtype import as_dtype
 
 FORMAT = "flowgraph.checkpoint"
 FORMAT_VERSION = "1"
@@ -40,11 +49,12 @@ _OPT_PREFIX = "@optimizer/state/"
 @dataclass
 class LoadReport:
     """What ``load_checkpoint`` did: keys ``loaded``, ``skipped`` (in the file, not used) and ``missing``
-    (in the model, not in the file)."""
+    (in the model, not in the file), and the ``metadata`` given to ``save_checkpoint`` (``{}`` if none)."""
 
     loaded: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return f"loaded {len(self.loaded)}, skipped {len(self.skipped)}, missing {len(self.missing)}"
@@ -59,40 +69,6 @@ class MigrateReport:
     remapped: dict[str, str] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------------- host conversion
-def _to_host(t: Tensor) -> tuple[np.ndarray, str]:
-    arr = np.array(t.detach()._backend.to_host(t.detach()._data), order="C", copy=True)
-    name = t.dtype.name
-    if name == "bfloat16":
-        arr = arr.view(np.uint16)
-    return arr, name
-
-
-def _from_host(arr: np.ndarray, dtype_name: str, key: str = "?", path: str = "?") -> np.ndarray:
-    """The stored array as the dtype the metadata names; a stored dtype that cannot be that one is corrupt."""
-    if dtype_name == "bfloat16":
-        if arr.dtype != np.uint16:
-            raise CheckpointError(f"checkpoint {path!r}: key {key!r} is stored as {arr.dtype} but its metadata says "
-                                  "bfloat16 (stored as uint16); the file is corrupt")
-        return arr.view(as_dtype("bfloat16").np)
-    if str(arr.dtype) != dtype_name:
-        raise CheckpointError(f"checkpoint {path!r}: key {key!r} is stored as {arr.dtype} but its metadata says "
-                              f"{dtype_name}; the file is corrupt")
-    return arr
-
-
-def _checksum(arr: np.ndarray) -> str:
-    """A fast content checksum: byte length and the wrap-around sum of the data as 64-bit words (tail bytes
-    added as one word). Any single changed byte changes it. It detects corruption, it does not authenticate:
-    a cryptographic hash of 100 MB costs 160 ms here, this ~7 ms (a few % of loading it)."""
-    raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    n = raw.size - raw.size % 8
-    total = int(raw[:n].view(np.uint64).sum(dtype=np.uint64)) if n else 0
-    if n < raw.size:
-        total = (total + int.from_bytes(raw[n:].tobytes(), "little")) % (1 << 64)
-    return f"{raw.size}:{total:016x}"
 
 
 def _structure_of(module: Module) -> tuple[str, str, dict[str, str]]:
@@ -111,75 +87,6 @@ def _structure_of(module: Module) -> tuple[str, str, dict[str, str]]:
     return digest, label, classes
 
 
-# ---------------------------------------------------------------------- atomic write
-def _remove_stale_temps(path: str) -> None:
-    """Remove temp files an interrupted save of ``path`` left (``.name.<pid>.XXXX.tmp``) whose writer process is
-    gone: a SIGKILL mid-save must not leave model-sized files behind forever. Live writers are left alone."""
-    directory, base = os.path.split(os.path.abspath(path))
-    prefix = f".{base}."
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if not (name.startswith(prefix) and name.endswith(".tmp")):
-            continue
-        pid_text = name[len(prefix):].split(".", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _pid_alive(int(pid_text)):
-            continue
-        try:
-            os.unlink(os.path.join(directory, name))
-        except OSError:
-            pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is always either the old file or the complete new one."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        _remove_stale_temps(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{os.getpid()}.", suffix=".tmp", dir=directory)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # as open() would create it (mkstemp makes 0600 whatever the umask)
-    except OSError as exc:
-        raise CheckpointError(f"cannot write checkpoint {path!r}: {exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        try:
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError:
-            pass  # directories cannot be fsynced on some platforms; the rename is still atomic
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise CheckpointError(f"cannot write checkpoint {path!r}: {exc}") from exc
-        raise
-
-
 def _is_main_process() -> bool:
     """Rank 0 or no process group. The tree sits below ``flowgraph.distributed``: a process group exists only if
     that package was imported (``distributed.init``), so it is looked up, not imported."""
@@ -187,8 +94,14 @@ def _is_main_process() -> bool:
     return dist is None or dist.is_main_process()
 
 
-def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = None) -> None:
+def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = None,
+                    metadata: dict[str, Any] | None = None) -> None:
     """Save ``module``'s parameters and buffers (and ``optimizer``'s state) to a safetensors file, atomically.
+
+    ``metadata``: a dict of JSON-able values (numbers, strings, None, bools and dicts/lists/tuples of them; e.g.
+    ``{"epoch": 7, "config": {...}}``) stored in the header and returned by ``load_checkpoint`` as
+    ``report.metadata`` (or read alone with :func:`checkpoint_metadata`). Anything else raises a
+    ``CheckpointError`` naming its place, before anything is written.
 
     Inside a ``flowgraph.distributed`` process group only rank 0 writes (the others return at once: their
     replicas are identical), so a training script saves unchanged on every rank; call
@@ -196,20 +109,25 @@ def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = No
     """
     from safetensors.numpy import save
 
+    if metadata is not None and not isinstance(metadata, dict):
+        raise CheckpointError(f"save_checkpoint: metadata must be a dict, got {type(metadata).__name__}")
+    user_metadata = None if metadata is None else encode_metadata(metadata, "save_checkpoint metadata")
     if not _is_main_process():
         return
 
     tensors: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
     for key, value in module.state_dict().items():
-        arr, name = _to_host(value)
+        arr, name = to_host(value)
         tensors[key] = arr
         dtypes[key] = name
     digest, label, classes = _structure_of(module)
-    metadata = {
+    header = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "structural_hash": digest, "label": label,
         "dtypes": json.dumps(dtypes), "classes": json.dumps(classes),
     }
+    if user_metadata is not None:
+        header["user_metadata"] = user_metadata
     if optimizer is not None:
         opt_state = optimizer.state_dict()
         plain_state: dict[str, dict[str, Any]] = {}
@@ -218,52 +136,27 @@ def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = No
             for name, value in entries.items():
                 if isinstance(value, Tensor):
                     key = f"{_OPT_PREFIX}{idx}/{name}"
-                    arr, dname = _to_host(value)
+                    arr, dname = to_host(value)
                     tensors[key] = arr
                     dtypes[key] = dname
                     plain_state[str(idx)][name] = {"tensor": key}
                 else:
                     plain_state[str(idx)][name] = {"value": value}
-        metadata["optimizer"] = json.dumps({"state": plain_state, "param_groups": opt_state.get("param_groups", [])})
-        metadata["dtypes"] = json.dumps(dtypes)
-    metadata["checksums"] = json.dumps({k: _checksum(v) for k, v in tensors.items()})
+        header["optimizer"] = json.dumps({"state": plain_state, "param_groups": opt_state.get("param_groups", [])})
+        header["dtypes"] = json.dumps(dtypes)
+    header["checksums"] = json.dumps({k: checksum(v) for k, v in tensors.items()})
     try:
-        data = save(tensors, metadata=metadata)
+        data = save(tensors, metadata=header)
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own types
         raise CheckpointError(f"cannot serialise checkpoint for {path!r}: {exc}") from exc
-    _atomic_write(path, data)
+    atomic_write(path, data)
 
 
 # ---------------------------------------------------------------------- reading
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read a checkpoint file: ``(tensors by key, metadata)``; CheckpointError for anything malformed."""
-    from safetensors.numpy import load
-
     path = os.fspath(path)
-    try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(f"checkpoint {path!r} is not a regular file (a FIFO, device or directory); "
-                                  "pass the path of a .safetensors file")
-        with open(path, "rb") as fh:
-            data = fh.read(info.st_size + 1)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path!r}: {exc}") from exc
-    if len(data) < 8:
-        raise CheckpointError(f"checkpoint {path!r} is truncated or not a safetensors file ({len(data)} bytes)")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > len(data) - 8:
-        raise CheckpointError(
-            f"checkpoint {path!r} is truncated: its header claims {header_len} bytes, the file has {len(data) - 8}"
-        )
-    try:
-        header = json.loads(data[8:8 + header_len])
-        metadata = header.get("__metadata__") or {}
-        if not isinstance(metadata, dict):
-            raise ValueError("__metadata__ is not a mapping")
-        raw = load(data)
-    except Exception as exc:  # noqa: BLE001 - any parse failure means a corrupt file
-        raise CheckpointError(f"checkpoint {path!r} is corrupt: {exc}") from exc
+    raw, metadata = read_safetensors(path)
     if metadata.get("format") != FORMAT:
         raise CheckpointError(
             f"{path!r} is a safetensors file but not a flowgraph checkpoint (format={metadata.get('format')!r}); "
@@ -277,14 +170,26 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     dtypes = _json_mapping(metadata, "dtypes", path)
     checksums = _json_mapping(metadata, "checksums", path) if "checksums" in metadata else None
     if checksums is not None:  # files written before checksums existed load unverified
-        for key, arr in raw.items():
-            if checksums.get(key) != _checksum(arr):
-                raise CheckpointError(
-                    f"checkpoint {path!r}: the data of key {key!r} does not match its checksum (stored "
-                    f"{checksums.get(key)!r}, read {_checksum(arr)!r}); the file is corrupt. Restore it from a copy"
-                )
-    tensors = {k: _from_host(v, str(dtypes.get(k, v.dtype)), k, path) for k, v in raw.items()}
+        verify_checksums(raw, checksums, path)
+    tensors = {k: from_host(v, str(dtypes.get(k, v.dtype)), k, path) for k, v in raw.items()}
     return tensors, metadata
+
+
+def _user_metadata(metadata: dict[str, str], path: str | os.PathLike) -> dict[str, Any]:
+    """The ``metadata=`` dict given to ``save_checkpoint`` (``{}`` for files saved without one)."""
+    if "user_metadata" not in metadata:
+        return {}
+    value = decode_metadata(metadata["user_metadata"], os.fspath(path))
+    if not isinstance(value, dict):
+        raise CheckpointError(f"checkpoint {os.fspath(path)!r} has corrupt 'user_metadata': not a dict")
+    return value
+
+
+def checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``metadata=`` dict a checkpoint was saved with (``{}`` if none), without loading it into a model;
+    e.g. to read the epoch or the config before building the model."""
+    _, metadata = read_checkpoint(path)
+    return _user_metadata(metadata, path)
 
 
 def _kind(dtype: np.dtype) -> str:
@@ -317,7 +222,8 @@ def load_checkpoint(module: Module, path: str | os.PathLike, strict: bool = True
 
     ``strict`` (default): the structural hash, the key set and every shape must match, else
     ``fg.CheckpointError`` naming the key (and both shapes). ``strict=False`` loads what matches and
-    reports the rest. Nothing in the model changes unless the whole load is valid.
+    reports the rest. Nothing in the model changes unless the whole load is valid. The report's ``metadata``
+    is the dict given to ``save_checkpoint(..., metadata=)``.
     """
     tensors, metadata = read_checkpoint(path)
     digest, _, _ = _structure_of(module)
@@ -328,7 +234,7 @@ def load_checkpoint(module: Module, path: str | os.PathLike, strict: bool = True
             "partial load or fg.migrate_checkpoint to map it onto the new structure"
         )
     own = module.state_dict(keep_vars=True)
-    report = LoadReport()
+    report = LoadReport(metadata=_user_metadata(metadata, path))
     # The model's order first (errors name the first mismatch in execution order), then extra file keys.
     file_keys = [k for k in tensors if not k.startswith("@optimizer/")]
     model_keys = [k for k in own if k in tensors] + [k for k in file_keys if k not in own]
@@ -503,7 +409,9 @@ def migrate_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, model: Mo
         stored[k] = arr.view(np.uint16) if name == "bfloat16" else arr
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "structural_hash": digest, "label": label,
             "dtypes": json.dumps(new_dtypes), "classes": json.dumps(classes)}
-    _atomic_write(dst, save({k: np.array(v, order="C") for k, v in stored.items()}, metadata=meta))
+    if "user_metadata" in metadata:
+        meta["user_metadata"] = metadata["user_metadata"]
+    atomic_write(dst, save({k: np.array(v, order="C") for k, v in stored.items()}, metadata=meta))
     return report
 
 

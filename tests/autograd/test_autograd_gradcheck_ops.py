@@ -61,6 +61,8 @@ OPS = {
     "remainder": (fg.remainder, [_x((2, 3), 0, 0.1, 0.9), _x((2, 3), 1, 1.1, 2.0)]),
     "fmod": (fg.fmod, [_x((2, 3), 0, 0.1, 0.9), _x((2, 3), 1, 1.1, 2.0)]),
     "lerp": (lambda a, b: fg.lerp(a, b, 0.3), [_x((2, 3)), _x((2, 3), 1)]),
+    "addcmul": (lambda a, b, c: fg.addcmul(a, b, c, value=0.7), [_x((2, 3)), _x((3,), 1), _x((2, 1), 2)]),
+    "addcdiv": (lambda a, b, c: fg.addcdiv(a, b, c, value=-1.3), [_x((2, 3)), _x((3,), 1), _x((2, 1), 2, 0.5, 2.0)]),
     "where": (lambda a, b: fg.where(_c(_x((2, 3), 5) > 0, a), a, b), [_x((2, 3)), _x((3,), 1)]),
     "where_scalar": (lambda a: fg.where(_c(_x((2, 3), 5) > 0, a), a, 0.5), [_x((2, 3))]),
     "clamp": (lambda a: fg.clamp(a, -0.5, 0.7), [_x((3, 4), away_from=0.0)]),
@@ -208,7 +210,7 @@ NOT_DIFFERENTIABLE = {
     "isinf", "isfinite", "argmax", "argmin", "any", "all", "count_nonzero", "nonzero", "floor_divide",
     "as_dtype", "get_default_dtype", "set_default_dtype", "promote_types", "broadcast_shapes", "sum_to",
     "apply_inplace", "getitem", "setitem", "argsort", "allclose", "isclose", "equal", "is_autocast_enabled",
-    "autocast", "inference_mode",
+    "autocast", "inference_mode", "multinomial",
 }
 #: Spellings that share a gradcheck entry with another name.
 ALIASES = {

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import flowgraph as fg
@@ -181,3 +182,65 @@ def test_gradient_array_shared_by_two_parameters_is_reduced_once_each():
     dp = dist.DataParallel(m, communicator=_PlusOne())
     (dp(fg.ones(3)) * fg.tensor([1.0, 2.0, 3.0])).sum().backward()  # a contiguous upstream gradient
     assert m.a.grad.tolist() == [2.0, 3.0, 4.0] and m.b.grad.tolist() == [2.0, 3.0, 4.0]
+
+
+@BACKENDS
+def test_no_sync_accumulation_over_two_micro_batches_equals_one_big_batch(tmp_path, backend):
+    _launch_two("_no_sync_worker.py", tmp_path, backend)
+    for rank in (0, 1):
+        no_sync, toggle, local = (tmp_path / f"res.{rank}").read_text().split()
+        assert float(no_sync) <= 1e-6, f"rank {rank}: no_sync vs full batch: {no_sync}"
+        assert float(toggle) <= 1e-6, f"rank {rank}: require_backward_grad_sync vs full batch: {toggle}"
+        assert local == "1", f"rank {rank}: gradients were reduced inside no_sync"
+
+
+class _Doubles(_Loopback):
+    """Doubles in place per reduction (as if another rank held the same gradient and the op were a sum): shows
+    which part of .grad was reduced."""
+
+    def all_reduce_coalesced(self, tensors, op="sum", async_op=False):
+        self.reduced.append(sum(t.numel() for t in tensors))
+        with fg.no_grad():
+            for t in tensors:
+                t.mul_(2.0)
+        return tensors
+
+
+def test_no_sync_makes_no_collective_and_the_next_backward_reduces_the_accumulation_once():
+    m = _model()
+    comm = _Doubles()
+    dp = dist.DataParallel(m, communicator=comm)
+    x = fg.randn(3, 4)
+    with dp.no_sync():
+        assert dp.require_backward_grad_sync is False
+        dp(x).sum().backward()
+        dp(x).sum().backward()
+    assert dp.require_backward_grad_sync is True and comm.reduced == []
+    local = {n: p.grad.detach().numpy().copy() for n, p in m.named_parameters() if p.grad is not None}
+    ref = _model()
+    for _ in range(3):
+        ref(x).sum().backward()
+    dp(x).sum().backward()  # reduces the 2 local gradients and this one together: all three doubled
+    assert len(comm.reduced) == len(dp.buckets)
+    for name, p in m.named_parameters():
+        if name in local:
+            expected = 2 * dict(ref.named_parameters())[name].grad.detach().numpy()
+            assert np.abs(p.grad.detach().numpy() - expected).max() < 1e-5, name
+    dp(x).sum().backward()  # back to normal: the reduced .grad is shared by all ranks, only the new part is reduced
+    for name, p in m.named_parameters():
+        if name in local:
+            expected = 8 * dict(ref.named_parameters())[name].grad.detach().numpy() / 3
+            assert np.abs(p.grad.detach().numpy() - expected).max() < 1e-5, name
+
+
+def test_require_backward_grad_sync_is_read_at_forward_as_in_torch():
+    m = _model()
+    comm = _Loopback()
+    dp = dist.DataParallel(m, communicator=comm)
+    dp.require_backward_grad_sync = False
+    out = dp(fg.randn(3, 4))
+    dp.require_backward_grad_sync = True  # too late for this pass, as with torch's DDP
+    out.sum().backward()
+    assert comm.reduced == []
+    dp(fg.randn(3, 4)).sum().backward()
+    assert len(comm.reduced) == len(dp.buckets)

@@ -56,7 +56,7 @@ def test_data_replaced_by_nan_is_detected(tmp_path):
 
 
 def _with_checksums(tensors, metadata):
-    metadata["checksums"] = json.dumps({k: ckpt._checksum(v) for k, v in tensors.items()})
+    metadata["checksums"] = json.dumps({k: ckpt.checksum(v) for k, v in tensors.items()})
 
 
 def test_integer_or_bool_data_for_a_float_parameter_is_refused(tmp_path):
@@ -162,8 +162,8 @@ def test_structure_mismatch_prints_digits_that_differ():
 
 def test_checksum_changes_with_any_single_byte():
     arr = np.arange(37, dtype=np.uint8)  # a tail that is not a whole 8-byte word
-    base = ckpt._checksum(arr)
+    base = ckpt.checksum(arr)
     for i in range(arr.size):
         flipped = arr.copy()
         flipped[i] ^= 1
-        assert ckpt._checksum(flipped) != base
+        assert ckpt.checksum(flipped) != base

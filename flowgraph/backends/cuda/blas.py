@@ -6,6 +6,10 @@ the CUDA backend (eager and captured alike) goes through :class:`Cublas`.
 
 Row-major ``C = A @ B`` is computed as the column-major ``C^T = B^T A^T``: a row-major operand is a
 column-major transpose for free, and a transposed view (a column-major operand) is passed with ``op T``.
+
+float32 GEMMs follow ``fg.backends.cuda.matmul.allow_tf32`` (``flowgraph.backends.flags``), read at each call:
+exact float32 (``cublasSgemmStridedBatched`` in the default math mode, which never uses TF32) when false, and
+``cublasGemmStridedBatchedEx`` with ``CUBLAS_COMPUTE_32F_FAST_TF32`` when true.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError
+from ..flags import tf32_matmul_allowed
 from .kernels import BF16, F16, F32, F64
 
 _OP_N, _OP_T = 0, 1
 _CUDA_R_32F, _CUDA_R_64F, _CUDA_R_16F, _CUDA_R_16BF = 0, 1, 2, 14
-_COMPUTE_32F = 68
+#: cublasComputeType_t: float32 accumulation; the same with inputs rounded to TF32 on tensor cores.
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77
 _GEMM_DEFAULT = -1
 #: Workspace given to cuBLAS (NVIDIA recommends 32 MiB on Hopper).
 WORKSPACE_BYTES = 32 << 20
@@ -96,6 +102,12 @@ def _check(status: int, what: str) -> None:
 GEMM_TYPES = {F32: _CUDA_R_32F, F64: _CUDA_R_64F, F16: _CUDA_R_16F, BF16: _CUDA_R_16BF}
 
 
+def compute_type(dtype: np.dtype) -> int:
+    """The ``cublasComputeType_t`` of a float16/bfloat16/float32 GEMM through ``cublasGemmStridedBatchedEx``:
+    float32 accumulation, with TF32 inputs for float32 when ``allow_tf32`` is on."""
+    return _COMPUTE_32F_FAST_TF32 if dtype == F32 and tf32_matmul_allowed() else _COMPUTE_32F
+
+
 class Cublas:
     """One cuBLAS handle for one device, bound to CuPy's current stream at each call."""
 
@@ -140,7 +152,8 @@ class Cublas:
         b_ptr, ldb, b_col, b_stride = b
         op_b = _OP_T if b_col else _OP_N
         op_a = _OP_T if a_col else _OP_N
-        if dtype == F32 or dtype == F64:
+        tf32 = dtype == F32 and tf32_matmul_allowed()
+        if (dtype == F32 and not tf32) or dtype == F64:
             fn = self.lib.cublasSgemmStridedBatched if dtype == F32 else self.lib.cublasDgemmStridedBatched
             status = fn(
                 self.handle, op_b, op_a, n, m, k, ctypes.byref(self._one[dtype]), b_ptr, ldb, b_stride,
@@ -151,7 +164,7 @@ class Cublas:
             status = self.lib.cublasGemmStridedBatchedEx(
                 self.handle, op_b, op_a, n, m, k, ctypes.byref(self._one[F32]), b_ptr, t, ldb, b_stride,
                 a_ptr, t, lda, a_stride, ctypes.byref(self._zero[F32]), c_ptr, t, n, m * n, batch,
-                _COMPUTE_32F, _GEMM_DEFAULT,
+                compute_type(dtype), _GEMM_DEFAULT,
             )
         _check(status, f"gemm ({dtype}, m={m}, n={n}, k={k}, batch={batch})")
 
