@@ -129,10 +129,13 @@ class EventSource:
         give_up_after: seconds of failing to reconnect after which iteration raises a ``FlowError``.
         on_status: called with ``"connected"`` or ``"reconnecting"`` when that changes (the terminal
             dashboard shows it).
+        retry_ms: milliseconds to wait before reconnecting; None: what the server's ``retry`` field says
+            (the dashboard sends 2000), 1000 before it said anything.
     """
 
     def __init__(self, url: str, last_event_id: int | str | None = None, *, timeout: float = 30.0,
-                 give_up_after: float = 60.0, on_status: Callable[[str], None] | None = None) -> None:
+                 give_up_after: float = 60.0, on_status: Callable[[str], None] | None = None,
+                 retry_ms: int | None = None) -> None:
         self.url = events_url(url)
         self.parser = SSEParser()
         if last_event_id is not None:
@@ -140,6 +143,7 @@ class EventSource:
         self.timeout = timeout
         self.give_up_after = give_up_after
         self.on_status = on_status
+        self.retry_ms = retry_ms
         self.connections = 0  # how many times a stream was opened (tests check the reconnections)
         self.completed = False
         self._conn: http.client.HTTPConnection | None = None
@@ -154,6 +158,10 @@ class EventSource:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+    def _delay(self) -> float:
+        ms = self.retry_ms if self.retry_ms is not None else self.parser.retry_ms
+        return (1000 if ms is None else ms) / 1000
 
     def _open(self) -> http.client.HTTPResponse:
         parts = urllib.parse.urlsplit(self.url)
@@ -191,7 +199,7 @@ class EventSource:
                 if status != "reconnecting" and self.on_status is not None:
                     self.on_status("reconnecting")
                 status = "reconnecting"
-                time.sleep((self.parser.retry_ms or 1000) / 1000)
+                time.sleep(self._delay())
                 continue
             failing_since = None
             if status != "connected" and self.on_status is not None:
@@ -212,7 +220,7 @@ class EventSource:
                 if self.on_status is not None:
                     self.on_status("reconnecting")
                 status = "reconnecting"
-                time.sleep((self.parser.retry_ms or 1000) / 1000)
+                time.sleep(self._delay())
 
 
 def _carry_over(parser: SSEParser) -> SSEParser:
