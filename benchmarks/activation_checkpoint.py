@@ -19,7 +19,7 @@ saved activations) and the step's peak (activations + gradients), plus the total
 allocations as ``tracemalloc`` sees them (NumPy reports its buffers to it); on cuda
 ``fg.cuda.memory_allocated``/``max_memory_allocated`` (CuPy's pool, through flowgraph's peak tracker), and
 PyTorch's ``torch.utils.checkpoint`` per block on the same model for comparison. Time: the median step
-(without tracemalloc). Gradients are checked equal to the plain run's.
+(without tracemalloc), wall and process CPU time. Gradients are checked equal to the plain run's.
 """
 
 from __future__ import annotations
@@ -113,17 +113,19 @@ def run_flowgraph(mode: str, args, sp, x, y, meter: Meter) -> dict:
         return backward(forward())
 
     step()  # warm-up (kernels compiled, pools filled)
-    times = []
+    times, cpu_times = [], []
     for _ in range(args.steps):
         backend.synchronize()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         step()
         backend.synchronize()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
     resident = sum(t.numel() * t.element_size() for t in (*params, x, y))
     mem = meter.measure(forward, backward, resident)
     grads = [p.grad.detach().numpy() for p in params]
-    return {"mode": mode, "seconds": statistics.median(times), "mem": mem, "grads": grads}
+    return {"mode": mode, "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu_times),
+            "mem": mem, "grads": grads}
 
 
 def run_torch(mode: str, args, sp, xn, yn) -> dict | None:
@@ -184,16 +186,21 @@ def _mb(n: int) -> str:
 def report(title: str, rows: list[dict]) -> None:
     base = rows[0]
     print(f"\n{title}")
-    print(f"{'mode':8} {'ms/step':>9} {'x time':>7} {'kept MB':>8} {'x kept':>7} {'step MB':>8} {'x step':>7} "
+    cpu = all("cpu_seconds" in r for r in rows)
+    print(f"{'mode':8} {'ms/step':>9} {'x time':>7} " + (f"{'cpu ms':>8} {'x cpu':>6} " if cpu else "")
+          + f"{'kept MB':>8} {'x kept':>7} {'step MB':>8} {'x step':>7} "
           f"{'total MB':>9} {'x total':>8}")
     for r in rows:
         line = f"{r['mode']:8} {r['seconds'] * 1e3:9.1f} {r['seconds'] / base['seconds']:7.2f}"
+        if cpu:
+            line += f" {r['cpu_seconds'] * 1e3:8.1f} {r['cpu_seconds'] / base['cpu_seconds']:6.2f}"
         if r["mem"] is not None and base["mem"] is not None:
             (b0, k0, p0), (b1, k1, p1) = base["mem"], r["mem"]
             line += (f" {_mb(k1)} {k1 / k0:7.2f} {_mb(p1)} {p1 / p0:7.2f} {_mb(b1 + p1):>9} "
                      f"{(b1 + p1) / (b0 + p0):8.2f}")
         print(line)
-    print("kept: allocated after forward (activations, loss); step: the step's peak above the bytes before it "
+    print("cpu: the process's CPU time per step (all threads; steadier than wall time on a shared machine); "
+          "kept: allocated after forward (activations, loss); step: the step's peak above the bytes before it "
           "(activations + gradients); total: step + parameters and batch")
 
 
