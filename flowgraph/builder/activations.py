@@ -5,7 +5,8 @@ its ``forward`` that runs the real one through ``flowgraph.utils.checkpoint``: t
 inputs in forward and is recomputed in backward. Its parameters are the checkpoint node's inputs, so they get
 their gradients through the engine as usual. The recompute leaves no trace: running statistics (BatchNorm)
 and the graphs' stored tag values, forward-reference state, loop records and profile are put back as the
-forward left them, so a checkpointed step updates them exactly once, as an unchecked one does.
+forward left them, so a checkpointed step updates them exactly once, as an unchecked one does; and the
+recompute reads the forward-reference values the forward read (the previous call's), not those it left.
 """
 
 from __future__ import annotations
@@ -30,14 +31,26 @@ class CheckpointedForward:
         self.module = module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .graph import Graph
+
         module = self.module
         forward = type(module).forward.__get__(module)
         params = [p for p in module.parameters() if p.requires_grad]
-        return run_checkpointed(forward, args, kwargs, params, True, lambda: _snapshot(module))
+        # The forward-reference values this call reads: the recompute must read them again, not the values
+        # this call leaves for the next one.
+        refs = [(g, dict(g._state)) for g in module.modules() if isinstance(g, Graph) and g._forward_tags]
+
+        def on_recompute() -> Callable[[], None]:
+            restore = _snapshot(module)
+            for g, state in refs:
+                g._state = dict(state)
+            return restore
+
+        return run_checkpointed(forward, args, kwargs, params, True, on_recompute)
 
 
 def _snapshot(module: Module) -> Callable[[], None]:
-    """Remember what a forward of ``module`` changes besides its outputs; return the function restoring it."""
+    """Remember what a forward of ``module`` changed besides its outputs; return the function restoring it."""
     from .graph import Graph
 
     buffers = []

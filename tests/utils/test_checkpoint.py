@@ -315,6 +315,27 @@ def test_graph_checkpointing_survives_deepcopy_and_state_dict(device):
     assert all(p.grad is None for p in g.parameters())
 
 
+def test_graph_forward_references_read_the_same_state_in_the_recompute(device):
+    def build():
+        fg.manual_seed(7)
+        mem = (FlowBuilder.from_(nn.Linear(3, 3)).through(nn.StateAdd()).using("h").tag("h").through(nn.Tanh())
+               .label("mem").build())
+        return FlowBuilder.from_(mem).through(nn.Linear(3, 1)).build().to(device)
+
+    plain, ckpt = build(), build()
+    ckpt.checkpoint_activations("mem")
+    xs = [fg.randn(2, 3, device=device) for _ in range(3)]
+    for g in (plain, ckpt):
+        g(xs[0])
+        g(xs[1])
+        g.detach_state()
+        g(xs[2]).square().sum().backward()  # reads h of the second call; leaves h of the third
+    for p1, p2 in zip(plain.parameters(), ckpt.parameters()):
+        np.testing.assert_allclose(p2.grad.numpy(), p1.grad.numpy(), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(ckpt.subgraph_at("mem")._state["h"].detach().numpy(),
+                               plain.subgraph_at("mem")._state["h"].detach().numpy(), atol=1e-6)
+
+
 def test_graph_bad_paths():
     g = _graph("cpu")
     with pytest.raises(fg.PathError, match="did you mean 'encoder'"):
