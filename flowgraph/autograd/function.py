@@ -139,13 +139,15 @@ class Function:
         versions = tuple(0 if t._vc is None else t._vc[0] for t in saved)
         n_out = len(outs)
         materialize = ctx
+        # What zero gradients need of the outputs: their shapes and dtypes, not the outputs themselves (holding
+        # those would keep every output's memory alive until backward, which checkpointing exists to avoid).
+        out_meta = tuple(None if o is None else (tuple(o.shape), o._data.dtype, o._backend) for o in outs)
 
         def backward(grads, *_saved):
             grads = (grads,) if n_out == 1 else tuple(grads)
             if materialize.materialize_grads:
-                grads = tuple(g if g is not None or o is None else _wrap(o._backend.full(o.shape, 0, o._data.dtype),
-                                                                          o._backend)
-                              for g, o in zip(grads, outs))
+                grads = tuple(g if g is not None or m is None else _wrap(m[2].full(m[0], 0, m[1]), m[2])
+                              for g, m in zip(grads, out_meta))
             res = cls.backward(ctx, *grads)  # the engine has set the grad mode (create_graph or not)
             res = res if isinstance(res, tuple) else (res,)
             if len(res) != len(args):

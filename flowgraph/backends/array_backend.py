@@ -112,6 +112,24 @@ class ArrayBackend(Backend):
     def seed(self, seed: int) -> None:
         self._rng = np.random.Generator(np.random.Philox(seed))
 
+    def get_rng_state(self) -> np.ndarray:
+        # Philox's whole state as 13 uint64 words: counter (4), key (2), buffer (4), buffer_pos, has_uint32,
+        # uinteger (NumPy's state dict has no flat form of its own).
+        st = self._rng.bit_generator.state
+        words = [*st["state"]["counter"], *st["state"]["key"], *st["buffer"], st["buffer_pos"], st["has_uint32"],
+                 st["uinteger"]]
+        return np.array(words, dtype=np.uint64).view(np.int64)
+
+    def set_rng_state(self, state: np.ndarray) -> None:
+        w = np.ascontiguousarray(state, dtype=np.int64).view(np.uint64)
+        bit_generator = np.random.Philox()
+        bit_generator.state = {
+            "bit_generator": "Philox",
+            "state": {"counter": w[0:4].copy(), "key": w[4:6].copy()},
+            "buffer": w[6:10].copy(), "buffer_pos": int(w[10]), "has_uint32": int(w[11]), "uinteger": int(w[12]),
+        }
+        self._rng = np.random.Generator(bit_generator)
+
     def uniform(self, shape: Shape, dtype: np.dtype) -> Array:
         out = self._rng.random(shape, dtype=np.float64)
         return self.from_host(out.astype(dtype, copy=False))

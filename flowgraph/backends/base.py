@@ -94,6 +94,15 @@ class Backend:
         """Reset this device's generator."""
         raise _missing(self)
 
+    def get_rng_state(self) -> np.ndarray:
+        """This device's generator state as a host int64 vector (its layout is the backend's own)."""
+        raise _missing(self)
+
+    def set_rng_state(self, state: np.ndarray) -> None:
+        """Restore a state returned by ``get_rng_state`` of a backend of the same type: the draws that
+        followed it are drawn again."""
+        raise _missing(self)
+
     def uniform(self, shape: Shape, dtype: np.dtype) -> Array:
         """Uniform samples in [0, 1)."""
         raise _missing(self)

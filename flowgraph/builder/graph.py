@@ -205,6 +205,21 @@ class Graph(GraphTree, Module):
                                 for k, v in m._tag_inits.items()}
         return self
 
+    # ------------------------------------------------------------------ memory
+    def checkpoint_activations(self, path: str, enabled: bool = True) -> None:
+        """Keep only the inputs of the subtree at ``path`` in forward and recompute it in backward (less memory,
+        about one more forward of that subtree per step); ``enabled=False`` turns it off.
+
+        ``path`` names a labelled subgraph (``"encoder"``, ``"encoder.scan"``) or a tag on one module's output.
+        Gradients are those of the plain run: the recompute restores the random generators (same dropout
+        masks) and leaves running statistics and stored tag values as the forward left them. Checkpoint
+        several consecutive parts rather than one big one: backward recomputes a part whole, so the peak
+        memory is the kept inputs plus the largest part's activations. Nothing changes under ``fg.no_grad()``.
+        """
+        from .activations import checkpoint_activations
+
+        checkpoint_activations(self, path, enabled)
+
     # ------------------------------------------------------------------ loops
     def loop_info(self) -> dict[str, LoopInfo]:
         """Per loop node (by name), what its last forward did: passes, per-row passes, ``max_iter_hit``."""

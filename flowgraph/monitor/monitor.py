@@ -98,6 +98,10 @@ class Monitor:
         csv_path: where :meth:`finish` writes the CSV of every epoch, whatever the status (also after a
             Ctrl-C or SIGTERM); epochs are spooled to a hidden file beside it while the run goes on, so the
             CSV holds every epoch however long the run. None for no CSV (:meth:`export_csv` still works).
+        tui: draw a live terminal dashboard in ``stream`` (a metric table with a sparkline per metric, the
+            epoch counter, ETA and resources; :mod:`flowgraph.monitor.tui`, needs ``rich``) instead of a line
+            per epoch and the step bar. The same view attaches to a served run from another terminal with
+            ``python -m flowgraph.monitor.tui URL``.
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class Monitor:
         client_queue_size: int = 1024,
         history_limit: int = 10_000,
         csv_path: str | os.PathLike[str] | None = None,
+        tui: bool = False,
     ) -> None:
         if not isinstance(total_epochs, int) or isinstance(total_epochs, bool) or total_epochs < 1:
             raise FlowError(f"Monitor: total_epochs must be a positive int, got {total_epochs!r}")
@@ -120,6 +125,11 @@ class Monitor:
             raise FlowError(f"Monitor: client_queue_size must be a positive int, got {client_queue_size!r}")
         if not isinstance(history_limit, int) or isinstance(history_limit, bool) or history_limit < 2:
             raise FlowError(f"Monitor: history_limit must be an int >= 2, got {history_limit!r}")
+        if not isinstance(tui, bool):
+            raise FlowError(f"Monitor: tui must be True or False, got {tui!r}")
+        if tui and quiet:
+            raise FlowError("Monitor: tui=True draws the terminal dashboard and quiet=True prints nothing; "
+                            "choose one")
         from ..distributed import is_main_process
 
         #: False on ranks other than 0 of a ``flowgraph.distributed`` process group: there the monitor keeps
@@ -142,7 +152,16 @@ class Monitor:
         self._client_queue_size = client_queue_size
         self._sampler = ResourceSampler()
         self._metadata_reader = MetadataReader()
-        self._progress = StepProgress(enabled=progress_bar and not quiet, stream=self._stream)
+        self._tui: Any = None
+        if tui and self.main_process:
+            try:
+                from .tui import TerminalDashboard
+            except ImportError as error:
+                raise FlowError("Monitor(tui=True) draws with rich, which is not installed: "
+                                "pip install 'flowgraph[tui]'") from error
+            self._tui = TerminalDashboard(self._stream)
+        self._progress = StepProgress(enabled=progress_bar and not quiet and self._tui is None,
+                                      stream=self._stream)
         self._count = 0  # epochs logged (the hub holds them, thinned for very long runs)
         self._seconds_total = 0.0
         self._last_record: dict[str, Any] | None = None
@@ -243,9 +262,11 @@ class Monitor:
         self._seconds_total += seconds
         self._last_record = record
         message = self._hub.publish_epoch(record)
+        if self._tui is not None:
+            self._tui.apply("epoch", record)
         if self.csv_path is not None:
             self._spool_epoch(message.data)
-        if not self.quiet:
+        if not self.quiet and self._tui is None:
             line = epoch_line(number, self.total_epochs, values, seconds, eta, record["resources"])
             self._progress.write(line)
         return record
@@ -317,6 +338,9 @@ class Monitor:
         self._sampler.close()
         self._publish_meta()
         self._hub.publish_complete(self._final)
+        if self._tui is not None:
+            self._tui.apply("complete", self._final)
+            self._tui.close()
         if not self.quiet:
             self._progress.write(self._summary_line())
         problems: list[str] = []
@@ -369,6 +393,8 @@ class Monitor:
         Unlike :meth:`finish`, it does not wait for browsers to receive ``complete``.
         """
         self._progress.close()
+        if self._tui is not None:
+            self._tui.close()
         server, self._server = self._server, None
         if server is not None:
             self._hub.close()
@@ -529,7 +555,10 @@ class Monitor:
         }
 
     def _publish_meta(self) -> None:
-        self._hub.publish_meta(self._meta())
+        meta = self._meta()
+        self._hub.publish_meta(meta)
+        if self._tui is not None:
+            self._tui.apply("meta", meta)
 
     # -- exports -------------------------------------------------------------------------------------------
 

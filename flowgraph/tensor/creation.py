@@ -159,6 +159,37 @@ def manual_seed(seed: int) -> None:
     seed_all(seed)
 
 
+def get_rng_state(device=None) -> Tensor:
+    """The generator state of ``device`` (default ``"cpu"``) as an int64 CPU tensor, for ``set_rng_state``.
+
+    Like ``torch.get_rng_state`` (and ``torch.cuda.get_rng_state(device)``); each device has its own
+    generator, and the state's length depends on the device type::
+
+        state = fg.get_rng_state("opencl")
+        a = fg.rand(3, device="opencl")
+        fg.set_rng_state(state, "opencl")
+        b = fg.rand(3, device="opencl")      # the same numbers as a
+    """
+    words = _backend(device).get_rng_state()
+    return _wrap(get_backend("cpu").from_host(np.array(words, dtype=np.int64)), get_backend("cpu"))
+
+
+def set_rng_state(new_state: Tensor, device=None) -> None:
+    """Restore the generator of ``device`` (default ``"cpu"``) to a state from ``get_rng_state`` on a
+    device of the same type: the random draws that followed that state are drawn again."""
+    bk = _backend(device)
+    expected = len(bk.get_rng_state())
+    if not isinstance(new_state, Tensor):
+        raise FlowError(f"set_rng_state(new_state=...): expected the Tensor returned by fg.get_rng_state("
+                        f"{bk.device!r}), got a {type(new_state).__name__}")
+    host = new_state._backend.to_host(new_state._data)
+    if host.dtype != _INT64 or host.shape != (expected,):
+        raise FlowError(f"set_rng_state(new_state=...): a {bk.name} generator state is an int64 vector of "
+                        f"{expected} words (from fg.get_rng_state({bk.device!r})), got dtype "
+                        f"{new_state.dtype} shape {tuple(host.shape)}")
+    bk.set_rng_state(host)
+
+
 def rand(*size, dtype=None, device=None, requires_grad: bool = False, generator=None) -> Tensor:
     """Uniform samples in [0, 1)."""
     bk = _backend(device)

@@ -204,7 +204,8 @@ def _setitem(a, v):
 #: Functions of the tensor namespace that have no gradient (integer, boolean, random or creation results).
 NOT_DIFFERENTIABLE = {
     "arange", "as_tensor", "bernoulli", "empty", "empty_like", "eye", "from_dlpack", "from_numpy", "full",
-    "full_like", "linspace", "manual_seed", "normal", "ones", "ones_like", "rand", "rand_like", "randint",
+    "full_like", "get_rng_state", "linspace", "manual_seed", "normal", "set_rng_state", "ones", "ones_like",
+    "rand", "rand_like", "randint",
     "randint_like", "randn", "randn_like", "randperm", "tensor", "zeros", "zeros_like",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not", "isnan",
     "isinf", "isfinite", "argmax", "argmin", "any", "all", "count_nonzero", "nonzero", "floor_divide",

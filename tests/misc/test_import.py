@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 HEAVY = ["flowgraph.nn", "flowgraph.optim", "flowgraph.builder", "flowgraph.tree", "flowgraph.monitor",
-         "flowgraph.distributed", "flowgraph.utils", "starlette", "uvicorn", "graphviz", "pyopencl", "cupy", "torch",
-         "safetensors"]
+         "flowgraph.distributed", "flowgraph.utils", "rich",
+         "starlette", "uvicorn", "graphviz", "pyopencl", "cupy", "torch", "safetensors"]
 
 
 def _loaded_after(code: str) -> set[str]:

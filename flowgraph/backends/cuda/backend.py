@@ -594,6 +594,20 @@ class CupyBackend(ArrayBackend):
         else:
             self._rng_state.set(host)
 
+    def get_rng_state(self) -> np.ndarray:
+        self._no_capture("reading the generator state")
+        self._use()
+        return cupy.asnumpy(self._rng_state).view(np.int64)  # [seed, counter]
+
+    def set_rng_state(self, state: np.ndarray) -> None:
+        self._no_capture("setting the generator state")
+        self._use()
+        host = np.ascontiguousarray(state, dtype=np.int64).view(np.uint64)
+        if self._rng_state is None:
+            self._rng_state = cupy.asarray(host)
+        else:
+            self._rng_state.set(host)
+
     def _draw(self, kernel: str, out: Any, per: int, extra: Sequence[Any] = ()) -> Any:
         n = out.size
         if n == 0:

@@ -506,6 +506,13 @@ class OpenCLBackend(Backend):
         self._seed = int(seed) & 0xFFFFFFFFFFFFFFFF
         self._counter = 0
 
+    def get_rng_state(self) -> np.ndarray:
+        return np.array([self._seed, self._counter], dtype=np.uint64).view(np.int64)
+
+    def set_rng_state(self, state: np.ndarray) -> None:
+        seed, counter = (int(w) for w in np.ascontiguousarray(state, dtype=np.int64).view(np.uint64))
+        self._seed, self._counter = seed, counter
+
     def _random(self, dist: str, shape: Shape, dtype: np.dtype, extra: Sequence[Any] = ()) -> CLArray:
         dtype = self.check_dtype(dtype, dist)
         if dist != "randint" and dtype.kind != "f":
