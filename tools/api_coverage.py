@@ -65,6 +65,14 @@ def _samples() -> dict[str, Callable[[], object]]:
 _MISSING = object()
 
 
+def _inside(module: types.ModuleType, package: str) -> bool:
+    """Whether ``module``'s file lies in the directory of the imported ``package``: an editable install's
+    import hook can otherwise serve a submodule missing from this checkout from another copy of the tree."""
+    roots = [pathlib.Path(p).resolve() for p in getattr(sys.modules[package], "__path__", [])]
+    origin = getattr(module, "__file__", None)
+    return origin is not None and any(pathlib.Path(origin).resolve().is_relative_to(r) for r in roots)
+
+
 def lookup(qualified: str) -> object:
     """The object ``qualified`` (``flowgraph.a.B.c``) names, or ``_MISSING``: getattr from the top package,
     importing a submodule where an attribute is absent, and trying an instance for the classes in
@@ -82,6 +90,8 @@ def lookup(qualified: str) -> object:
         prefix = ".".join(parts[:i])
         try:
             obj = getattr(obj, part)
+            if isinstance(obj, types.ModuleType) and not _inside(obj, parts[0]):
+                return _MISSING
             continue
         except AttributeError:
             pass
@@ -96,6 +106,8 @@ def lookup(qualified: str) -> object:
         try:
             obj = importlib.import_module(f"{prefix}.{part}")
         except Exception:  # noqa: BLE001 - ImportError, or an optional dependency failing to load
+            return _MISSING
+        if not _inside(obj, parts[0]):
             return _MISSING
     if keyword is not None:
         try:

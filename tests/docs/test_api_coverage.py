@@ -54,6 +54,11 @@ def test_lookup_rules(cov):
     assert not cov.provided("flowgraph.nn.NoSuchLayer")
     assert not cov.provided("flowgraph.no_such_module.thing")
     assert not cov.provided("flowgraph.dtype")  # a flowgraph module of that name is no counterpart of torch.dtype
+    import json
+
+    import flowgraph.nn
+
+    assert cov._inside(flowgraph.nn, "flowgraph") and not cov._inside(json, "flowgraph")
     assert cov.counterpart("torch.nn.functional.relu") == "flowgraph.nn.functional.relu"
     assert cov.group_of("torch.nn.functional.relu") == "torch.nn.functional"
     assert cov.group_of("torch.nn.Module.eval") == "torch.nn.Module"
