@@ -8,8 +8,11 @@ same computation; losses agree to rtol 1e-5 (float32, a few optimizer steps).
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -126,3 +129,11 @@ def test_mnist_cnn_port_trains_like_torch(device):
     np.testing.assert_allclose(f_losses, t_losses, rtol=1e-5)
     np.testing.assert_allclose(f_test, t_test, rtol=1e-5)
     assert f_correct == t_correct
+
+
+@pytest.mark.parametrize("script", ["char_gpt/train.py", "mnist_cnn/main.py"])
+def test_port_has_help_and_device_flag(script):
+    out = subprocess.run([sys.executable, str(PORTS / script), "--help"], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    assert "--device" in out.stdout
