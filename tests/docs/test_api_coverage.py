@@ -101,3 +101,27 @@ def test_splice_needs_both_markers_once(cov):
     with pytest.raises(ValueError, match="coverage:start"):
         cov.splice("no markers here", "table")
     assert cov.splice(f"a\n{cov.START}\nold\n{cov.END}\nb", "new") == f"a\n{cov.START}\nnew\n{cov.END}\nb"
+
+
+def test_yardstick_scan_resolves_aliases_and_attributes():
+    spec = importlib.util.spec_from_file_location("api_yardstick_scan", ROOT / "tools" / "api_yardstick_scan.py")
+    scan_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scan_tool)
+    source = (
+        "import torch\nimport torch.nn as nn\nfrom torch.nn import functional as F\n"
+        "from torch.utils.data.dataloader import DataLoader\n"
+        "class M(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        y = F.relu(torch.zeros(3).view(1, 3)).split(1)\n"
+        "        return ' a b'.strip(), DataLoader, torch.nn.init.normal_, torch.float32,\\\n"
+        "            torch.nn.Linear(2, 2).weight\n")
+    classes = {"torch.Tensor": {"view", "split", "strip"}, "torch.nn.Module": {"forward"}}
+    found = scan_tool.scan(source, classes)
+    assert {"torch.nn.Module", "torch.nn.functional.relu", "torch.zeros", "torch.nn.init.normal_",
+            "torch.float32", "torch.Tensor.view", "torch.Tensor.split",
+            "torch.utils.data.dataloader.DataLoader"} <= found
+    assert "torch.Tensor.strip" in found  # untyped: a str method of a name torch.Tensor had would count
+    assert "torch.nn.Linear" in found and not any(n.endswith(".weight") for n in found)  # result attributes cut
+    assert scan_tool.public_name("torch.utils.data.dataloader.DataLoader") == "torch.utils.data.DataLoader"
+    assert scan_tool.public_name("torch.nn.modules.linear.Linear") == "torch.nn.Linear"
+    assert scan_tool.resolve("torch.no_such_name") is None
