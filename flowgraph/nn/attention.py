@@ -1,7 +1,9 @@
 """Attention with PyTorch's names, arguments, parameter names and semantics: ``F.scaled_dot_product_attention``,
-``F.multi_head_attention_forward``, ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer`` and
-``nn.TransformerEncoder``. A torch state dict loads directly (``in_proj_weight``, ``out_proj.weight``,
-``self_attn.in_proj_bias``, ``linear1.weight``, ``norm1.weight``, ``layers.0....``).
+``F.multi_head_attention_forward``, ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``,
+``nn.TransformerEncoder``, ``nn.TransformerDecoderLayer``, ``nn.TransformerDecoder`` and ``nn.Transformer``.
+A torch state dict loads directly (``in_proj_weight``, ``out_proj.weight``, ``self_attn.in_proj_bias``,
+``multihead_attn.in_proj_weight``, ``linear1.weight``, ``norm1.weight``, ``layers.0....``,
+``encoder.layers.0....``, ``decoder.norm.weight``).
 
 Masks follow PyTorch: for ``MultiheadAttention`` a boolean ``attn_mask``/``key_padding_mask`` marks
 positions that may *not* be attended (True = masked); for ``scaled_dot_product_attention`` a boolean
@@ -16,11 +18,12 @@ both as PyTorch does.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
 from ..errors import FlowError, ShapeError
-from ..tensor import Tensor, arange, cat, empty, gelu, pad, relu, where, zeros
+from ..tensor import Tensor, arange, cat, empty, float32, gelu, pad, relu, where, zeros
 from . import init
 from .containers import ModuleList
 from .dropout import Dropout
@@ -29,7 +32,8 @@ from .linear import Linear, linear
 from .module import Module, Parameter
 from .normalization import LayerNorm
 
-__all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder"]
+__all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder", "TransformerDecoderLayer",
+           "TransformerDecoder", "Transformer"]
 __functional__ = ["scaled_dot_product_attention", "multi_head_attention_forward"]
 
 
@@ -46,11 +50,11 @@ def _additive_mask(mask: Tensor | None, dtype, true_means_masked: bool, name: st
     return mask if mask.dtype is dtype else mask.to(dtype)
 
 
-def _causal_mask(L: int, S: int, like: Tensor) -> Tensor:
+def _causal_mask(L: int, S: int, device, dtype) -> Tensor:
     """0 on and below the diagonal (aligned top-left, as PyTorch), -inf above, shape (L, S)."""
-    rows = arange(L, device=like.device).unsqueeze(1)
-    cols = arange(S, device=like.device).unsqueeze(0)
-    return where(cols <= rows, 0.0, float("-inf")).to(like.dtype)
+    rows = arange(L, device=device).unsqueeze(1)
+    cols = arange(S, device=device).unsqueeze(0)
+    return where(cols <= rows, 0.0, float("-inf")).to(dtype)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: float, scale: float,
@@ -101,7 +105,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         key = key.repeat_interleave(heads_q // heads_kv, -3)
         value = value.repeat_interleave(heads_q // heads_kv, -3)
     L, S = query.shape[-2], key.shape[-2]
-    bias = _causal_mask(L, S, query) if is_causal else _additive_mask(attn_mask, query.dtype, False, "attn_mask")
+    if is_causal:
+        bias = _causal_mask(L, S, query.device, query.dtype)
+    else:
+        bias = _additive_mask(attn_mask, query.dtype, False, "attn_mask")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     return _attend(query, key, value, bias, dropout_p, scale, safe=True)[0]
 
@@ -302,14 +309,14 @@ class MultiheadAttention(Module):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
 
 
-def _activation_fn(activation: str | Callable) -> Callable:
+def _activation_fn(activation: str | Callable, owner: str) -> Callable:
     if activation == "relu":
         return relu
     if activation == "gelu":
         return gelu
     if callable(activation):
         return activation
-    raise FlowError(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}")
+    raise FlowError(f"{owner}: activation must be 'relu', 'gelu' or a callable, got {activation!r}")
 
 
 class TransformerEncoderLayer(Module):
@@ -319,12 +326,9 @@ class TransformerEncoderLayer(Module):
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: str | Callable = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 activation: str | Callable = relu, layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:
         super().__init__()
-        self._init_kwargs = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-                                 activation=activation, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
-                                 norm_first=norm_first, bias=bias)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
                                             device=device, dtype=dtype)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
@@ -335,7 +339,7 @@ class TransformerEncoderLayer(Module):
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
-        self.activation = _activation_fn(activation)
+        self.activation = _activation_fn(activation, "TransformerEncoderLayer")
 
     def forward(self, src: Tensor, src_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
@@ -357,16 +361,69 @@ class TransformerEncoderLayer(Module):
         return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
 
 
-def _clone_layer(layer: Module) -> Module:
-    """An independent copy of a ``TransformerEncoderLayer`` with the same weights (PyTorch deep-copies)."""
-    kwargs = getattr(layer, "_init_kwargs", None)
-    if kwargs is None:
-        raise FlowError(f"TransformerEncoder: cannot copy a {type(layer).__name__}; pass a "
-                        "nn.TransformerEncoderLayer (flowgraph modules are copied by rebuilding them)")
-    first = next(layer.parameters())
-    clone = type(layer)(**kwargs).to(first.device).to(first.dtype)
-    clone.load_state_dict(layer.state_dict())
-    return clone.train(layer.training)
+class TransformerDecoderLayer(Module):
+    """Self-attention, cross-attention over the encoder's output (``memory``), then feed-forward (PyTorch's
+    ``nn.TransformerDecoderLayer``, post-norm by default, pre-norm with ``norm_first=True``); submodules
+    ``self_attn``, ``multihead_attn``, ``linear1``, ``linear2``, ``norm1``-``norm3``, ``dropout``,
+    ``dropout1``-``dropout3``. The self-attention and feed-forward blocks are the encoder layer's.
+
+        layer = nn.TransformerDecoderLayer(d_model=16, nhead=4, batch_first=True)
+        out = layer(tgt, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(tgt.shape[1]))
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str | Callable = relu, layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                            device=device, dtype=dtype)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                                 batch_first=batch_first, device=device, dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, device=device, dtype=dtype)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
+        self.activation = _activation_fn(activation, "TransformerDecoderLayer")
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                tgt_is_causal: bool = False, memory_is_causal: bool = False) -> Tensor:
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+            x = x + self._ff_block(self.norm3(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
+            x = self.norm3(x + self._ff_block(x))
+        return x
+
+    # the self-attention block is the encoder layer's (same submodule names)
+    _sa_block = TransformerEncoderLayer._sa_block
+
+    def _mha_block(self, x: Tensor, memory: Tensor, attn_mask, key_padding_mask, is_causal: bool) -> Tensor:
+        x = self.multihead_attn(x, memory, memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                need_weights=False, is_causal=is_causal)[0]
+        return self.dropout2(x)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+def _clones(layer: Module, num_layers: int, owner: str) -> ModuleList:
+    """``num_layers`` independent deep copies of ``layer`` (same initial weights), as PyTorch's ``_get_clones``."""
+    if num_layers <= 0:
+        raise FlowError(f"{owner}: num_layers must be positive, got {num_layers}")
+    if not isinstance(layer, Module):
+        raise FlowError(f"{owner}: the layer to stack must be an nn.Module, got {type(layer).__name__}")
+    return ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
 
 
 class TransformerEncoder(Module):
@@ -376,9 +433,7 @@ class TransformerEncoder(Module):
     def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None,
                  enable_nested_tensor: bool = True, mask_check: bool = True) -> None:
         super().__init__()
-        if num_layers <= 0:
-            raise FlowError(f"TransformerEncoder: num_layers must be positive, got {num_layers}")
-        self.layers = ModuleList([_clone_layer(encoder_layer) for _ in range(num_layers)])
+        self.layers = _clones(encoder_layer, num_layers, "TransformerEncoder")
         self.num_layers = num_layers
         self.norm = norm
         self.enable_nested_tensor = enable_nested_tensor
@@ -390,3 +445,95 @@ class TransformerEncoder(Module):
         for layer in self.layers:
             out = layer(out, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
         return self.norm(out) if self.norm is not None else out
+
+
+class TransformerDecoder(Module):
+    """A stack of ``num_layers`` copies of ``decoder_layer`` (same initial weights, as PyTorch's deep copy),
+    then an optional ``norm``; every layer attends to the same ``memory``."""
+
+    def __init__(self, decoder_layer: Module, num_layers: int, norm: Module | None = None) -> None:
+        super().__init__()
+        self.layers = _clones(decoder_layer, num_layers, "TransformerDecoder")
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                tgt_is_causal: bool | None = None, memory_is_causal: bool = False) -> Tensor:
+        out = tgt
+        for layer in self.layers:
+            out = layer(out, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                        tgt_key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                        tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)
+        return self.norm(out) if self.norm is not None else out
+
+
+class Transformer(Module):
+    """The encoder-decoder transformer of "Attention Is All You Need" (PyTorch's ``nn.Transformer``: same
+    arguments, defaults, submodules ``encoder``/``decoder`` with final ``norm``s, and state-dict keys).
+
+    ``forward(src, tgt, ...)`` encodes ``src`` into a memory and decodes ``tgt`` against it; the output has
+    ``tgt``'s shape. Boolean masks mark positions that may *not* be attended (True = masked), float masks are
+    added to the scores. The ``*_is_causal`` flags are hints, as in PyTorch: the masks are always applied, and a
+    hint without its mask raises. ``custom_encoder``/``custom_decoder`` replace the default stacks.
+
+        model = nn.Transformer(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2, batch_first=True)
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        out = model(src, tgt, tgt_mask=mask)            # src (N, S, 32), tgt (N, T, 32) -> (N, T, 32)
+    """
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, activation: str | Callable = relu,
+                 custom_encoder: Module | None = None, custom_decoder: Module | None = None,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False,
+                 bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        layer_args = (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first,
+                      bias)
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            layer = TransformerEncoderLayer(*layer_args, device=device, dtype=dtype)
+            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+            self.encoder = TransformerEncoder(layer, num_encoder_layers, norm)
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            layer = TransformerDecoderLayer(*layer_args, device=device, dtype=dtype)
+            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+            self.decoder = TransformerDecoder(layer, num_decoder_layers, norm)
+        self._reset_parameters()
+        self.d_model = d_model
+        self.nhead = nhead
+        self.batch_first = batch_first
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, src_key_padding_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None, memory_key_padding_mask: Tensor | None = None,
+                src_is_causal: bool | None = None, tgt_is_causal: bool | None = None,
+                memory_is_causal: bool = False) -> Tensor:
+        batch_dim = 0 if self.batch_first else 1
+        if src.ndim == 3 and (tgt.ndim != 3 or src.shape[batch_dim] != tgt.shape[batch_dim]):
+            raise ShapeError(f"Transformer: src {tuple(src.shape)} and tgt {tuple(tgt.shape)} must have the same "
+                             f"batch size (dim {batch_dim}, batch_first={self.batch_first})")
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise ShapeError(f"Transformer: src {tuple(src.shape)} and tgt {tuple(tgt.shape)} must both have "
+                             f"d_model={self.d_model} features (last dim)")
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+                            memory_is_causal=memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device=None, dtype=None) -> Tensor:
+        """A square causal mask (``sz``, ``sz``): 0.0 on and below the diagonal, ``-inf`` above (PyTorch's)."""
+        if not isinstance(sz, int) or isinstance(sz, bool) or sz < 0:
+            raise FlowError(f"generate_square_subsequent_mask: sz must be a non-negative int, got {sz!r}")
+        return _causal_mask(sz, sz, device, float32 if dtype is None else dtype)
+
+    def _reset_parameters(self) -> None:
+        """PyTorch's initialisation: Xavier-uniform on every parameter with more than one dimension."""
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)

@@ -378,6 +378,19 @@ GRADCHECK = {
     "TransformerEncoder": (
         lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(4, 2, 6, dropout=0.0, norm_first=True), 2),
         [(3, 2, 4)], lambda m, x: m(x), False),
+    # decoder rows check the inputs only: their parameters are those of the rows above (MultiheadAttention,
+    # and the encoder layer's Linear/LayerNorm), and tests/nn/test_transformer.py compares every parameter
+    # gradient with torch's on each backend
+    "TransformerDecoderLayer": (
+        lambda: nn.TransformerDecoderLayer(4, 2, 6, dropout=0.0, norm_first=True), [(2, 2, 4), (3, 2, 4)],
+        lambda m, t, mem: m(t, mem, tgt_mask=nn.Transformer.generate_square_subsequent_mask(2, t.device, t.dtype),
+                            memory_key_padding_mask=fg.tensor(_KPM, device=t.device)), False),
+    "TransformerDecoder": (
+        lambda: nn.TransformerDecoder(nn.TransformerDecoderLayer(4, 2, 6, dropout=0.0), 2), [(2, 1, 4), (3, 1, 4)],
+        lambda m, t, mem: m(t, mem), False),
+    "Transformer": (
+        lambda: nn.Transformer(4, 2, 1, 1, 6, dropout=0.0), [(3, 1, 4), (2, 1, 4)],
+        lambda m, src, tgt: m(src, tgt, src_key_padding_mask=fg.tensor(_KPM[:1], device=src.device)), False),
     "scaled_dot_product_attention": (
         None, [(2, 3, 4), (2, 5, 4), (2, 5, 3), (3, 5)],
         lambda m, q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
