@@ -50,6 +50,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "tree": ("flowgraph.tree", None),
     "monitor": ("flowgraph.monitor", None),
     "distributed": ("flowgraph.distributed", None),
+    "onnx": ("flowgraph.onnx", None),
     "FlowBuilder": ("flowgraph.builder", "FlowBuilder"),
     "MergeOp": ("flowgraph.builder", "MergeOp"),
     "Graph": ("flowgraph.builder", "Graph"),
