@@ -18,14 +18,19 @@ from flowgraph import nn, optim
 from flowgraph.builder import FlowBuilder
 
 
+def make_model() -> fg.Graph:
+    """The regressor: two GELU layers, the hidden one tagged for observation."""
+    return (FlowBuilder.from_(nn.Linear(8, 64)).through(nn.GELU()).through(nn.Linear(64, 64)).tag("hidden")
+            .through(nn.GELU()).through(nn.Linear(64, 1)).label("regressor").build())
+
+
 def train(epochs: int = 60, device: str = "cpu", out_dir: str | None = None, verbose: bool = True) -> dict:
     """Train with trend-driven lr decay and early stopping; returns what happened."""
     fg.manual_seed(0)
     x = fg.randn(512, 8, device=device)
     y = (x[:, :1] * x[:, 1:2]).tanh() + 0.05 * fg.randn(512, 1, device=device)
     x_train, y_train, x_val, y_val = x[:384], y[:384], x[384:], y[384:]
-    model = (FlowBuilder.from_(nn.Linear(8, 64)).through(nn.GELU()).through(nn.Linear(64, 64)).tag("hidden")
-             .through(nn.GELU()).through(nn.Linear(64, 1)).label("regressor").build().to(device))
+    model = make_model().to(device)
     opt = optim.Adam(model.parameters(), lr=1e-2)
     decays, stopped_at = [], None
     for epoch in range(epochs):

@@ -25,6 +25,12 @@ def make_encoder() -> fg.Graph:
             .through(nn.Linear(32, 32)).through(nn.GELU()).label("encoder").build())
 
 
+def make_model() -> fg.Graph:
+    """Phase B's model: a fresh encoder (loaded from phase A's checkpoint by path), an adapter, a classifier."""
+    return (FlowBuilder.from_(make_encoder()).through(nn.Linear(32, 32)).tag("adapter").through(nn.GELU())
+            .through(nn.Linear(32, 4)).tag("classifier").label("transfer").build())
+
+
 def make_data(n: int, device: str, seed: int):
     """Inputs and two related targets: task A (sum of a projection) and task B (its sign pattern)."""
     fg.manual_seed(seed)
@@ -57,8 +63,7 @@ def train(epochs: int = 40, device: str = "cpu", workdir: str | None = None, ver
 
     # Phase B: a bigger model around a fresh encoder; load the checkpoint by path; freeze; fine-tune.
     fg.manual_seed(2)
-    model = (FlowBuilder.from_(make_encoder()).through(nn.Linear(32, 32)).tag("adapter").through(nn.GELU())
-             .through(nn.Linear(32, 4)).tag("classifier").label("transfer").build().to(device))
+    model = make_model().to(device)
     report = model.load_subgraph_checkpoint("encoder", ckpt)
     model.freeze("encoder")
     opt = optim.Adam([{"params": model.parameters_at("adapter"), "lr": 3e-3},
