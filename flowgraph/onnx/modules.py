@@ -60,8 +60,9 @@ def _conv(rec: Recorder, m: Any, names: list, args: tuple) -> list[str] | None:
         return None
     attrs: dict[str, Any] = {"strides": list(m.stride), "dilations": list(m.dilation), "group": m.groups,
                              "kernel_shape": list(m.kernel_size)}
-    if m.padding == "same":
-        attrs["auto_pad"] = "SAME_UPPER"  # PyTorch puts the odd padding element at the end, as SAME_UPPER
+    if m.padding == "same":  # PyTorch puts the odd padding element at the end
+        total = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size)]
+        attrs["pads"] = [t // 2 for t in total] + [t - t // 2 for t in total]
     elif m.padding == "valid":
         attrs["pads"] = [0] * (2 * len(m.kernel_size))
     else:

@@ -199,6 +199,8 @@ class Recorder:
     # ------------------------------------------------------------------ primitives
     def record(self, prim: str, args: tuple, kwargs: dict, out: Any) -> None:
         """Emit the ONNX node(s) computing ``out = prim(*args)`` and name ``out``."""
+        if prim == "assign":  # checked first: it returns its (now overwritten) destination
+            self._p_assign(out, *args)
         if isinstance(out, tuple):  # no multi-output primitive is recorded directly
             raise self.fail(f"the primitive {prim!r} returned several arrays; it has no ONNX form here")
         if any(out is a for a in args if not isinstance(a, (int, float, bool, tuple, list))):

@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from .helpers import export_and_compare
+import flowgraph as fg
 
-import flowgraph as fg  # noqa: E402  (after the importorskip in helpers)
+from .helpers import export_and_compare
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
