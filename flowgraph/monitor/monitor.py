@@ -32,12 +32,16 @@ from .source import (
     GraphPicture,
     MetadataReader,
     MetricSource,
+    has_profile,
     is_graph,
     read_metrics,
     read_picture,
 )
 
 T = TypeVar("T")
+
+#: A logged graph with a profile (``enable_profiling()``) has its picture's heat re-read at most this often.
+PROFILE_REFRESH_SECONDS = 5.0
 
 STATUSES = ("completed", "interrupted", "terminated", "failed")
 
@@ -152,6 +156,7 @@ class Monitor:
         self._metadata = GraphMetadata()
         self._picture = GraphPicture()
         self._watched = False
+        self._picture_at = 0.0  # when the picture was last read (a profiled graph's heat is re-read)
         self._started_at = time.time()
         self._clock_start = time.perf_counter()
         self._status = "running"
@@ -169,6 +174,7 @@ class Monitor:
         """Show ``graph`` on the dashboard: its picture (``g.svg()``, or ``g.dot()`` source) and metadata."""
         self._watched = True
         self._picture = read_picture(graph)
+        self._picture_at = time.monotonic()
         self._metadata = self._metadata_reader.read(graph)
         self._publish_meta()
 
@@ -223,6 +229,10 @@ class Monitor:
             if not self._watched:
                 self._watched = True
                 self._picture = read_picture(metrics)
+                self._picture_at = time.monotonic()
+            elif has_profile(metrics) and time.monotonic() - self._picture_at >= PROFILE_REFRESH_SECONDS:
+                self._picture = read_picture(metrics)  # the node heat follows the latest profiled forward
+                self._picture_at = time.monotonic()
             self._metadata = self._metadata_reader.read(metrics)
             device = self._metadata.device
             if (self._metadata, self._picture) != meta_before:
@@ -464,7 +474,8 @@ class Monitor:
         limits = server_module.Limits(max_lag=self._client_queue_size)
         tracker = server_module.StreamTracker()
         feed = server_module.LiveFeed(self._hub, limits)
-        app = server_module.build_app(self._hub, lambda: self._picture.svg, host, tracker=tracker, feed=feed)
+        app = server_module.build_app(self._hub, lambda: self._picture.svg, host, tracker=tracker, feed=feed,
+                                      graph_dot=lambda: self._picture.dot)
         server = server_module.DashboardServer(app, sock, host, limits=limits, tracker=tracker, feed=feed)
         server.start()
         self._server = server
