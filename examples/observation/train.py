@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 import flowgraph as fg
 from flowgraph import nn, optim
@@ -59,7 +58,8 @@ def train(epochs: int = 60, device: str = "cpu", out_dir: str | None = None, ver
             decays.append(epoch)
             if verbose:
                 print(f"epoch {epoch}: val_loss not improving over 8 epochs -> lr {opt.param_groups[0]['lr']:.2e}")
-    out_dir = out_dir or tempfile.mkdtemp(prefix="flowgraph-observation-")
+    out_dir = out_dir or os.path.join("runs", "observation")  # a run folder, never the sources
+    os.makedirs(out_dir, exist_ok=True)
     page = model.plot_html(os.path.join(out_dir, "curves.html"), ["train_loss", "val_loss", "hidden"])
     metrics = model.latest_metrics()
     if verbose:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 import flowgraph as fg
 from flowgraph import nn, optim
@@ -42,7 +41,8 @@ def make_data(n: int, device: str, seed: int):
 
 def train(epochs: int = 40, device: str = "cpu", workdir: str | None = None, verbose: bool = True) -> dict:
     """Run both phases; returns the final losses and when the encoder was thawed."""
-    workdir = workdir or tempfile.mkdtemp(prefix="flowgraph-transfer-")
+    workdir = workdir or os.path.join("runs", "transfer_learning")  # a run folder, never the sources
+    os.makedirs(workdir, exist_ok=True)
     x, y_a, y_b = make_data(256, device, seed=0)
 
     # Phase A: the encoder with a temporary head learns task A.
