@@ -290,8 +290,11 @@ class Graph(GraphTree, Module):
         return render_svg(self.dot(), path)
 
     def enable_profiling(self, enabled: bool = True) -> Graph:
-        """Time every node of each forward (synchronising the device before and after each node)."""
-        self._profiling = bool(enabled)
+        """Time every node of each forward (synchronising the device before and after each node), in this
+        graph and the graphs inside it (their nodes are drawn, and heat-coloured, inside its picture)."""
+        for m in self.modules():
+            if isinstance(m, Graph):
+                m._profiling = bool(enabled)
         return self
 
     def disable_profiling(self) -> Graph:

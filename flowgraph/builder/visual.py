@@ -79,9 +79,15 @@ class _Writer:
         self.details.append(entry)
         return "\n".join(lines)
 
-    def emit(self, graph: Graph, prefix: str, indent: str, inputs: list[str] | None) -> str:
-        """Write ``graph``'s nodes (``inputs``: outer node ids feeding its inputs); returns its output id."""
+    def emit(self, graph: Graph, prefix: str, indent: str, inputs: list[str] | None,
+             profile: dict[str, float] | None = None) -> str:
+        """Write ``graph``'s nodes (``inputs``: outer node ids feeding its inputs); returns its output id.
+
+        ``profile``: this graph's seconds per node name (a subgraph's come from its own profile)."""
         from .graph import Graph
+
+        if profile is None:
+            profile = self.profile
 
         ids: dict[int, str] = {}
         names = ["x"] + graph.input_names
@@ -109,7 +115,8 @@ class _Writer:
                 for name in sub.input_names:  # refs feed the subgraph's own inputs
                     ref = node.refs.get(name)
                     inner.append(ids.get(ref.stream) if ref is not None and ref.stream is not None else None)
-                out = self.emit(sub, nid + ".", indent + "  ", inner)
+                inner_profile = sub.profile() if self.profile is not None else None
+                out = self.emit(sub, nid + ".", indent + "  ", inner, inner_profile)
                 self.lines.append(f"{indent}}}")
                 ids[node.output] = out
                 for name, ref in node.refs.items():
@@ -121,7 +128,7 @@ class _Writer:
             style = _STYLES.get(node.kind, "")
             seconds = None
             if self.profile is not None:
-                seconds = self.profile.get(node.name, 0.0)
+                seconds = profile.get(node.name, 0.0) if profile is not None else 0.0
                 frac = seconds / self.total if self.total > 0 else 0.0
                 attrs.append(f"fillcolor={_q(_heat(frac))}")
                 style = (style + ",filled").strip(",")
