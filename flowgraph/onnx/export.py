@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -37,6 +38,8 @@ from .modules import converter_for
 from .trace import Recorder, recording
 
 MIN_OPSET = 17
+# An export patches the CPU backend's primitives and Module.__call__ while the model runs: one at a time.
+_EXPORT_LOCK = threading.Lock()
 
 
 def _require_onnx() -> Any:
@@ -180,8 +183,9 @@ class _Exporter:
         body_graph = rec.helper.make_graph(body.nodes, body.name, body.inputs, body.outputs)
         trips = rec.const(np.asarray(node.count if not halting else node.max_iter, dtype=np.int64))
         loop_inputs = [trips, rec.const(np.asarray(True)), state_outer]
-        if halting:
-            loop_inputs.append(rec.const(np.ones(batch, dtype=np.bool_)))
+        if halting:  # every row active at first: True expanded to the state's rows (a free batch size)
+            rows = rec.op("Slice", rec.op("Shape", state_outer), rec.ints([0]), rec.ints([1]))
+            loop_inputs.append(rec.op("Expand", rec.const(np.asarray(True)), rows))
         outs = rec.node("Loop", loop_inputs, 2 if halting else 1, body=body_graph)
         return self._real(graph, node, values, None, outs[0])
 
@@ -285,6 +289,9 @@ def export(model: Module, sample: Any, path: str | os.PathLike | None, opset_ver
     or ``{"input_0": [0]}`` (traced reshapes keep the batch dim free; tensors a forward creates with a
     batch-sized shape fix it). Needs ``pip install 'flowgraph[onnx]'``.
 
+    While it runs, the CPU backend's primitives and ``Module.__call__`` are routed through the exporter
+    (restored afterwards); exports are serialised, and other threads should not run CPU models meanwhile.
+
         fg.onnx.export(model, fg.randn(4, 8), "model.onnx")
         # onnxruntime.InferenceSession("model.onnx").run(None, {"input_0": x.numpy()})
     """
@@ -324,7 +331,7 @@ def export(model: Module, sample: Any, path: str | os.PathLike | None, opset_ver
         for m in model.modules():
             if isinstance(m, Graph):
                 m._state.clear()
-        with no_grad(), recording(get_backend("cpu"), rec), _routing_module_calls(exporter):
+        with _EXPORT_LOCK, no_grad(), recording(get_backend("cpu"), rec), _routing_module_calls(exporter):
             out = model(*samples)
     finally:
         _restore(snapshot)

@@ -191,10 +191,12 @@ class Recorder:
             self.scope = scope.parent
 
     def value_info(self, name: str, array: Any, shape: Any = None) -> Any:
-        """A typed value declaration for a graph input or output."""
+        """A typed value declaration for a graph input or output (in a ``Loop`` body: the rank only, so a
+        runtime never specialises the body to the sample's sizes)."""
         arr = np.asarray(array)
-        return self.helper.make_tensor_value_info(
-            name, self.helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape) if shape is None else shape)
+        if shape is None:
+            shape = list(arr.shape) if self.scope is self.main else [None] * arr.ndim
+        return self.helper.make_tensor_value_info(name, self.helper.np_dtype_to_tensor_dtype(arr.dtype), shape)
 
     # ------------------------------------------------------------------ primitives
     def record(self, prim: str, args: tuple, kwargs: dict, out: Any) -> None:

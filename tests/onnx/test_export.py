@@ -83,6 +83,20 @@ def test_for_n_is_an_onnx_loop(device, tmp_path):
     proto, _ = export_and_compare(model, (fg.randn(5, 6, device=device),), tmp_path / "m.onnx")
     loops = [n for n in proto.graph.node if n.op_type == "Loop"]
     assert len(loops) == 1
+    # a body that reads a ref: the Loop body graph uses the outer value
+    with_ref = (FlowBuilder.from_(nn.Linear(6, 8)).tag("first").loop_body(Scale(8)).for_n(3).using("ctx")
+                .input("ctx").build().to(device))
+    export_and_compare(with_ref, (fg.randn(5, 6, device=device), fg.randn(5, 2, device=device)),
+                       tmp_path / "ref.onnx")
+
+
+def test_halting_loop_with_a_free_batch_size(tmp_path):
+    model = FlowBuilder().loop_body(Step()).while_cond(nn.ThresholdHalt(1.0), 6).build()
+    fg.onnx.export(model, fg.randn(4, 2), tmp_path / "m.onnx", input_names=["x"], output_names=["y"],
+                   dynamic_axes={"x": [0], "y": [0]})
+    x = fg.tensor([[0.9, 0.0], [0.1, 0.2], [-0.6, 0.0], [-3.0, -2.0], [0.2, 0.3], [5.0, 0.0], [0.0, 0.0]])
+    (got,) = run_onnx(tmp_path / "m.onnx", (x,), ["x"])
+    np.testing.assert_allclose(got, flowgraph_outputs(model, (x,))[0], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["while_cond", "until_cond"])
@@ -118,27 +132,32 @@ def test_map_each_over_and_slices(device, tmp_path):
         export_and_compare(m, (fg.randn(5, 6, device=device),), tmp_path / "slices.onnx")
 
 
-def test_layers(device, tmp_path):
+LAYERS = {
+    "conv1d": (lambda: nn.Sequential(nn.Conv1d(3, 4, 3, padding=1), nn.BatchNorm1d(4), nn.ReLU(), nn.MaxPool1d(2),
+                                     nn.Conv1d(4, 2, 3, padding="same", dilation=2), nn.AvgPool1d(2),
+                                     nn.Flatten()), (2, 3, 16)),
+    "conv2d": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.Sigmoid(), nn.AvgPool2d(2),
+                                     nn.Conv2d(4, 4, 1, groups=2), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
+                                     nn.Dropout(0.5), nn.Linear(4, 3), nn.Softmax(-1)), (2, 3, 16, 16)),
+    "activations": (lambda: nn.Sequential(nn.Linear(5, 6), nn.LeakyReLU(0.1), nn.ELU(), nn.SiLU(), nn.LayerNorm(6)),
+                    (2, 3, 5)),
+    "gru": (lambda: nn.GRU(5, 7, num_layers=2, batch_first=True), (2, 6, 5)),
+    "lstm": (lambda: nn.LSTM(5, 7, bidirectional=True), (6, 2, 5)),
+    "rnn": (lambda: nn.RNN(5, 7, nonlinearity="relu"), (6, 2, 5)),
+    "attention": (lambda: nn.MultiheadAttention(8, 2, batch_first=True), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_layers(device, name, tmp_path):
     fg.manual_seed(0)
-    cases = [
-        (nn.Sequential(nn.Conv1d(3, 4, 3, padding=1), nn.BatchNorm1d(4), nn.ReLU(), nn.MaxPool1d(2),
-                       nn.Conv1d(4, 2, 3, padding="same", dilation=2), nn.AvgPool1d(2), nn.Flatten()), (2, 3, 16)),
-        (nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1, groups=1), nn.Sigmoid(), nn.AvgPool2d(2),
-                       nn.Conv2d(4, 4, 1, groups=2), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.Dropout(0.5),
-                       nn.Linear(4, 3), nn.Softmax(-1)), (2, 3, 16, 16)),
-        (nn.Sequential(nn.Linear(5, 6), nn.LeakyReLU(0.1), nn.ELU(), nn.SiLU(), nn.LayerNorm(6)), (2, 3, 5)),
-        (nn.GRU(5, 7, num_layers=2, batch_first=True), (2, 6, 5)),
-        (nn.LSTM(5, 7, bidirectional=True), (6, 2, 5)),
-        (nn.RNN(5, 7, nonlinearity="relu"), (6, 2, 5)),
-        (nn.MultiheadAttention(8, 2, batch_first=True), None),
-    ]
-    for model, shape in cases:
-        model = model.to(device)
-        if shape is None:  # self-attention: query = key = value
-            q = fg.randn(2, 5, 8, device=device)
-            export_and_compare(model, (q, q, q), tmp_path / "m.onnx")
-        else:
-            export_and_compare(model, (fg.randn(*shape, device=device),), tmp_path / "m.onnx")
+    make, shape = LAYERS[name]
+    model = make().to(device)
+    if shape is None:  # self-attention: query = key = value
+        q = fg.randn(2, 5, 8, device=device)
+        export_and_compare(model, (q, q, q), tmp_path / "m.onnx")
+    else:
+        export_and_compare(model, (fg.randn(*shape, device=device),), tmp_path / "m.onnx")
 
 
 def test_rnn_layers_use_onnx_recurrent_operators(tmp_path):
