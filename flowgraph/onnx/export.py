@@ -129,7 +129,7 @@ class _Exporter:
             return self.map_rows(graph, node, values)
         return node.run(graph, values)
 
-    def _real(self, graph: Graph, node: Node, values: dict, traced: Tensor | None, name: str) -> Tensor:
+    def _real(self, graph: Graph, node: Node, values: dict, name: str) -> Tensor:
         """Run ``node`` for its true value (not recorded) and give that value the traced output's name."""
         with self.rec.paused():
             real = node.run(graph, values)
@@ -187,7 +187,7 @@ class _Exporter:
             rows = rec.op("Slice", rec.op("Shape", state_outer), rec.ints([0]), rec.ints([1]))
             loop_inputs.append(rec.op("Expand", rec.const(np.asarray(True)), rows))
         outs = rec.node("Loop", loop_inputs, 2 if halting else 1, body=body_graph)
-        return self._real(graph, node, values, None, outs[0])
+        return self._real(graph, node, values, outs[0])
 
     def switch(self, graph: Graph, node: SwitchNode, values: dict) -> Tensor:
         rec = self.rec
@@ -209,7 +209,7 @@ class _Exporter:
             if result.ndim:
                 pick = pick.reshape((pick.shape[0],) + (1,) * (result.ndim - 1))
             result = where(pick, outs[b], result)
-        return self._real(graph, node, values, result, rec.value(result._data))
+        return self._real(graph, node, values, rec.value(result._data))
 
     def map_rows(self, graph: Graph, node: MapNode, values: dict) -> Tensor:
         rec = self.rec
@@ -234,7 +234,7 @@ class _Exporter:
         n_rows = rec.op("Gather", rec.op("Shape", x_outer), rec.const(np.asarray(0, dtype=np.int64)), axis=0)
         scan = rec.node("Loop", [n_rows, rec.const(np.asarray(True))], 1, body=body_graph)[0]
         out = rec.op("Reshape", scan, rec.ints([-1] + list(y.shape[1:])))
-        return self._real(graph, node, values, None, out)
+        return self._real(graph, node, values, out)
 
 
 def _bool() -> Any:
@@ -352,7 +352,8 @@ def export(model: Module, sample: Any, path: str | os.PathLike | None, opset_ver
                                   rec.main.initializers)
     proto = rec.helper.make_model(graph, opset_imports=[rec.helper.make_opsetid("", opset_version)],
                                   producer_name="flowgraph")
-    proto.ir_version = min(proto.ir_version, 8 if opset_version <= 17 else proto.ir_version)
+    if opset_version <= 17:  # IR 8 is what opset 17 came with: runtimes of that era load the file too
+        proto.ir_version = min(proto.ir_version, 8)
     onnx.checker.check_model(proto, full_check=True)
     if path is not None:
         onnx.save(proto, os.fspath(path))
