@@ -112,3 +112,22 @@ def test_server_svg_is_inlined_and_clickable(served, browser_page):
     page.locator('[id="fg:encoder.hidden"]').click()
     expect(page.locator("#graph-panel")).to_have_attribute("data-path", "encoder.hidden")
     assert not errors
+
+
+def test_offline_report_draws_the_dot_without_graphviz(no_dot, make_monitor, browser_page, tmp_path):
+    from playwright.sync_api import expect
+
+    page, errors = browser_page
+    graph = _model()
+    mon = make_monitor(2)
+    mon.watch(graph)
+    mon.log(0, 0.1, {"loss": 1.0})
+    report = mon.save_html(tmp_path / "report.html")
+    assert "viz_layout" in report.read_text()  # viz.js inlined: the file needs no network
+    page.goto(report.as_uri())
+    picture = page.locator("#graph svg.graph-svg")
+    expect(picture).to_be_visible(timeout=30_000)
+    assert picture.locator("g.node").count() == len(graph.node_details())
+    page.locator('[id="fg:head"]').click()
+    expect(page.locator("#graph-panel")).to_have_attribute("data-path", "head")
+    assert not errors

@@ -632,10 +632,12 @@
         if (current()) showSvg(box, parseSvg(t), g, "server");
       }).catch(function (err) { if (current()) showDotSource(box, g, err); });
     } else if (g.kind === "dot") {
-      if (state.offline) { showDotSource(box, g, null); return; }
+      // The report inlines viz.js when it has no SVG; the DOT is in its metadata, nothing is fetched.
+      if (state.offline && !window.Viz) { showDotSource(box, g, null); return; }
       box.textContent = "";
       box.appendChild(el("p", { className: "muted", text: "Drawing the graph in the browser…" }));
-      Promise.all([loadViz(), fetchText("graph.dot?v=" + Date.now())]).then(function (r) {
+      var source = state.offline ? Promise.resolve(g.dot) : fetchText("graph.dot?v=" + Date.now());
+      Promise.all([loadViz(), source]).then(function (r) {
         if (current()) showSvg(box, r[0].renderSVGElement(r[1]), g, "browser");
       }).catch(function (err) { if (current()) showDotSource(box, g, err); });
     }
