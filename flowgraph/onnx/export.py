@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -87,13 +88,23 @@ class _Exporter:
             return self.original_call(module, *args, **kwargs)
         name = self.paths.get(id(module), type(module).__name__)
         with rec.at(name, module=True):
-            if isinstance(module, Graph) and not (module._forward_pre_hooks or module._forward_hooks):
-                return self.run_graph(module, args, kwargs)
+            if isinstance(module, Graph):  # walked here, so its loops, switches and maps keep their form
+                for hook in list(module._forward_pre_hooks.values()):
+                    result = hook(module, args)
+                    if result is not None:
+                        args = result if isinstance(result, tuple) else (result,)
+                out = self.run_graph(module, args, kwargs)
+                for hook in list(module._forward_hooks.values()):
+                    result = hook(module, args, out)
+                    if result is not None:
+                        out = result
+                return out
             convert = converter_for(module)
             if convert is not None and not kwargs and all(isinstance(a, Tensor) for a in args):
                 names = [rec.value(a._data) for a in args]
                 mark = len(rec.scope.nodes)
-                out_names = convert(rec, module, names, args)
+                with rec.paused():  # a converter reads parameters on the host: not the model's forward
+                    out_names = convert(rec, module, names, args)
                 if out_names is not None:
                     with rec.paused():
                         out = self.original_call(module, *args)
@@ -335,6 +346,12 @@ def export(model: Module, sample: Any, path: str | os.PathLike | None, opset_ver
             out = model(*samples)
     finally:
         _restore(snapshot)
+    if rec.host_reads:
+        warnings.warn(
+            f"fg.onnx.export: {', '.join(sorted(rec.host_reads))} read tensor values on the host (.item(), "
+            ".tolist(), .numpy()) while traced; Python control flow that depends on them is fixed to this "
+            "sample's values in the ONNX file (write it with tensor ops, e.g. fg.where, to keep it general)",
+            RuntimeWarning, stacklevel=2)
     outs = _flatten(out, "model outputs")
     out_names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(outs))]
     if len(out_names) != len(outs):

@@ -85,6 +85,7 @@ class Recorder:
         self.depth = 0
         self.path: list[tuple[str, bool]] = []
         self.dynamic_batch = False
+        self.host_reads: set[str] = set()  # where a traced forward read a tensor value on the host
         self._count = 0
 
     # ------------------------------------------------------------------ names and values
@@ -407,7 +408,16 @@ def recording(backend: Backend, rec: Recorder) -> Iterator[None]:
             return out
         return recorded
 
+    def host_read(fn: Callable) -> Callable:
+        def read(*args: Any, **kwargs: Any) -> Any:
+            if rec.recording and not rec.depth:
+                rec.host_reads.add(rec.where())
+            return fn(*args, **kwargs)
+        return read
+
     try:
+        saved["to_host"] = backend.__dict__.get("to_host", missing)
+        backend.__dict__["to_host"] = host_read(backend.to_host)
         for prim in list(_UNARY) + list(_BINARY) + list(_OTHER):
             saved[prim] = backend.__dict__.get(prim, missing)
             backend.__dict__[prim] = wrap(prim, getattr(backend, prim))

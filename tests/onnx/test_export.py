@@ -219,6 +219,25 @@ def test_unexportable_constructs_name_the_node_path(tmp_path):
         fg.onnx.export(shapes.build(), fg.randn(3, 4), tmp_path / "m.onnx")
 
 
+class DataDependent(nn.Module):
+    def forward(self, x):
+        return x * 2 if x.sum().item() > 0 else x * 3  # Python control flow on a value: fixed by tracing
+
+
+def test_host_reads_in_a_traced_forward_warn_with_the_path(tmp_path):
+    model = FlowBuilder.from_(nn.Linear(4, 4)).through(DataDependent()).tag("branchy").build()
+    with pytest.warns(RuntimeWarning, match=r"branchy read tensor values on the host"):
+        fg.onnx.export(model, fg.randn(3, 4), tmp_path / "m.onnx")
+
+
+def test_graph_hooks_run_and_loops_keep_their_form(tmp_path):
+    calls = []
+    model = FlowBuilder.from_(nn.Linear(4, 4)).loop_body(Step()).while_cond(nn.ThresholdHalt(1.0), 4).build()
+    model.register_forward_hook(lambda m, args, out: calls.append(tuple(out.shape)))
+    proto = fg.onnx.export(model, fg.randn(3, 4), tmp_path / "m.onnx")
+    assert "Loop" in _ops(proto) and calls[0] == (3, 4)
+
+
 def test_bad_arguments():
     model = nn.Linear(2, 2)
     with pytest.raises(fg.FlowError, match="opset_version"):
