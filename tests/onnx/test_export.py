@@ -238,6 +238,14 @@ def test_graph_hooks_run_and_loops_keep_their_form(tmp_path):
     assert "Loop" in _ops(proto) and calls[0] == (3, 4)
 
 
+def test_without_the_onnx_package_the_error_says_what_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
+    with pytest.raises(fg.FlowError, match=r"pip install 'flowgraph\[onnx\]'"):
+        fg.onnx.export(nn.Linear(2, 2), fg.randn(1, 2), None)
+
+
 def test_bad_arguments():
     model = nn.Linear(2, 2)
     with pytest.raises(fg.FlowError, match="opset_version"):
