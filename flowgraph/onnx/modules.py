@@ -54,7 +54,7 @@ def _linear(rec: Recorder, m: Any, names: list, args: tuple) -> list[str] | None
     return [rec.op("Add", y, _param(rec, m.bias)) if m.bias is not None else y]
 
 
-@converts(nn.Conv1d, nn.Conv2d)
+@converts(nn.Conv1d, nn.Conv2d, nn.Conv3d)
 def _conv(rec: Recorder, m: Any, names: list, args: tuple) -> list[str] | None:
     if len(args) != 1 or m.padding_mode != "zeros" or args[0].ndim != len(m.kernel_size) + 2:
         return None
@@ -69,6 +69,17 @@ def _conv(rec: Recorder, m: Any, names: list, args: tuple) -> list[str] | None:
         attrs["pads"] = list(m.padding) * 2
     inputs = [names[0], _param(rec, m.weight)] + ([_param(rec, m.bias)] if m.bias is not None else [])
     return [rec.op("Conv", *inputs, **attrs)]
+
+
+@converts(nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+def _conv_transpose(rec: Recorder, m: Any, names: list, args: tuple) -> list[str] | None:
+    n = len(m.kernel_size)
+    if len(args) != 1 or m.padding_mode != "zeros" or isinstance(m.padding, str) or args[0].ndim != n + 2:
+        return None  # (the weight layout (in, out / groups, *k) is ONNX's too)
+    inputs = [names[0], _param(rec, m.weight)] + ([_param(rec, m.bias)] if m.bias is not None else [])
+    return [rec.op("ConvTranspose", *inputs, strides=list(m.stride), dilations=list(m.dilation),
+                   pads=list(m.padding) * 2, output_padding=list(m.output_padding), group=m.groups,
+                   kernel_shape=list(m.kernel_size))]
 
 
 @converts(nn.BatchNorm1d, nn.BatchNorm2d)
