@@ -171,7 +171,12 @@ class Monitor:
     # -- graph ---------------------------------------------------------------------------------------------
 
     def watch(self, graph: object) -> None:
-        """Show ``graph`` on the dashboard: its picture (``g.svg()``, or ``g.dot()`` source) and metadata."""
+        """Show ``graph`` on the dashboard: its picture and metadata.
+
+        The picture is ``g.svg()`` when Graphviz's ``dot`` is installed, else ``g.dot()``, which the page draws
+        itself with the vendored viz.js; both carry profile heat when the graph holds a profile, and
+        ``g.node_details()`` feeds the panel a click on a node opens (path, parameters, frozen state, time).
+        Calling ``watch`` again re-reads them (e.g. after a profiled forward)."""
         self._watched = True
         self._picture = read_picture(graph)
         self._picture_at = time.monotonic()

@@ -596,7 +596,11 @@
     box.appendChild(svg);
     var note = renderer === "browser" ? "drawn in the browser (no Graphviz on the server)" : "drawn by Graphviz";
     if (heat) note += "; colour: share of the last profiled forward's time (white to red)";
-    box.appendChild(el("p", { className: "muted small graph-note", text: note + ". Click a node for its details." }));
+    var noteEl = el("p", { className: "muted small graph-note", text: note + ". Click a node for its details. " });
+    if (renderer === "server" && !state.offline) {
+      noteEl.appendChild(el("a", { href: "graph.svg", target: "_blank", rel: "noopener", text: "Open the SVG" }));
+    }
+    box.appendChild(noteEl);
     box.appendChild(el("div", { id: "graph-panel", className: "graph-panel" }));
     Array.prototype.forEach.call(svg.querySelectorAll("g.node"), function (node) {
       var info = details[node.id];
