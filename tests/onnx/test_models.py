@@ -74,12 +74,14 @@ def test_benchmark_model(name, tmp_path):
         assert {"Conv", "BatchNormalization", "MaxPool", "GlobalAveragePool"} <= ops
 
 
-def test_showcase(tmp_path):
+@pytest.mark.parametrize("opset", [17, 18])  # 18 moved the reductions' axes from attributes to inputs
+def test_showcase(tmp_path, opset):
     showcase = load("examples/showcase/train.py")
     fg.manual_seed(0)
     model, _ = showcase.train(epochs=1, model=showcase.build_model())  # trained: routing and halting vary
     x, ctx, _ = showcase.make_data(n=32, seed=3)
     proto, _ = export_and_compare(model, (x, ctx), tmp_path / "showcase.onnx", input_names=["x", "ctx"],
-                                  output_names=["y"])
+                                  output_names=["y"], opset_version=opset)
+    assert proto.opset_import[0].version == opset
     ops = {n.op_type for n in proto.graph.node}
     assert {"Loop", "Where"} <= ops
