@@ -185,6 +185,10 @@ def test_embedding(device, tmp_path):
 def test_dynamic_batch(tmp_path):
     fg.manual_seed(0)
     model = (FlowBuilder.from_(nn.Linear(6, 8)).through(nn.GELU()).map(nn.Linear(2, 2)).slices(4)
+             .gate(nn.SoftmaxRouter(8, 2), [nn.Linear(8, 8), nn.Linear(8, 8)])
+             .switch(nn.ArgmaxSelector(8, 2), [nn.Linear(8, 8), nn.Linear(8, 8)]).map(nn.Linear(8, 8)).each()
+             .loop_body(nn.Tanh()).until_cond(nn.LearnedHalt(8), 3)
+             .split(nn.Linear(8, 4), nn.Linear(8, 4)).merge(MergeOp.CAT)
              .through(nn.Linear(8, 2)).build())
     fg.onnx.export(model, fg.randn(4, 6), tmp_path / "m.onnx", input_names=["x"], output_names=["y"],
                    dynamic_axes={"x": {0: "batch"}, "y": [0]})
