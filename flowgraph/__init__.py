@@ -51,6 +51,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "monitor": ("flowgraph.monitor", None),
     "distributed": ("flowgraph.distributed", None),
     "utils": ("flowgraph.utils", None),
+    "onnx": ("flowgraph.onnx", None),
     "FlowBuilder": ("flowgraph.builder", "FlowBuilder"),
     "MergeOp": ("flowgraph.builder", "MergeOp"),
     "Graph": ("flowgraph.builder", "Graph"),

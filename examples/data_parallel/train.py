@@ -37,7 +37,8 @@ def main() -> None:
                         help="cpu: CPU processes, collectives through the store; cuda: GPU LOCAL_RANK per rank, NCCL")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64, help="per rank")
-    parser.add_argument("--out", default="examples/data_parallel", help="where rank 0 writes its files")
+    parser.add_argument("--out", default=os.path.join("runs", "data_parallel"),
+                        help="where rank 0 writes its files (default: runs/data_parallel)")
     args = parser.parse_args()
 
     dist.init(backend="nccl" if args.device == "cuda" else "local")

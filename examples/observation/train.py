@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 import flowgraph as fg
 from flowgraph import nn, optim
 from flowgraph.builder import FlowBuilder
+
+
+def make_model() -> fg.Graph:
+    """The regressor: two GELU layers, the hidden one tagged for observation."""
+    return (FlowBuilder.from_(nn.Linear(8, 64)).through(nn.GELU()).through(nn.Linear(64, 64)).tag("hidden")
+            .through(nn.GELU()).through(nn.Linear(64, 1)).label("regressor").build())
 
 
 def train(epochs: int = 60, device: str = "cpu", out_dir: str | None = None, verbose: bool = True) -> dict:
@@ -24,8 +29,7 @@ def train(epochs: int = 60, device: str = "cpu", out_dir: str | None = None, ver
     x = fg.randn(512, 8, device=device)
     y = (x[:, :1] * x[:, 1:2]).tanh() + 0.05 * fg.randn(512, 1, device=device)
     x_train, y_train, x_val, y_val = x[:384], y[:384], x[384:], y[384:]
-    model = (FlowBuilder.from_(nn.Linear(8, 64)).through(nn.GELU()).through(nn.Linear(64, 64)).tag("hidden")
-             .through(nn.GELU()).through(nn.Linear(64, 1)).label("regressor").build().to(device))
+    model = make_model().to(device)
     opt = optim.Adam(model.parameters(), lr=1e-2)
     decays, stopped_at = [], None
     for epoch in range(epochs):
@@ -54,7 +58,8 @@ def train(epochs: int = 60, device: str = "cpu", out_dir: str | None = None, ver
             decays.append(epoch)
             if verbose:
                 print(f"epoch {epoch}: val_loss not improving over 8 epochs -> lr {opt.param_groups[0]['lr']:.2e}")
-    out_dir = out_dir or tempfile.mkdtemp(prefix="flowgraph-observation-")
+    out_dir = out_dir or os.path.join("runs", "observation")  # a run folder, never the sources
+    os.makedirs(out_dir, exist_ok=True)
     page = model.plot_html(os.path.join(out_dir, "curves.html"), ["train_loss", "val_loss", "hidden"])
     metrics = model.latest_metrics()
     if verbose:

@@ -45,6 +45,11 @@ SCHEDULES: dict[str, Callable[[optim.Optimizer, int], object]] = {
 }
 
 
+def make_model() -> nn.Module:
+    """The small regressor every schedule trains."""
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
 def run(name: str, epochs: int, device: str) -> dict:
     """Train one model under schedule ``name``; returns the lr used in each epoch and the losses."""
     fg.manual_seed(0)
@@ -52,7 +57,7 @@ def run(name: str, epochs: int, device: str) -> dict:
     y = (x[:, :4].sum(-1, keepdim=True) * 0.5).sin()
     x_val = fg.randn(128, 8, device=device)
     y_val = (x_val[:, :4].sum(-1, keepdim=True) * 0.5).sin()
-    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1)).to(device)
+    model = make_model().to(device)
     opt = optim.SGD(model.parameters(), lr=BASE_LR, momentum=0.9)
     sched = SCHEDULES[name](opt, epochs)
     batch = x.shape[0] // STEPS_PER_EPOCH

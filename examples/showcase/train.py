@@ -4,7 +4,9 @@
     python examples/showcase/train.py --epochs 50 --serve        # live dashboard on http://127.0.0.1:3000
 
 The model reads ``x`` (8 features) and a context ``ctx`` (4 features, an extra graph input) and predicts
-``y = tanh(x @ A) * (1 + ctx[:, :1])`` (2 outputs). Its SVG is written next to this file.
+``y = tanh(x @ A) * (1 + ctx[:, :1])`` (2 outputs). Its diagram (SVG, or DOT without Graphviz), the HTML report
+and the CSV go to the run folder ``runs/showcase/`` (``--out``), never into the source tree; the dashboard draws
+the graph in the browser when Graphviz is not installed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import flowgraph as fg
 from flowgraph import nn
 from flowgraph.builder import FlowBuilder, Graph, MergeOp
 
-HERE = Path(__file__).resolve().parent
+RUN_DIR = Path("runs") / "showcase"
 D = 16
 BATCH = 32
 
@@ -127,15 +129,17 @@ def train(epochs: int = 10, device: str = "cpu", on_epoch: Callable[[int, float,
     return model, history
 
 
-def write_svg(model: Graph, path: Path = HERE / "showcase.svg") -> Path:
+def write_svg(model: Graph, path: Path = RUN_DIR / "showcase.svg") -> Path:
     """Write the model's SVG (or, without Graphviz's ``dot``, its DOT source next to it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         model.svg(str(path))
         return path
     except fg.FlowError as exc:
         dot_path = path.with_suffix(".dot")
         dot_path.write_text(model.dot())
-        print(f"{exc}\nwrote the DOT source to {dot_path} instead")
+        print(f"{exc}\nwrote the DOT source to {dot_path} instead (the dashboard draws it in the browser)")
         return dot_path
 
 
@@ -147,14 +151,19 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=3000)
     parser.add_argument("--linger", type=float, default=30.0,
                         help="with --serve: seconds the final dashboard stays up after training (Ctrl-C ends it)")
-    parser.add_argument("--report", default=str(HERE / "report.html"), help="where the HTML report is written")
+    parser.add_argument("--out", default=str(RUN_DIR),
+                        help="the run folder: diagram, report, CSV (default: %(default)s)")
+    parser.add_argument("--report", default=None, help="where the HTML report is written (default: OUT/report.html)")
     args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = Path(args.report) if args.report else out / "report.html"
 
     from flowgraph.monitor import Monitor
 
     model = build_model()
-    print(f"written {write_svg(model)}")
-    with Monitor(total_epochs=args.epochs, report_path=args.report, title="showcase") as monitor:
+    print(f"written {write_svg(model, out / 'showcase.svg')}")
+    with Monitor(total_epochs=args.epochs, report_path=report_path, title="showcase") as monitor:
         monitor.watch(model)
         if args.serve:
             print(f"dashboard: {monitor.serve(port=args.port)}", flush=True)
@@ -167,7 +176,7 @@ def main() -> None:
 
         train(args.epochs, args.device, on_epoch=report, model=model)
         monitor.finish(keep_serving=args.serve)
-        monitor.export_csv(str(Path(args.report).with_suffix(".csv")))
+        monitor.export_csv(str(report_path.with_suffix(".csv")))
         if args.serve and args.linger > 0:
             print(f"training done; the dashboard stays up for {args.linger:.0f}s (Ctrl-C to quit)", flush=True)
             try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import tempfile
 import time
 
 import flowgraph as fg
@@ -38,7 +37,8 @@ def train(epochs: int = 60, device: str = "cpu", serve: bool = False, port: int 
     ``serve`` starts the dashboard on ``port`` (0: a free one); ``hold`` then keeps it up after training
     until Ctrl-C.
     """
-    workdir = workdir or tempfile.mkdtemp(prefix="flowgraph-sine-")
+    workdir = workdir or os.path.join("runs", "sine_wave")  # outputs go to a run folder, never the sources
+    os.makedirs(workdir, exist_ok=True)
     fg.manual_seed(0)
     x = (fg.rand(512, 1, device=device) * 2 - 1) * math.pi
     y = x.sin()
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help="serve the live dashboard (and keep it up at the end)")
     parser.add_argument("--port", type=int, default=3000, help="dashboard port with --serve (default: 3000)")
     parser.add_argument("--workdir", default=None,
-                        help="where to write the checkpoint and report (default: a temp dir)")
+                        help="where to write the checkpoint and report (default: runs/sine_wave)")
     args = parser.parse_args()
     train(epochs=args.epochs, device=args.device, serve=args.serve, port=args.port, hold=args.serve,
           workdir=args.workdir)

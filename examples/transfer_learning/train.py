@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 import flowgraph as fg
 from flowgraph import nn, optim
@@ -23,6 +22,12 @@ def make_encoder() -> fg.Graph:
     """A two-layer encoder labelled "encoder", its hidden layer tagged "scan"."""
     return (FlowBuilder.from_(nn.Linear(16, 32)).tag("scan").through(nn.GELU())
             .through(nn.Linear(32, 32)).through(nn.GELU()).label("encoder").build())
+
+
+def make_model() -> fg.Graph:
+    """Phase B's model: a fresh encoder (loaded from phase A's checkpoint by path), an adapter, a classifier."""
+    return (FlowBuilder.from_(make_encoder()).through(nn.Linear(32, 32)).tag("adapter").through(nn.GELU())
+            .through(nn.Linear(32, 4)).tag("classifier").label("transfer").build())
 
 
 def make_data(n: int, device: str, seed: int):
@@ -36,7 +41,8 @@ def make_data(n: int, device: str, seed: int):
 
 def train(epochs: int = 40, device: str = "cpu", workdir: str | None = None, verbose: bool = True) -> dict:
     """Run both phases; returns the final losses and when the encoder was thawed."""
-    workdir = workdir or tempfile.mkdtemp(prefix="flowgraph-transfer-")
+    workdir = workdir or os.path.join("runs", "transfer_learning")  # a run folder, never the sources
+    os.makedirs(workdir, exist_ok=True)
     x, y_a, y_b = make_data(256, device, seed=0)
 
     # Phase A: the encoder with a temporary head learns task A.
@@ -57,8 +63,7 @@ def train(epochs: int = 40, device: str = "cpu", workdir: str | None = None, ver
 
     # Phase B: a bigger model around a fresh encoder; load the checkpoint by path; freeze; fine-tune.
     fg.manual_seed(2)
-    model = (FlowBuilder.from_(make_encoder()).through(nn.Linear(32, 32)).tag("adapter").through(nn.GELU())
-             .through(nn.Linear(32, 4)).tag("classifier").label("transfer").build().to(device))
+    model = make_model().to(device)
     report = model.load_subgraph_checkpoint("encoder", ckpt)
     model.freeze("encoder")
     opt = optim.Adam([{"params": model.parameters_at("adapter"), "lr": 3e-3},

@@ -278,11 +278,25 @@ class Graph(GraphTree, Module):
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     # ------------------------------------------------------------------ visualisation and profiling
-    def dot(self) -> str:
-        """The graph as Graphviz DOT text (labelled subgraphs drawn as clusters)."""
+    def dot(self, profile: bool = False) -> str:
+        """The graph as Graphviz DOT text (labelled subgraphs drawn as clusters).
+
+        Every node has an ``id`` (``"fg:" + its path``, the SVG element's id) and a tooltip with its path,
+        modules, parameter count and frozen state; ``profile=True`` adds the last profiled forward's time
+        per node as heat colours (see ``enable_profiling``)."""
         from .visual import to_dot
 
-        return to_dot(self)
+        if profile and not self._profile:
+            raise FlowError("dot(profile=True): no profile yet; call graph.enable_profiling() and run a "
+                            "forward first")
+        return to_dot(self, profile=self._profile if profile else None)
+
+    def node_details(self, profile: bool = False) -> list[dict]:
+        """One dict per node of ``dot()``: ``id``, ``path``, ``kind``, ``name``, ``modules``, ``parameters``,
+        ``trainable``, ``frozen`` and, with ``profile=True`` and a profile, ``seconds`` and ``share``."""
+        from .visual import node_details
+
+        return node_details(self, self._profile if profile and self._profile else None)
 
     def svg(self, path: str | None = None) -> str:
         """The graph as SVG text (needs Graphviz's ``dot`` program); also written to ``path`` when given."""
@@ -291,8 +305,11 @@ class Graph(GraphTree, Module):
         return render_svg(self.dot(), path)
 
     def enable_profiling(self, enabled: bool = True) -> Graph:
-        """Time every node of each forward (synchronising the device before and after each node)."""
-        self._profiling = bool(enabled)
+        """Time every node of each forward (synchronising the device before and after each node), in this
+        graph and the graphs inside it (their nodes are drawn, and heat-coloured, inside its picture)."""
+        for m in self.modules():
+            if isinstance(m, Graph):
+                m._profiling = bool(enabled)
         return self
 
     def disable_profiling(self) -> Graph:

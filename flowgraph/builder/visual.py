@@ -29,16 +29,65 @@ def _heat(fraction: float) -> str:
     return f"#ff{level:02x}{level:02x}"
 
 
+def _count(modules: list) -> tuple[int, int]:
+    """``(parameters, trainable parameters)`` of ``modules`` (each parameter once)."""
+    seen: set[int] = set()
+    total = trainable = 0
+    for module in modules:
+        for p in module.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            total += n
+            trainable += n if p.requires_grad else 0
+    return total, trainable
+
+
+def _frozen_state(total: int, trainable: int) -> str:
+    if total == 0:
+        return "no parameters"
+    if trainable == 0:
+        return "frozen"
+    return "trainable" if trainable == total else "partly frozen"
+
+
 class _Writer:
     def __init__(self, profile: dict[str, float] | None):
         self.lines: list[str] = []
         self.edges: list[str] = []  # edges are written at the top level so no node is pulled into a cluster
         self.profile = profile
         self.total = sum(profile.values()) if profile else 0.0
+        self.details: list[dict] = []  # one entry per drawn node, keyed by its DOT id (see node_details)
 
-    def emit(self, graph: Graph, prefix: str, indent: str, inputs: list[str] | None) -> str:
-        """Write ``graph``'s nodes (``inputs``: outer node ids feeding its inputs); returns its output id."""
+    def _describe(self, nid: str, kind: str, name: str, modules: list, seconds: float | None) -> str:
+        """Record the node's details; returns its tooltip (path, module, parameters, frozen state, time)."""
+        total, trainable = _count(modules)
+        entry = {
+            "id": nid, "path": nid, "kind": kind, "name": name,
+            "modules": [type(m).__name__ for m in modules],
+            "parameters": total, "trainable": trainable, "frozen": _frozen_state(total, trainable),
+        }
+        lines = [nid]
+        if modules:
+            lines.append(", ".join(entry["modules"]))
+            lines.append(f"{total:,} parameters ({entry['frozen']})" if total else "no parameters")
+        if seconds is not None:
+            entry["seconds"] = seconds
+            entry["share"] = seconds / self.total if self.total > 0 else 0.0
+            lines.append(f"{seconds * 1e3:.3f} ms ({entry['share']:.0%} of the forward)")
+        self.details.append(entry)
+        return "\n".join(lines)
+
+    def emit(self, graph: Graph, prefix: str, indent: str, inputs: list[str] | None,
+             profile: dict[str, float] | None = None) -> str:
+        """Write ``graph``'s nodes (``inputs``: outer node ids feeding its inputs); returns its output id.
+
+        ``profile``: this graph's seconds per node name (a subgraph's come from its own profile)."""
         from .graph import Graph
+
+        if profile is None:
+            profile = self.profile
 
         ids: dict[int, str] = {}
         names = ["x"] + graph.input_names
@@ -47,7 +96,9 @@ class _Writer:
                 ids[i] = inputs[i]
             else:
                 nid = f"{prefix}in_{name}"
-                self.lines.append(f"{indent}{_q(nid)} [label={_q(name)}, shape=invhouse];")
+                tip = self._describe(nid, "input", name, [], None)
+                self.lines.append(f"{indent}{_q(nid)} [label={_q(name)}, shape=invhouse, id={_q('fg:' + nid)}, "
+                                  f"tooltip={_q(tip)}];")
                 ids[i] = nid
         forward: list[tuple[str, str, str]] = []
         for node in graph.nodes():
@@ -64,7 +115,8 @@ class _Writer:
                 for name in sub.input_names:  # refs feed the subgraph's own inputs
                     ref = node.refs.get(name)
                     inner.append(ids.get(ref.stream) if ref is not None and ref.stream is not None else None)
-                out = self.emit(sub, nid + ".", indent + "  ", inner)
+                inner_profile = sub.profile() if self.profile is not None else None
+                out = self.emit(sub, nid + ".", indent + "  ", inner, inner_profile)
                 self.lines.append(f"{indent}}}")
                 ids[node.output] = out
                 for name, ref in node.refs.items():
@@ -74,12 +126,14 @@ class _Writer:
             label = self._label(node)
             attrs = [f"label={_q(label)}", f"shape={_SHAPES.get(node.kind, 'box')}"]
             style = _STYLES.get(node.kind, "")
+            seconds = None
             if self.profile is not None:
-                seconds = self.profile.get(node.name, 0.0)
+                seconds = profile.get(node.name, 0.0) if profile is not None else 0.0
                 frac = seconds / self.total if self.total > 0 else 0.0
                 attrs.append(f"fillcolor={_q(_heat(frac))}")
-                attrs.append(f"tooltip={_q(f'{seconds * 1e3:.3f} ms')}")
                 style = (style + ",filled").strip(",")
+            attrs.append(f"id={_q('fg:' + nid)}")
+            attrs.append(f"tooltip={_q(self._describe(nid, node.kind, node.name, modules, seconds))}")
             if style:
                 attrs.append(f"style={_q(style)}")
             self.lines.append(f"{indent}{_q(nid)} [{', '.join(attrs)}];")
@@ -91,7 +145,9 @@ class _Writer:
             ids[node.output] = nid
             self._refs(node, ids, nid, forward)
         out = f"{prefix}out"
-        self.lines.append(f"{indent}{_q(out)} [label=\"output\", shape=house];")
+        tip = self._describe(out, "output", "output", [], None)
+        self.lines.append(f"{indent}{_q(out)} [label=\"output\", shape=house, id={_q('fg:' + out)}, "
+                          f"tooltip={_q(tip)}];")
         self.edges.append(f"  {_q(ids[graph._output])} -> {_q(out)};")
         for tag, target, _ in forward:
             stream = graph._tag_streams.get(tag)
@@ -147,6 +203,16 @@ def to_dot(graph: Graph, profile: dict[str, float] | None = None) -> str:
     w.lines.extend(w.edges)
     w.lines.append("}")
     return "\n".join(w.lines) + "\n"
+
+
+def node_details(graph: Graph, profile: dict[str, float] | None = None) -> list[dict]:
+    """One dict per node drawn by ``to_dot`` (same order): ``id`` (the DOT node name; the SVG element's id is
+    ``"fg:" + id``), ``path``, ``kind``, ``name``, ``modules``, ``parameters``, ``trainable``, ``frozen``
+    (``"trainable"``, ``"frozen"``, ``"partly frozen"`` or ``"no parameters"``) and, with ``profile``,
+    ``seconds`` and ``share`` of the forward."""
+    w = _Writer(profile)
+    w.emit(graph, "", "  ", None)
+    return w.details
 
 
 def render_svg(dot: str, path: str | None = None) -> str:

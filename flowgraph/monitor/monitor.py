@@ -32,12 +32,16 @@ from .source import (
     GraphPicture,
     MetadataReader,
     MetricSource,
+    has_profile,
     is_graph,
     read_metrics,
     read_picture,
 )
 
 T = TypeVar("T")
+
+#: A logged graph with a profile (``enable_profiling()``) has its picture's heat re-read at most this often.
+PROFILE_REFRESH_SECONDS = 5.0
 
 STATUSES = ("completed", "interrupted", "terminated", "failed")
 
@@ -171,6 +175,7 @@ class Monitor:
         self._metadata = GraphMetadata()
         self._picture = GraphPicture()
         self._watched = False
+        self._picture_at = 0.0  # when the picture was last read (a profiled graph's heat is re-read)
         self._started_at = time.time()
         self._clock_start = time.perf_counter()
         self._status = "running"
@@ -185,9 +190,15 @@ class Monitor:
     # -- graph ---------------------------------------------------------------------------------------------
 
     def watch(self, graph: object) -> None:
-        """Show ``graph`` on the dashboard: its picture (``g.svg()``, or ``g.dot()`` source) and metadata."""
+        """Show ``graph`` on the dashboard: its picture and metadata.
+
+        The picture is ``g.svg()`` when Graphviz's ``dot`` is installed, else ``g.dot()``, which the page draws
+        itself with the vendored viz.js; both carry profile heat when the graph holds a profile, and
+        ``g.node_details()`` feeds the panel a click on a node opens (path, parameters, frozen state, time).
+        Calling ``watch`` again re-reads them (e.g. after a profiled forward)."""
         self._watched = True
         self._picture = read_picture(graph)
+        self._picture_at = time.monotonic()
         self._metadata = self._metadata_reader.read(graph)
         self._publish_meta()
 
@@ -242,6 +253,10 @@ class Monitor:
             if not self._watched:
                 self._watched = True
                 self._picture = read_picture(metrics)
+                self._picture_at = time.monotonic()
+            elif has_profile(metrics) and time.monotonic() - self._picture_at >= PROFILE_REFRESH_SECONDS:
+                self._picture = read_picture(metrics)  # the node heat follows the latest profiled forward
+                self._picture_at = time.monotonic()
             self._metadata = self._metadata_reader.read(metrics)
             device = self._metadata.device
             if (self._metadata, self._picture) != meta_before:
@@ -490,7 +505,8 @@ class Monitor:
         limits = server_module.Limits(max_lag=self._client_queue_size)
         tracker = server_module.StreamTracker()
         feed = server_module.LiveFeed(self._hub, limits)
-        app = server_module.build_app(self._hub, lambda: self._picture.svg, host, tracker=tracker, feed=feed)
+        app = server_module.build_app(self._hub, lambda: self._picture.svg, host, tracker=tracker, feed=feed,
+                                      graph_dot=lambda: self._picture.dot)
         server = server_module.DashboardServer(app, sock, host, limits=limits, tracker=tracker, feed=feed)
         server.start()
         self._server = server

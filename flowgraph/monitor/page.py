@@ -31,14 +31,19 @@ def report_html(data: dict[str, Any]) -> str:
     """The dashboard with its style, script and ``data`` inlined: a single file that opens offline.
 
     ``data`` holds ``meta``, ``epochs``, ``complete`` and ``graph_svg``; the script renders it instead of
-    connecting to a server.
+    connecting to a server. A graph with DOT source but no SVG (no Graphviz where the run was) gets the
+    vendored viz.js inlined too (about 1.3 MB), so the report draws the diagram offline.
     """
     page = asset_text("index.html")
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     style = "<style>\n" + asset_text("dashboard.css") + "\n</style>"
+    graph = (data.get("meta") or {}).get("graph") or {}
+    viz = ""
+    if graph.get("kind") == "dot" and not data.get("graph_svg"):
+        viz = f"<script>\n{_script_safe(asset_text('viz-global.js'))}\n</script>\n"
     script = (
         f'<script type="application/json" id="flowgraph-report">{payload}</script>\n'
-        f"<script>\n{_script_safe(asset_text('dashboard.js'))}\n</script>"
+        f"{viz}<script>\n{_script_safe(asset_text('dashboard.js'))}\n</script>"
     )
     if _CSS_LINK not in page or _JS_SCRIPT not in page:
         raise RuntimeError("flowgraph/monitor/static/index.html lost its stylesheet or script tag")

@@ -61,14 +61,16 @@ from .page import asset_text, dashboard_html
 
 _SECURITY_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "default-src 'none'; script-src 'self' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+# viz-global.js: @viz-js/viz (MIT; Graphviz compiled to WebAssembly, inlined), vendored with its LICENSE
+# (static/viz-js-LICENSE.txt): the page renders /graph.dot with it when the server has no Graphviz.
+_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css", "viz-global.js": "text/javascript"}
 _SNAPSHOT_BATCH = 32  # past epochs per write while replaying the history; the loop runs between writes
 _CONNECTION_KEY = "flowgraph.connection"  # the scope key under which a request finds its connection
 
@@ -508,10 +510,13 @@ def build_app(
     retry_ms: int = 2000,
     tracker: StreamTracker | None = None,
     feed: LiveFeed | None = None,
+    graph_dot: Callable[[], str | None] | None = None,
 ) -> Any:
-    """The Starlette app: ``/``, ``/events``, ``/api/history``, ``/api/meta``, ``/graph.svg``, assets.
+    """The Starlette app: ``/``, ``/events``, ``/api/history``, ``/api/meta``, ``/graph.svg``, ``/graph.dot``,
+    assets.
 
-    ``tracker`` and ``feed`` are shared with the :class:`DashboardServer` that runs the app.
+    ``tracker`` and ``feed`` are shared with the :class:`DashboardServer` that runs the app; ``graph_dot``
+    gives the DOT source that the page renders itself (vendored viz.js) when ``/graph.svg`` has nothing.
     """
     streams = tracker if tracker is not None else StreamTracker()
     live = feed if feed is not None else LiveFeed(hub, Limits())
@@ -523,7 +528,11 @@ def build_app(
         name = request.path_params["name"]
         if name not in _ASSETS:
             return PlainTextResponse(f"no asset {name!r}", status_code=404)
-        return Response(asset_text(name), media_type=_ASSETS[name], headers=_SECURITY_HEADERS)
+        headers = _SECURITY_HEADERS
+        if name == "viz-global.js":  # 1.3 MB that never changes within a version: let the browser keep it
+            headers = dict(_SECURITY_HEADERS)
+            headers["Cache-Control"] = "public, max-age=86400"
+        return Response(asset_text(name), media_type=_ASSETS[name], headers=headers)
 
     async def history(request: Request) -> Response:
         return Response(hub.history_json(), media_type="application/json", headers=_SECURITY_HEADERS)
@@ -543,6 +552,16 @@ def build_app(
         headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
         return Response(svg, media_type="image/svg+xml", headers=headers)
 
+    async def graph_source(request: Request) -> Response:
+        dot = graph_dot() if graph_dot is not None else None
+        if dot is None:
+            return PlainTextResponse(
+                "no graph DOT: pass a graph to Monitor.watch() or Monitor.log()",
+                status_code=404,
+                headers=_SECURITY_HEADERS,
+            )
+        return Response(dot, media_type="text/vnd.graphviz; charset=utf-8", headers=_SECURITY_HEADERS)
+
     routes = [
         Route("/", index),
         Route("/static/{name}", asset),
@@ -550,6 +569,7 @@ def build_app(
         Route("/api/history", history),
         Route("/api/meta", meta),
         Route("/graph.svg", graph),
+        Route("/graph.dot", graph_source),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=_allowed_hosts(host))]
     return Starlette(routes=routes, middleware=middleware)

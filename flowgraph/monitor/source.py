@@ -172,43 +172,71 @@ class MetadataReader:
 
 @dataclass(frozen=True)
 class GraphPicture:
-    """The graph's picture for the dashboard: SVG text, or DOT source when Graphviz is unavailable."""
+    """The graph's picture for the dashboard: SVG text (Graphviz's ``dot``), its DOT source (rendered in the
+    browser when there is no SVG) and the drawn nodes' details (path, parameters, frozen state, time)."""
 
     svg: str | None = None
     dot: str | None = None
     error: str | None = None
+    nodes: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """``{"kind": "svg"}``, ``{"kind": "dot", "dot": ..., "error": ...}`` or ``{"kind": "none"}``."""
+        """``{"kind": "svg"}``, ``{"kind": "dot", "dot": ..., "error": ...}`` or ``{"kind": "none"}``, with
+        ``"nodes"`` (one dict per drawn node, keyed by ``id``; the SVG element's id is ``"fg:" + id``)."""
         if self.svg is not None:
-            return {"kind": "svg"}
-        if self.dot is not None:
-            data: dict[str, Any] = {"kind": "dot", "dot": self.dot}
+            data: dict[str, Any] = {"kind": "svg"}
+        elif self.dot is not None:
+            data = {"kind": "dot", "dot": self.dot}
             if self.error:
                 data["error"] = self.error
-            return data
-        return {"kind": "none"}
+        else:
+            return {"kind": "none"}
+        if self.nodes:
+            data["nodes"] = self.nodes
+        return data
 
 
 def _as_text(value: Any) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes | bytearray) else str(value)
 
 
+def has_profile(graph: Any) -> bool:
+    """Whether ``graph.profile()`` holds per-node times of a profiled forward (``enable_profiling()``)."""
+    if not callable(getattr(graph, "profile", None)):
+        return False
+    try:
+        return bool(graph.profile())
+    except Exception:  # a graph-like object whose profile() fails has no profile to show
+        return False
+
+
+def _try(function: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
+    try:
+        return function(*args, **kwargs), None
+    except Exception as failure:  # Graphviz missing or failing, a foreign graph: reported, never raised
+        return None, f"{type(failure).__name__}: {failure}"
+
+
 def read_picture(graph: Any) -> GraphPicture:
-    """``graph.svg()`` if it works, else ``graph.dot()`` (e.g. Graphviz's dot is missing), else nothing."""
-    error = None
-    if callable(getattr(graph, "svg", None)):
-        try:
-            svg = graph.svg()
-            if svg is not None:
-                return GraphPicture(svg=_as_text(svg))
-        except Exception as failure:  # Graphviz missing or failing: show the DOT source instead
-            error = f"{type(failure).__name__}: {failure}"
+    """The graph's DOT (``graph.dot()``) and SVG (``graph.svg()``, needs Graphviz's ``dot`` program), both
+    with per-node heat colours when the graph holds a profile, and ``graph.node_details()``; what fails is
+    left out (no SVG: the dashboard renders the DOT in the browser)."""
+    profiled = has_profile(graph)
+    dot = svg = nodes = None
+    error = dot_error = None
     if callable(getattr(graph, "dot", None)):
-        try:
-            dot = graph.dot()
-            if dot is not None:
-                return GraphPicture(dot=_as_text(dot), error=error)
-        except Exception as failure:
-            error = f"{type(failure).__name__}: {failure}"
-    return GraphPicture(error=error)
+        dot, dot_error = _try(graph.dot, profile=True) if profiled else _try(graph.dot)
+        if dot_error is not None and profiled:  # a dot() without the profile keyword
+            dot, dot_error = _try(graph.dot)
+    if profiled and callable(getattr(graph, "svg_with_profile", None)):
+        svg, error = _try(graph.svg_with_profile)
+    elif callable(getattr(graph, "svg", None)):
+        svg, error = _try(graph.svg)
+    if callable(getattr(graph, "node_details", None)):
+        nodes, _ = _try(graph.node_details, profile=profiled) if profiled else _try(graph.node_details)
+    return GraphPicture(
+        svg=None if svg is None else _as_text(svg),
+        dot=None if dot is None else _as_text(dot),
+        error=error if error is not None else dot_error,
+        nodes=nodes if isinstance(nodes, list) else None,
+    )

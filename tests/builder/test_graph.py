@@ -254,3 +254,34 @@ def test_same_labelled_graph_twice_shares_weights():
     assert list(dict(g.named_children())) == ["block"]
     x = fg.randn(1, 2)
     close(g(x), block(block(x)))
+
+
+def test_dot_nodes_carry_ids_tooltips_and_details():
+    import re
+
+    import flowgraph as fg
+    from flowgraph import nn
+    from flowgraph.builder import FlowBuilder
+
+    inner = FlowBuilder.from_(nn.Linear(4, 4)).through(nn.ReLU()).label("enc").build()
+    g = FlowBuilder.from_(inner).through(nn.Linear(4, 2)).tag("head").build()
+    g.freeze("enc")
+    dot = g.dot()
+    ids = re.findall(r'id="fg:([^"]+)"', dot)
+    details = g.node_details()
+    assert ids == [d["id"] for d in details]
+    assert len(ids) == len(set(ids)) == 6  # in_x, enc.from_0, enc.through_0, enc.out, head, out
+    by_id = {d["id"]: d for d in details}
+    assert by_id["enc.from_0"]["parameters"] == 20 and by_id["enc.from_0"]["frozen"] == "frozen"
+    assert by_id["head"]["frozen"] == "trainable" and by_id["head"]["trainable"] == 10
+    assert by_id["enc.through_0"]["frozen"] == "no parameters"
+    assert 'tooltip="enc.from_0\\nLinear\\n20 parameters (frozen)"' in dot
+    with pytest.raises(fg.FlowError, match="no profile yet"):
+        g.dot(profile=True)
+    g.enable_profiling()
+    g(fg.randn(3, 4))
+    assert "fillcolor" in g.dot(profile=True) and "fillcolor" not in g.dot()
+    timed = g.node_details(profile=True)
+    shares = {d["id"]: d["share"] for d in timed if "share" in d}
+    assert shares["enc.from_0"] > 0 and shares["head"] > 0  # a subgraph's nodes are timed by its own profile
+    assert 0.5 < sum(shares.values()) <= 1.0 + 1e-9

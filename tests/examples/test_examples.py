@@ -54,3 +54,16 @@ def test_data_parallel_example_on_two_cpu_processes(tmp_path):
     first, last = (float(v) for v in lines[0].split("loss ")[1].split(";")[0].split(" -> "))
     assert last < 0.5 * first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["regressor.safetensors", "report.html"]
+
+
+def test_showcase_writes_into_its_run_folder_without_graphviz(tmp_path):
+    """No ``dot`` on the PATH: the diagram's DOT, the report and the CSV land in runs/showcase/, not the sources."""
+    before = sorted(p.name for p in (ROOT / "examples" / "showcase").iterdir())
+    env = {"PYTHONPATH": str(ROOT), "PATH": str(tmp_path), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, str(ROOT / "examples/showcase/train.py"), "--epochs", "1"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "runs" / "showcase"
+    assert sorted(p.name for p in run.iterdir()) == ["report.csv", "report.html", "showcase.dot"]
+    assert "digraph" in (run / "showcase.dot").read_text()
+    assert sorted(p.name for p in (ROOT / "examples" / "showcase").iterdir()) == before

@@ -142,3 +142,17 @@ def test_context_manager_finishes_a_normal_run():
         mon.log(0, 0.1, {"loss": 1.0})
     assert mon.status == "completed"
     assert mon.history[0]["metrics"] == {"loss": 1.0}
+
+
+def test_report_inlines_the_graph_renderer_only_without_an_svg(make_monitor, tmp_path):
+    graph = FakeGraph(svg_works=False)  # no SVG: the report carries viz.js and draws the DOT itself
+    graph.metrics = {"loss": 1.0}
+    mon = make_monitor(2)
+    mon.log(0, 0.1, graph)
+    html = mon.save_html(tmp_path / "dot.html").read_text()
+    assert embedded_data(html)["meta"]["graph"]["kind"] == "dot"
+    assert "viz_layout" in html  # the vendored Graphviz (WebAssembly)
+    assert "http://" not in html.replace("http://www.w3.org", "")  # still nothing fetched
+    plain = make_monitor(2)
+    plain.log(0, 0.1, {"loss": 1.0})  # no graph at all: no renderer
+    assert "viz_layout" not in plain.save_html(tmp_path / "plain.html").read_text()

@@ -172,6 +172,63 @@ def test_watch_sets_the_picture_before_any_log(make_monitor):
     assert mon._meta()["graph"]["kind"] == "dot"
 
 
+class ProfiledGraph(FakeGraph):
+    """A graph-like object with a per-node profile, node details and a profile-aware dot()."""
+
+    def __init__(self) -> None:
+        super().__init__(svg_works=False)
+        self.seconds = 0.001
+        self.dot_calls = 0
+
+    def profile(self) -> dict[str, float]:
+        return {"head": self.seconds}
+
+    def dot(self, profile: bool = False) -> str:
+        self.dot_calls += 1
+        colour = f' [fillcolor="#ff{int(255 * (1 - min(self.seconds, 1.0))):02x}00"]' if profile else ""
+        return f'digraph g {{ "head"{colour}; }}'
+
+    def node_details(self, profile: bool = False) -> list[dict]:
+        entry = {"id": "head", "path": "head", "parameters": 34, "frozen": "trainable"}
+        if profile:
+            entry["seconds"] = self.seconds
+        return [entry]
+
+
+def test_a_profiled_graph_picture_follows_its_profile(make_monitor, monkeypatch):
+    from flowgraph.monitor import monitor as monitor_module
+
+    graph = ProfiledGraph()
+    graph.metrics = {"loss": 1.0}
+    mon = make_monitor(5)
+    mon.log(0, 0.1, graph)
+    first = mon._meta()["graph"]
+    assert first["kind"] == "dot" and "fillcolor" in first["dot"]
+    assert first["nodes"] == [{"id": "head", "path": "head", "parameters": 34, "frozen": "trainable",
+                               "seconds": 0.001}]
+    graph.seconds = 0.5
+    mon.log(1, 0.1, graph)  # within PROFILE_REFRESH_SECONDS: not re-read
+    assert mon._meta()["graph"] == first
+    monkeypatch.setattr(monitor_module, "PROFILE_REFRESH_SECONDS", 0.0)
+    mon.log(2, 0.1, graph)
+    assert mon._meta()["graph"]["nodes"][0]["seconds"] == 0.5
+    assert mon._meta()["graph"]["dot"] != first["dot"]
+
+
+def test_an_unprofiled_graph_picture_is_read_once(make_monitor, monkeypatch):
+    from flowgraph.monitor import monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "PROFILE_REFRESH_SECONDS", 0.0)
+    graph = ProfiledGraph()
+    graph.profile = lambda: {}  # profiling off
+    graph.metrics = {"loss": 1.0}
+    mon = make_monitor(5)
+    for epoch in range(3):
+        mon.log(epoch, 0.1, graph)
+    assert graph.dot_calls == 1
+    assert "fillcolor" not in mon._meta()["graph"]["dot"]
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [

@@ -281,6 +281,18 @@ def test_graph_svg_falls_back_to_dot_source(served):
     assert meta["graph"]["kind"] == "dot"
     assert "digraph" in meta["graph"]["dot"]
     assert "Graphviz" in meta["graph"]["error"]
+    source = httpx.get(mon.url + "/graph.dot", timeout=TIMEOUT)  # what the page renders itself (viz.js)
+    assert source.status_code == 200
+    assert source.headers["content-type"].startswith("text/vnd.graphviz")
+    assert "digraph" in source.text
+    script = httpx.get(mon.url + "/static/viz-global.js", timeout=TIMEOUT)  # vendored: no CDN
+    assert script.status_code == 200 and "renderSVGElement" in script.text
+    assert "'wasm-unsafe-eval'" in script.headers["content-security-policy"]
+
+
+def test_graph_dot_is_404_without_a_graph(served):
+    mon = served(5)
+    assert httpx.get(mon.url + "/graph.dot", timeout=TIMEOUT).status_code == 404
 
 
 def test_serving_again_after_close_streams_live_epochs(served):

@@ -526,29 +526,124 @@
       : state.epochs.length ? "· newest first" : "";
   }
 
-  var reportSvg = null;
+  // ---------------------------------------------------------------- graph picture
+  // The server's Graphviz SVG (/graph.svg) when it has one, else the DOT (/graph.dot) rendered here by the
+  // vendored viz.js (Graphviz in WebAssembly, static/viz-global.js, loaded on first need). Either way the SVG
+  // is inlined so its nodes (ids "fg:<path>") can be clicked: the panel shows the node's details from
+  // meta.graph.nodes (path, modules, parameters, frozen state, time of the last profiled forward).
+
+  var reportSvg = null, vizReady = null;
+  function loadViz() {
+    if (!vizReady) {
+      vizReady = new Promise(function (resolve, reject) {
+        if (window.Viz) { resolve(window.Viz); return; }
+        var script = document.createElement("script");
+        script.src = "static/viz-global.js";
+        script.onload = function () {
+          if (window.Viz) resolve(window.Viz); else reject(new Error("static/viz-global.js defined no Viz"));
+        };
+        script.onerror = function () { reject(new Error("could not load static/viz-global.js")); };
+        document.head.appendChild(script);
+      }).then(function (Viz) { return Viz.instance(); });
+      vizReady.catch(function () { vizReady = null; });  // a later attempt may load it
+    }
+    return vizReady;
+  }
+  function fetchText(url) {
+    return fetch(url, { cache: "no-store" }).then(function (r) {
+      if (!r.ok) throw new Error(url.split("?")[0] + " answered HTTP " + r.status);
+      return r.text();
+    });
+  }
+  function parseSvg(text) {
+    var root = new DOMParser().parseFromString(text, "image/svg+xml").documentElement;
+    if (!root || root.nodeName.toLowerCase() !== "svg") throw new Error("the graph picture is not an SVG");
+    return document.importNode(root, true);
+  }
+  function fmtCount(n) { return n === undefined || n === null ? "–" : Number(n).toLocaleString("en-US"); }
+
+  function showNode(box, node, info) {
+    Array.prototype.forEach.call(box.querySelectorAll(".fg-selected"), function (n) {
+      n.classList.remove("fg-selected");
+    });
+    node.classList.add("fg-selected");
+    var rows = [["path", "Path", info.path], ["kind", "Verb", info.kind],
+                ["modules", "Modules", (info.modules || []).join(", ") || "–"],
+                ["parameters", "Parameters", fmtCount(info.parameters)],
+                ["trainable", "Trainable", fmtCount(info.trainable)], ["frozen", "State", info.frozen]];
+    if (info.seconds !== undefined) {
+      rows.push(["time", "Time", (info.seconds * 1e3).toFixed(3) + " ms (" + Math.round(100 * (info.share || 0)) +
+                 "% of the forward)"]);
+    }
+    var panel = $("graph-panel");
+    panel.textContent = "";
+    panel.setAttribute("data-path", info.path);
+    panel.appendChild(el("dl", { className: "kv" }, rows.map(function (r) {
+      return el("div", { "data-field": r[0] }, [el("dt", { text: r[1] }), el("dd", { text: String(r[2]) })]);
+    })));
+  }
+
+  function showSvg(box, svg, g, renderer) {
+    box.textContent = "";
+    box.setAttribute("data-renderer", renderer);
+    svg.removeAttribute("width");   // scale to the card; the viewBox keeps the proportions
+    svg.removeAttribute("height");
+    svg.setAttribute("class", "graph-svg");
+    svg.setAttribute("role", "img");
+    svg.setAttribute("aria-label", "graph structure");
+    var details = {}, heat = false;
+    (g.nodes || []).forEach(function (n) { details["fg:" + n.id] = n; if (n.seconds !== undefined) heat = true; });
+    box.appendChild(svg);
+    var note = renderer === "browser" ? "drawn in the browser (no Graphviz on the server)" : "drawn by Graphviz";
+    if (heat) note += "; colour: share of the last profiled forward's time (white to red)";
+    var noteEl = el("p", { className: "muted small graph-note", text: note + ". Click a node for its details. " });
+    if (renderer === "server" && !state.offline) {
+      noteEl.appendChild(el("a", { href: "graph.svg", target: "_blank", rel: "noopener", text: "Open the SVG" }));
+    }
+    box.appendChild(noteEl);
+    box.appendChild(el("div", { id: "graph-panel", className: "graph-panel" }));
+    Array.prototype.forEach.call(svg.querySelectorAll("g.node"), function (node) {
+      var info = details[node.id];
+      if (!info) return;
+      node.classList.add("fg-node");
+      node.setAttribute("tabindex", "0");
+      node.addEventListener("click", function (e) { e.preventDefault(); showNode(box, node, info); });
+      node.addEventListener("keydown", function (e) {
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); showNode(box, node, info); }
+      });
+    });
+  }
+
+  function showDotSource(box, g, error) {
+    box.textContent = "";
+    box.setAttribute("data-renderer", "source");
+    var why = error ? String(error.message || error) : g.error;
+    box.appendChild(el("p", { className: "muted",
+      text: "The graph picture could not be drawn" + (why ? " (" + why + ")" : "") + ". The DOT source:" }));
+    box.appendChild(el("pre", { text: g.dot || "" }));
+  }
+
   function renderGraph() {
     var g = state.meta.graph || { kind: "none" }, key = JSON.stringify(g);
     if (key === state.graphKey) return;
     state.graphKey = key;
     var box = $("graph");
+    function current() { return key === state.graphKey; }
     if (g.kind === "svg") {
-      var src;
-      if (state.offline) {
-        if (!reportSvg) return;
-        src = URL.createObjectURL(new Blob([reportSvg], { type: "image/svg+xml" }));
-      } else {
-        src = "graph.svg?v=" + Date.now();
-      }
-      box.textContent = "";
-      box.appendChild(el("a", { href: src, target: "_blank", rel: "noopener", title: "open at full size" },
-                         [el("img", { src: src, alt: "graph structure" })]));
+      var text = state.offline ? Promise.resolve(reportSvg) : fetchText("graph.svg?v=" + Date.now());
+      text.then(function (t) {
+        if (!t) throw new Error("the report holds no SVG");
+        if (current()) showSvg(box, parseSvg(t), g, "server");
+      }).catch(function (err) { if (current()) showDotSource(box, g, err); });
     } else if (g.kind === "dot") {
+      // The report inlines viz.js when it has no SVG; the DOT is in its metadata, nothing is fetched.
+      if (state.offline && !window.Viz) { showDotSource(box, g, null); return; }
       box.textContent = "";
-      box.appendChild(el("p", { className: "muted",
-        text: "Graphviz could not render the picture" + (g.error ? " (" + g.error + ")" : "") +
-              "; install Graphviz (the dot program) to see it. The DOT source:" }));
-      box.appendChild(el("pre", { text: g.dot }));
+      box.appendChild(el("p", { className: "muted", text: "Drawing the graph in the browser…" }));
+      var source = state.offline ? Promise.resolve(g.dot) : fetchText("graph.dot?v=" + Date.now());
+      Promise.all([loadViz(), source]).then(function (r) {
+        if (current()) showSvg(box, r[0].renderSVGElement(r[1]), g, "browser");
+      }).catch(function (err) { if (current()) showDotSource(box, g, err); });
     }
   }
 
