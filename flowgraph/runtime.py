@@ -18,22 +18,26 @@ What each call does, per *signature* (the inputs' shapes, dtypes, devices and ``
 non-tensor inputs, the grad mode and the autocast state):
 
 1. **First call: one eager step.** It trains on its batch like any other step (no extra steps): kernels
-   compile and the optimizer creates its state. Optimizers run in their replay form from this call on
-   (step counts and each group's ``lr`` as 0-d device tensors), so nothing of that is recorded later.
+   compile and the optimizer creates its state. On ``cuda`` optimizers run in their graph form from this call
+   on (step counts and each group's ``lr`` as 0-d device tensors), so nothing of that is recorded later.
 2. **Second call: the recording.** On ``cuda`` the step is recorded as a CUDA graph (nothing runs while
    recording) and the graph is launched once; on ``cpu`` and ``opencl`` the step runs for real while every
    backend call it makes is recorded: the primitive, which of its arguments are the step's inputs, results of
-   earlier calls or state (parameters, gradients, optimizer buffers), and the constants. Either way it is
-   again exactly one training step.
+   earlier calls or state (parameters, gradients, optimizer buffers), and the constants. Optimizer steps and
+   GradScaler's ``unscale_``/``step``/``update`` are recorded as *host units* (``Backend.host_call``): their
+   Python runs again on every replay, so step counts, bias corrections, a scheduler's ``lr`` and the inf check
+   are never frozen, and every optimizer works. Either way the call is again exactly one training step.
 3. **Later calls: replays.** ``cuda`` copies the inputs into the graph's static inputs and launches the graph;
    ``cpu`` and ``opencl`` run the recorded calls again on the new inputs (no Tensor, autograd node or module
-   code runs). Tensors the step rebinds (new gradients, updated parameters) are pointed at the replay's results.
-   The returned tensors are new, detached tensors on every call (eager and recorded calls too).
+   code runs; intermediate arrays are dropped after their last reader). Tensors the step rebinds (new
+   gradients, updated parameters) are pointed at the replay's results. The returned tensors are new, detached
+   tensors on every call (eager and recorded calls too).
 
 A replay checks the state the recording depended on; when it changed, the step is recorded again (a short
 last batch, a freeze, ``model.eval()``, a replaced parameter, another momentum or weight decay): each
 signature gets its own recording, up to ``cache_size`` of them (least recently used dropped). A change of
-``group["lr"]`` (an LR scheduler) needs no new recording: the device ``lr`` is refreshed before each replay.
+``group["lr"]`` (an LR scheduler) needs no new recording: host units read it on every replay, and on ``cuda``
+the device ``lr`` is refreshed before each launch.
 
 Rules a jitted step follows (flowgraph raises a :class:`~flowgraph.errors.FlowError` naming the line where it
 can tell):
@@ -580,39 +584,43 @@ class JitFunction:
         return _map_tensors(self._record(bk, entry, args, kwargs, inputs), Tensor.detach)
 
     def _eager(self, bk: Any, entry: _Entry, args: tuple, kwargs: dict) -> Any:
-        previous = STATE.capture_hooks
-        STATE.capture_hooks = _LR_HOOKS
-        try:
-            if bk.supports_graph_capture:
-                entry.session = bk.graph_session()
-                with entry.session.warmup():
-                    return self.fn(*args, **kwargs)
+        if not bk.supports_graph_capture:
             return self.fn(*args, **kwargs)
+        previous = STATE.capture_hooks
+        STATE.capture_hooks = _LR_HOOKS  # optimizers create their device step counts and lrs now
+        try:
+            entry.session = bk.graph_session()
+            with entry.session.warmup():
+                return self.fn(*args, **kwargs)
         finally:
             STATE.capture_hooks = previous
 
     def _record(self, bk: Any, entry: _Entry, args: tuple, kwargs: dict, inputs: list[Tensor]) -> Any:
-        previous = STATE.capture_hooks
-        STATE.capture_hooks = _LR_HOOKS
-        try:
-            for hook in _LR_HOOKS:
-                hook()
-            if bk.supports_graph_capture:
+        if bk.supports_graph_capture:
+            previous = STATE.capture_hooks
+            STATE.capture_hooks = _LR_HOOKS
+            try:
+                for hook in _LR_HOOKS:
+                    hook()
                 if entry.session is None:
                     entry.session = bk.graph_session()
-                program = _GraphProgram(self.fn, args, kwargs, inputs, entry.session)
+                program: Any = _GraphProgram(self.fn, args, kwargs, inputs, entry.session)
                 out = program.replay(inputs)
-            else:
-                before = {id(t): (t, t._data, t.grad) for t in _live_tensors()}
+            finally:
+                STATE.capture_hooks = previous
+        else:
+            before = {id(t): (t, t._data, t.grad) for t in _live_tensors()}
+            STATE.host_units = True  # optimizer and GradScaler steps: host units, their Python replayed
+            try:
                 with _Recorder(bk, inputs) as rec:
                     outputs = self.fn(*args, **kwargs)
-                gc.collect()  # cyclic garbage of the step (autograd graphs) is not state
-                returned = {id(t) for t in _tensors_in(outputs)}
-                created = [t for t in _live_tensors() if id(t) not in before and id(t) not in returned]
-                program = _ArrayProgram(rec, inputs, outputs, before, created)
-                out = outputs
-        finally:
-            STATE.capture_hooks = previous
+            finally:
+                STATE.host_units = False
+            gc.collect()  # cyclic garbage of the step (autograd graphs) is not state
+            returned = {id(t) for t in _tensors_in(outputs)}
+            created = [t for t in _live_tensors() if id(t) not in before and id(t) not in returned]
+            program = _ArrayProgram(rec, inputs, outputs, before, created)
+            out = outputs
         entry.program = program
         entry.calls = 2
         self.recordings += 1

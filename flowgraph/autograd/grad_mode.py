@@ -20,6 +20,9 @@ class _GradState(threading.local):
         # Inside fg.capture's warm-up and recording on a graph-capable device: a list collecting callables
         # to run before every replay (optimizers register "copy this Python lr to its device scalar").
         self.capture_hooks = None
+        # While fg.jit records a step's backend calls (cpu, opencl): optimizer and GradScaler steps become
+        # host units, whose Python runs again on every replay (see flowgraph.optim.optimizer.replayed_unit).
+        self.host_units = False
 
 
 STATE = _GradState()

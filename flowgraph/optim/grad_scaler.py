@@ -28,7 +28,7 @@ from typing import Any
 from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError
 from ..tensor import Tensor, float32, full, int32, stack, where
-from .optimizer import Optimizer
+from .optimizer import Optimizer, replayed_unit
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
@@ -95,6 +95,11 @@ class GradScaler:
         """
         if not self._enabled:
             return
+        if STATE.host_units:  # inside fg.jit's recording on cpu/opencl: replayed with its Python
+            params = _params(optimizer)
+            if params:
+                replayed_unit(params[0]._backend, params, lambda: self.unscale_(optimizer))
+                return
         state = self._state(optimizer)
         if state["stage"] is _UNSCALED:
             raise FlowError("GradScaler.unscale_() has already been called on this optimizer since the last update()")
@@ -129,6 +134,10 @@ class GradScaler:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise FlowError("GradScaler.step: closures are not supported while the scaler is enabled")
+        if STATE.host_units:  # inside fg.jit's recording on cpu/opencl: the inf check runs on every replay
+            params = _params(optimizer)
+            if params:
+                return replayed_unit(params[0]._backend, params, lambda: self.step(optimizer, *args, **kwargs))
         state = self._state(optimizer)
         if state["stage"] is _STEPPED:
             raise FlowError("GradScaler.step() has already been called since the last update()")
@@ -167,6 +176,9 @@ class GradScaler:
         if not self._enabled:
             return
         scale = self._check_scale("update")
+        if STATE.host_units:  # inside fg.jit's recording on cpu/opencl: replayed with its Python
+            replayed_unit(scale._backend, [], lambda: self.update(new_scale))
+            return
         tracker = self._growth_tracker
         with no_grad():
             if new_scale is not None:
@@ -254,3 +266,7 @@ class GradScaler:
             with no_grad():
                 self._scale.fill_(self._init_scale)
                 self._growth_tracker.fill_(self._init_growth_tracker)
+
+
+def _params(optimizer: Optimizer) -> list[Tensor]:
+    return [p for g in optimizer.param_groups for p in g["params"]]

@@ -29,6 +29,7 @@ from typing import Any
 from ..autograd.grad_mode import STATE, enable_grad, no_grad
 from ..errors import FlowError
 from ..tensor import Tensor, tensor
+from ..tensor.tensor import _wrap
 
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
 
@@ -113,6 +114,39 @@ class StepHookHandle:
         self.remove()
 
 
+def replayed_unit(backend: Any, params: list[Tensor], run: Callable[[], Any]) -> Any:
+    """Run ``run()`` now; while ``fg.jit`` records a step's backend calls, as one ``Backend.host_call``.
+
+    An optimizer step decides with Python numbers (step counts, bias corrections, a scheduler's lr, a
+    GradScaler's inf check) that a recording of backend calls would freeze. As a host unit its Python runs
+    again on every replay, on the replay's gradients and parameters (inputs of the unit) and hands the
+    gradients and parameters it leaves back to the recording (its outputs). Returns ``run()``'s result
+    outside a recording, None inside one.
+    """
+    if not STATE.host_units:
+        return run()
+    with_grad = [p for p in params if p.grad is not None]
+    n = len(with_grad)
+
+    def unit(*arrays: Any) -> tuple:
+        for p, a in zip(with_grad, arrays[:n]):
+            if p.grad is None:
+                p.grad = _wrap(a, backend)
+            else:
+                p.grad._data = a
+        for p, a in zip(params, arrays[n:]):
+            p._data = a
+        previous, STATE.host_units = STATE.host_units, False
+        try:
+            run()
+        finally:
+            STATE.host_units = previous
+        return tuple(p.grad._data for p in with_grad) + tuple(p._data for p in params)
+
+    backend.host_call(unit, *[p.grad._data for p in with_grad], *[p._data for p in params])
+    return None
+
+
 def _with_step_hooks(step: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap an optimizer's ``step`` so that the registered pre- and post-hooks run around it.
 
@@ -127,6 +161,14 @@ def _with_step_hooks(step: Callable[..., Any]) -> Callable[..., Any]:
     def stepped(self: Optimizer, *args: Any, **kwargs: Any) -> Any:
         if self.__dict__.get("_inside_step"):
             return step(self, *args, **kwargs)
+        if STATE.host_units:
+            if args or kwargs:
+                raise FlowError(f"{type(self).__name__}.step(closure) inside fg.jit: the closure's forward and "
+                                "backward cannot be replayed from a host unit; call step(closure) outside the "
+                                "jitted function, or compute the loss and backward in the step and call step()")
+            params = [p for g in self.param_groups for p in g["params"]]
+            if params:
+                return replayed_unit(params[0]._backend, params, lambda: stepped(self))
         self._inside_step = True
         try:
             args = (self, *args)  # hooks see the optimizer as args[0], as in PyTorch
