@@ -304,3 +304,30 @@ def test_autocast_inside_and_around_a_jitted_step(device):
         return [f(fg.tensor(x, device=device), fg.tensor(y, device=device)).item() for x, y in _batches(6)]
 
     np.testing.assert_allclose(run(True), run(False), rtol=1e-6)
+
+
+def test_activation_checkpointing_inside_a_jitted_step(device):
+    """The recompute in backward restores the RNG state of its forward on every replay (same dropout masks)."""
+    from flowgraph.utils.checkpoint import checkpoint
+
+    def run(jitted):
+        fg.manual_seed(0)
+        block = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.3), nn.Linear(16, 8)).to(device)
+        head = nn.Linear(8, 1).to(device)
+        opt = optim.SGD([*block.parameters(), *head.parameters()], lr=0.05)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.mse_loss(head(checkpoint(block, x)), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        f = fg.jit(step) if jitted else step
+        losses = [f(fg.tensor(x, device=device), fg.tensor(y, device=device)).item() for x, y in _batches(6)]
+        return losses, [p.detach().numpy() for p in block.parameters()]
+
+    (jl, jp), (el, ep) = run(True), run(False)
+    np.testing.assert_allclose(jl, el, **_tol(device))
+    for a, b in zip(jp, ep):
+        np.testing.assert_allclose(a, b, **_tol(device))
