@@ -141,6 +141,15 @@ def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = No
                     dtypes[key] = dname
                     plain_state[str(idx)][name] = {"tensor": key}
                 else:
+                    try:
+                        json.dumps(value)
+                    except (TypeError, ValueError):
+                        raise CheckpointError(
+                            f"save_checkpoint: optimizer state {name!r} of parameter #{idx} is a "
+                            f"{type(value).__name__} ({type(optimizer).__name__} keeps more than tensors and "
+                            "numbers); checkpoints store tensors and JSON values: save the whole training state "
+                            "with fg.save({'model': model.state_dict(), 'optimizer': opt.state_dict()}, path)"
+                        ) from None
                     plain_state[str(idx)][name] = {"value": value}
         header["optimizer"] = json.dumps({"state": plain_state, "param_groups": opt_state.get("param_groups", [])})
         header["dtypes"] = json.dumps(dtypes)

@@ -167,3 +167,27 @@ def test_checksum_changes_with_any_single_byte():
         flipped = arr.copy()
         flipped[i] ^= 1
         assert ckpt.checksum(flipped) != base
+
+
+def test_optimizer_with_non_tensor_state_gets_a_clear_error(tmp_path):
+    """LBFGS keeps lists of tensors: save_checkpoint names the entry and points at fg.save, which stores it."""
+    from flowgraph.errors import CheckpointError
+    from flowgraph.tree import save_checkpoint
+
+    model = nn.Linear(3, 1)
+    opt = optim.LBFGS(model.parameters(), history_size=3, max_iter=3)
+    x = fg.randn(4, 3)
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with pytest.raises(CheckpointError, match=r"optimizer state '.*' of parameter #0 .*fg\.save"):
+        save_checkpoint(model, tmp_path / "m.safetensors", optimizer=opt)
+    assert not (tmp_path / "m.safetensors").exists()
+    fg.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "state.fg")
+    back = fg.load(tmp_path / "state.fg")
+    assert set(back["optimizer"]["state"][0]) == set(opt.state_dict()["state"][0])
