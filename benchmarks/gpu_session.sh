@@ -4,7 +4,7 @@
 # data-parallel equality and scaling (2 GPUs), and a kernel profile of mlp.
 # Results land in $OUT (or ./out). Run from the repository root:  bash benchmarks/gpu_session.sh
 # Each stage has a time budget (seconds, environment): TEST_BUDGET, CUDA_BENCH_BUDGET, OCL_BENCH_BUDGET, DP_BUDGET.
-# STAGES picks stages (default: all): tests bench dp profile overhead memory.
+# STAGES picks stages (default: all): tests bench dp profile overhead memory cpu.
 set -u
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 if [ -d .whl ]; then  # wheels carried to a machine without network (see CONTRIBUTING.md)
@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import flowgraph as fg, cupy, torch; print(fg.available_devices(), cupy.__version__, torch.__version__)" \
   > "$OUT/devices.txt" 2>&1
-STAGES="${STAGES:-tests bench dp profile overhead memory}"
+STAGES="${STAGES:-tests bench dp profile overhead memory cpu}"
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree tests/runtime tests/utils"
 if has tests; then
@@ -50,6 +50,10 @@ for m in mlp residual_tower; do for c in "" "--capture"; do for n in 1 2; do
   timeout "${DP_BUDGET:-60}" $DP --nproc-per-node $n --master-port $((29540 + n)) -m benchmarks.data_parallel \
     --bench $c --model $m --epochs 3 --json "$OUT/data_parallel.jsonl" >> "$OUT/data_parallel.txt" 2>&1
 done; done; done
+fi
+if has cpu; then  # the 7 models on the host CPU, eager and fg.jit vs torch (CPU scale)
+  timeout "${CPU_BENCH_BUDGET:-240}" python3 -m benchmarks --device cpu --models all --jit --check-losses \
+    --rounds 2 --epochs 1 --json "$OUT/bench_cpu.json" > "$OUT/bench_cpu.txt" 2>&1
 fi
 if has memory; then  # activation checkpointing: peak memory and time, flowgraph and torch.utils.checkpoint
   timeout "${MEM_BUDGET:-120}" python3 benchmarks/activation_checkpoint.py --device cuda --steps 5 \
