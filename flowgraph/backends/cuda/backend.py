@@ -594,14 +594,18 @@ class CupyBackend(ArrayBackend):
         else:
             self._rng_state.set(host)
 
-    def get_rng_state(self) -> np.ndarray:
-        self._no_capture("reading the generator state")
+    def get_rng_state(self) -> Any:
         self._use()
+        if self.capturing:  # inside a CUDA graph: a device copy, taken each time the graph runs
+            return self._rng_state.copy()
         return cupy.asnumpy(self._rng_state).view(np.int64)  # [seed, counter]
 
-    def set_rng_state(self, state: np.ndarray) -> None:
-        self._no_capture("setting the generator state")
+    def set_rng_state(self, state: Any) -> None:
         self._use()
+        if isinstance(state, cupy.ndarray):  # a device copy from get_rng_state inside a graph
+            self._rng_state[...] = state.view(cupy.uint64)
+            return
+        self._no_capture("setting the generator state from the host")
         host = np.ascontiguousarray(state, dtype=np.int64).view(np.uint64)
         if self._rng_state is None:
             self._rng_state = cupy.asarray(host)
