@@ -456,7 +456,7 @@ class Monitor:
             from . import server as server_module
         except ImportError as error:
             raise FlowError(
-                f"Monitor.serve: the dashboard needs starlette, sse-starlette and uvicorn ({error}); "
+                f"Monitor.serve: the dashboard needs starlette and uvicorn ({error}); "
                 "install them with pip install 'flowgraph[monitor]'"
             ) from error
         sock = server_module.bind_socket(host, port)
