@@ -143,9 +143,33 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _path(path: Any, where: str) -> str:
+    """``path`` as a string; a CheckpointError naming it when it is not a str or ``os.PathLike``."""
+    if not isinstance(path, (str, os.PathLike)) or not path:
+        raise CheckpointError(f"{where}: path must be a non-empty str or os.PathLike (e.g. 'model.safetensors'), "
+                              f"got {type(path).__name__} {path!r}")
+    return os.fspath(path)
+
+
 def _atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is always either the old file or the complete new one."""
-    path = os.fspath(path)
+    """Write ``data`` to ``path`` so that ``path`` is always either the old file or the complete new one.
+
+    Only a regular file is ever replaced: a directory, FIFO, socket or device at ``path`` is refused (renaming
+    over ``/dev/null`` as root would replace the device node).
+    """
+    path = _path(path, "save_checkpoint")
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise CheckpointError(f"save_checkpoint: cannot use path {path!r}: {exc}") from exc
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise CheckpointError(f"save_checkpoint: path {path!r} is a directory; pass a file path in it, "
+                              f"e.g. {os.path.join(path, 'model.safetensors')!r}")
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"save_checkpoint: path {path!r} exists and is not a regular file (a FIFO, socket "
+                              "or device); a checkpoint only replaces regular files: pass another path")
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -155,7 +179,7 @@ def _atomic_write(path: str | os.PathLike, data: bytes) -> None:
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)  # as open() would create it (mkstemp makes 0600 whatever the umask)
     except OSError as exc:
-        raise CheckpointError(f"cannot write checkpoint {path!r}: {exc}") from exc
+        raise CheckpointError(f"save_checkpoint: cannot write checkpoint {path!r} (path): {exc}") from exc
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -239,7 +263,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
     """Read a checkpoint file: ``(tensors by key, metadata)``; CheckpointError for anything malformed."""
     from safetensors.numpy import load
 
-    path = os.fspath(path)
+    path = _path(path, "load_checkpoint")
     try:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode):
