@@ -52,7 +52,7 @@ def read_metrics(source: Any, where: str = "Monitor.log") -> dict[str, float | N
             raw = {}
     else:
         raise FlowError(
-            f"{where}: metrics must be a dict of metric name -> number or a graph with latest_metrics(), "
+            f"{where}: expected a dict of metric name -> number or a graph with latest_metrics(), "
             f"got {type(source).__name__}; e.g. mon.log(epoch, seconds, {{'loss': 0.12}}) "
             "or mon.log(epoch, seconds, g)"
         )

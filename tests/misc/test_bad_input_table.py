@@ -264,7 +264,7 @@ HOST_CASES = [
      ["loss", "list"]),
     ("log metric name not a string", lambda tmp: _monitor().log(0, 0.1, {5: 1.0}), fg.FlowError,
      ["metric name", "5"]),
-    ("log metrics not a mapping", lambda tmp: _monitor().log(0, 0.1, 5), fg.FlowError, ["metrics", "int"]),
+    ("log metrics not a mapping", lambda tmp: _monitor().log(0, 0.1, 5), fg.FlowError, ["metric", "got int"]),
     ("finish unknown status", lambda tmp: _monitor().finish("done"), fg.FlowError, ["status", "'done'"]),
     ("progress negative step", lambda tmp: _monitor().progress(-1), fg.FlowError, ["step", "-1"]),
     # user callables and numbers elsewhere
