@@ -327,6 +327,7 @@ def test_bad_distributed_init(monkeypatch, case):
 
 
 def _check(error: BaseException, words: list[str]) -> None:
+    assert isinstance(error, fg.FlowError), f"{type(error).__name__} is not a flowgraph error: {error}"
     message = str(error)
     for word in words:
         assert word in message, f"{word!r} not in {message!r}"
