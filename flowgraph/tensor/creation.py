@@ -189,7 +189,9 @@ def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad: bo
 
 def manual_seed(seed: int) -> None:
     """Seed the generator of every device (reproducible ``rand``/``randn``/dropout/initialisation)."""
-    seed_all(seed)
+    if isinstance(seed, bool) or not hasattr(type(seed), "__index__"):
+        raise FlowError(f"manual_seed: seed must be an int, got {type(seed).__name__} {seed!r}")
+    seed_all(operator.index(seed))
 
 
 def rand(*size, dtype=None, device=None, requires_grad: bool = False, generator=None) -> Tensor:
@@ -232,6 +234,8 @@ def randperm(n: int, dtype=None, device=None) -> Tensor:
 
 def normal(mean: float = 0.0, std: float = 1.0, size=(), dtype=None, device=None) -> Tensor:
     """Normal samples with the given mean and standard deviation."""
+    if not std >= 0:
+        raise FlowError(f"normal: std must be >= 0, got {std!r}")
     return randn(*size, dtype=dtype, device=device) * std + mean
 
 

@@ -255,6 +255,9 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise FlowError("stack: expected a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise FlowError(f"stack: tensors must all be Tensors; element {i} is {type(t).__name__} {t!r:.40}")
     shape = tensors[0].shape
     for i, t in enumerate(tensors):
         if t.shape != shape:
@@ -341,6 +344,8 @@ def split_views(a: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """Split into ``chunks`` nearly equal parts (PyTorch's rule: ceil-sized chunks)."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise FlowError(f"chunk: chunks must be an int >= 1, got {chunks!r}")
     d = _norm_dim(dim, a.ndim, "chunk")
     n = a.shape[d]
     size = -(-n // chunks) if n else 1
