@@ -379,6 +379,14 @@ def memory(epochs: int) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------- main
 
 
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the platform has none)."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
@@ -402,6 +410,9 @@ def main() -> None:
         print(f"memory: {held['epochs']:,} epochs of {METRICS} metrics -> RSS +{held['rss_growth_mb']:.1f} MiB, "
               f"{held['held']:,} epochs held, {held['us_per_log']:.0f} us per log()")
     steps = calibrate(args.step_ms / 1000)
+    results["load_average_before"] = _load_average()
+    print(f"load average before: {results['load_average_before']} (the ratios mean something on a quiet machine "
+          "only: other processes on the training CPU move them far more than the server does)")
     for round_number in range(args.rounds):
         base = run_once(args.epochs, steps, pin=args.pin)
         clients_only = run_once(args.epochs, steps, clients=args.clients, step_s=args.step_ms / 1000, pin=args.pin)
@@ -422,6 +433,8 @@ def main() -> None:
             print(f"    after the clients left: {r['end_counts']} (before: {r['baseline_counts']}), "
                   f"RSS {r['rss_change_mb']:+.1f} MiB; CPU s: training thread {r['cpu']['main']:.2f}, server "
                   f"{r['cpu']['other_threads']:.2f}, load generator {r['load_cpu']:.2f}")
+    results["load_average_after"] = _load_average()
+    print(f"load average after: {results['load_average_after']}")
     for name in ("clients", "clients_and_connects"):
         ratios = [r[name]["ratio_median"] for r in results["rounds"]]
         means = [r[name]["ratio_mean"] for r in results["rounds"]]

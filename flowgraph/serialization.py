@@ -136,6 +136,19 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that ``path`` is always either the old file or the complete new one: a temp
     file beside it, fsynced, renamed over it, the directory fsynced. ``CheckpointError`` when it cannot."""
     path = os.fspath(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise CheckpointError(f"cannot use path {path!r}: {exc}") from exc
+    # Only a regular file is ever replaced (renaming over /dev/null as root would replace the device node).
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise CheckpointError(f"path {path!r} is a directory; pass a file path in it, "
+                              f"e.g. {os.path.join(path, 'model.safetensors')!r}")
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"path {path!r} exists and is not a regular file (a FIFO, socket or device); "
+                              "a checkpoint only replaces regular files: pass another path")
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)

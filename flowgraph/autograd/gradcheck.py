@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import GradcheckError
+from ..errors import FlowError, GradcheckError
 from .grad_mode import no_grad
 
 
@@ -21,6 +21,9 @@ def gradcheck(fn: Callable, inputs, eps: float = 1e-6, atol: float = 1e-5, rtol:
     """
     from ..tensor import Tensor, tensor
 
+    if not callable(fn):
+        raise FlowError(f"gradcheck: fn must be callable (called as fn(*inputs)), got "
+                             f"{type(fn).__name__} {fn!r:.40}")
     if isinstance(inputs, Tensor):
         inputs = (inputs,)
     inputs = tuple(inputs)

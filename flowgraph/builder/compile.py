@@ -41,6 +41,9 @@ def _fail(call: Call, message: str) -> FlowError:
 
 
 def _check_module(call: Call, value: Any, what: str = "module") -> Module:
+    if isinstance(value, type) and issubclass(value, Module):
+        raise _fail(call, f"the {what} is the class {value.__name__}, not a module; pass an instance, "
+                          f"e.g. {value.__name__}(...)")
     if not isinstance(value, Module):
         raise _fail(call, f"the {what} must be an nn.Module, got {type(value).__name__}; "
                           "wrap a plain function in a Module subclass with a forward()")
@@ -49,7 +52,8 @@ def _check_module(call: Call, value: Any, what: str = "module") -> Module:
 
 def _check_name(call: Call, name: Any, what: str) -> str:
     if not isinstance(name, str) or not name:
-        raise _fail(call, f"a {what} must be a non-empty string, got {name!r}")
+        article = "an" if what[0] in "aeiou" else "a"
+        raise _fail(call, f"{article} {what} must be a non-empty string, got {name!r}")
     if "." in name:
         raise _fail(call, f"{what} {name!r} contains '.', which separates graph-tree paths; "
                           f"use {name.replace('.', '_')!r}")

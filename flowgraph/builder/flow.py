@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import FlowError
 from ..tensor import Tensor
 from .calls import Call
 from .compile import compile_calls
@@ -114,6 +115,9 @@ class FlowBuilder:
     def build(self, sample: Any = None) -> Graph:
         """Validate the flow and return the ``Graph``; with ``sample`` (a tensor, or a tuple for several
         inputs) also dry-run it and report the first shape mismatch by node and shapes."""
+        if sample is not None and not isinstance(sample, (Tensor, tuple, list, dict)):
+            raise FlowError(f"build(sample=...): sample must be a Tensor, a tuple of tensors (one per graph "
+                            f"input) or a dict name -> tensor; got {type(sample).__name__} {sample!r:.40}")
         graph = compile_calls(self._calls)
         if sample is not None:
             if isinstance(sample, dict):

@@ -59,11 +59,22 @@ def init(backend: str = "nccl", timeout: float = 300.0) -> None:
         raise FlowError("distributed.init() called twice; call distributed.destroy() first")
     if backend not in ("nccl", "local"):
         raise FlowError(f"init(backend={backend!r}): backend must be 'nccl' or 'local'")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise FlowError(f"init(timeout={timeout!r}): timeout must be a positive number of seconds")
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     port = _env_int("MASTER_PORT")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if world < 1:
+        raise FlowError(f"init(): WORLD_SIZE={world}; the number of processes must be >= 1")
     if not 0 <= rank < world:
         raise FlowError(f"init(): RANK={rank} is not in [0, WORLD_SIZE={world})")
+    if local_rank < 0:
+        raise FlowError(f"init(): LOCAL_RANK={local_rank}; the rank on this host must be >= 0")
+    if not 1 <= port <= 65535:
+        raise FlowError(f"init(): MASTER_PORT={port} is not a TCP port; it must be in 1..65535")
+    if not addr.strip():
+        raise FlowError(f"init(): MASTER_ADDR={addr!r} is empty; set it to rank 0's host name or address "
+                        "(127.0.0.1 for a single host)")
     server = StoreServer(_bind_address(addr), port) if rank == 0 else None
     store = StoreClient(addr, port, rank, connect_timeout=timeout)
     heartbeat = Heartbeat(addr, port, rank)

@@ -6,7 +6,7 @@
 ...     for epoch in range(100):
 ...         mon.log(epoch, seconds, g)       # or a dict of metrics
 
-Importing this package is cheap: the server's packages (starlette, sse-starlette, uvicorn) are imported by
+Importing this package is cheap: the server's packages (starlette, uvicorn) are imported by
 ``Monitor.serve()`` only, psutil, NVML and tqdm when first needed.
 """
 

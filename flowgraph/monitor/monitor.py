@@ -141,13 +141,21 @@ class Monitor:
         self.main_process = is_main_process()
         quiet = quiet or not self.main_process
         self.total_epochs = total_epochs
+        for name, value in (("report_path", report_path), ("csv_path", csv_path)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise FlowError(f"Monitor: {name} must be a str, an os.PathLike or None, got {value!r}")
         self.report_path = None if report_path is None or not self.main_process else Path(report_path)
         self.csv_path = None if csv_path is None or not self.main_process else Path(csv_path)
-        if self.csv_path is not None and not self.csv_path.parent.is_dir():
-            raise FlowError(
-                f"Monitor: csv_path {str(self.csv_path)!r} is in a folder that does not exist; create "
-                f"{str(self.csv_path.parent)!r} first or pass another path"
-            )
+        for name, target in (("report_path", self.report_path), ("csv_path", self.csv_path)):
+            if target is None:
+                continue
+            if not target.parent.is_dir():
+                raise FlowError(
+                    f"Monitor: {name} {str(target)!r} is in a folder that does not exist; create "
+                    f"{str(target.parent)!r} first or pass another path"
+                )
+            if target.is_dir():
+                raise FlowError(f"Monitor: {name} {str(target)!r} is a directory; pass a file path in it")
         self.title = title
         self.quiet = quiet
         self._stream = stream if stream is not None else sys.stderr
@@ -497,7 +505,7 @@ class Monitor:
             from . import server as server_module
         except ImportError as error:
             raise FlowError(
-                f"Monitor.serve: the dashboard needs starlette, sse-starlette and uvicorn ({error}); "
+                f"Monitor.serve: the dashboard needs starlette and uvicorn ({error}); "
                 "install them with pip install 'flowgraph[monitor]'"
             ) from error
         sock = server_module.bind_socket(host, port)

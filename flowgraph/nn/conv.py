@@ -36,15 +36,26 @@ __functional__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transp
 
 
 # ---------------------------------------------------------------------- argument helpers
+#: The smallest value each window argument may take (PyTorch refuses the same).
+_MINIMUM = {"kernel_size": 1, "stride": 1, "dilation": 1, "padding": 0, "output_padding": 0}
+
+
 def _ntuple(value, n: int, name: str, where: str) -> tuple[int, ...]:
-    """``value`` as an ``n``-tuple of ints (an int is repeated), with a clear error otherwise."""
+    """``value`` as an ``n``-tuple of ints (an int is repeated), with a clear error otherwise; each at least
+    ``_MINIMUM[name]`` (a kernel, stride or dilation of 0 or a negative padding is refused)."""
+    out: tuple[int, ...] | None = None
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * n
-    if isinstance(value, (tuple, list)) and len(value) == n and all(isinstance(v, int) for v in value):
-        return tuple(value)
-    if isinstance(value, (tuple, list)) and len(value) == 1 and isinstance(value[0], int):
-        return (value[0],) * n
-    raise FlowError(f"{where}: {name} must be an int or a tuple of {n} ints, got {value!r}")
+        out = (value,) * n
+    elif isinstance(value, (tuple, list)) and len(value) == n and all(isinstance(v, int) for v in value):
+        out = tuple(value)
+    elif isinstance(value, (tuple, list)) and len(value) == 1 and isinstance(value[0], int):
+        out = (value[0],) * n
+    if out is None:
+        raise FlowError(f"{where}: {name} must be an int or a tuple of {n} ints, got {value!r}")
+    low = _MINIMUM.get(name)
+    if low is not None and any(v < low for v in out):
+        raise FlowError(f"{where}: {name} must be >= {low} in every dimension, got {value!r}")
+    return out
 
 
 def _window_out(size: int, k: int, s: int, d: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..autograd.grad_mode import STATE, no_grad
+from ..errors import FlowError
 from ..tensor import Tensor, empty
 from ..tensor.amp import is_autocast_enabled, low_precision_inputs
 from ..tensor.tensor import _record, _wrap
@@ -86,6 +87,9 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
         super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not hasattr(type(value), "__index__") or value < 0:
+                raise FlowError(f"Linear: {name} must be an int >= 0, got {value!r}")
         self.in_features = in_features
         self.out_features = out_features
         self.weight = Parameter(empty(out_features, in_features, device=device, dtype=dtype))

@@ -365,6 +365,9 @@ class Module:
 
     def apply(self, fn: Callable[[Module], Any]) -> Module:
         """Call ``fn`` on every descendant, then on this module (PyTorch's order)."""
+        if not callable(fn):
+            raise FlowError(f"Module.apply: fn must be callable (called with each module), got "
+                            f"{type(fn).__name__} {fn!r:.40}")
         for child in self.children():
             child.apply(fn)
         fn(self)
@@ -483,6 +486,8 @@ class _HookHandle:
 
 
 def _add_hook(store: dict, hook: Callable) -> _HookHandle:
+    if not callable(hook):
+        raise FlowError(f"register hook: hook must be callable, got {type(hook).__name__} {hook!r:.40}")
     handle = _HookHandle(store)
     store[handle.id] = hook
     return handle

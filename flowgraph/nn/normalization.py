@@ -438,6 +438,15 @@ class InstanceNorm3d(_InstanceNorm):
     _expected = (4, 5)
 
 
+def _normalized_shape(normalized_shape, where: str) -> tuple[int, ...]:
+    """``normalized_shape`` (an int or a sequence of ints >= 0) as a tuple; a FlowError naming it otherwise."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+    if not isinstance(shape, (tuple, list)) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0
+                                                   for s in shape):
+        raise FlowError(f"{where}: normalized_shape must be an int or a tuple of ints >= 0, got {normalized_shape!r}")
+    return tuple(shape)
+
+
 class LayerNorm(Module):
     """Normalise over the trailing ``normalized_shape`` dims::
 
@@ -454,7 +463,7 @@ class LayerNorm(Module):
         dtype=None,
     ):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = _normalized_shape(normalized_shape, type(self).__name__)
         self.normalized_shape = shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine
@@ -547,7 +556,7 @@ class RMSNorm(Module):
         dtype=None,
     ):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = _normalized_shape(normalized_shape, type(self).__name__)
         self.normalized_shape = shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine

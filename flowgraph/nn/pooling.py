@@ -494,6 +494,7 @@ class _MaxPoolNd(Module):
         ceil_mode: bool = False,
     ):
         super().__init__()
+        _pool_args(kernel_size, stride, padding, dilation, self._nd, type(self).__name__)  # validates at once
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
         self.padding = padding
@@ -554,6 +555,8 @@ class _AvgPoolNd(Module):
         divisor_override: int | None = None,
     ):
         super().__init__()
+        if self._nd:  # every concrete class has its dimension count
+            _pool_args(kernel_size, stride, padding, 1, self._nd, type(self).__name__)  # validates at once
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
         self.padding = padding

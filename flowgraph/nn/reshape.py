@@ -283,8 +283,13 @@ class Unflatten(Module):
 
     def __init__(self, dim: int, unflattened_size):
         super().__init__()
+        sizes = tuple(unflattened_size) if isinstance(unflattened_size, (tuple, list)) else None
+        if sizes is None or not sizes or any(isinstance(s, bool) or not isinstance(s, int) for s in sizes) \
+                or any(s < -1 for s in sizes) or sizes.count(-1) > 1:
+            raise FlowError(f"Unflatten: unflattened_size must be a non-empty tuple of ints >= 0 (one may be -1), "
+                            f"got {unflattened_size!r}")
         self.dim = dim
-        self.unflattened_size = tuple(unflattened_size)
+        self.unflattened_size = sizes
 
     def forward(self, input: Tensor) -> Tensor:
         return input.unflatten(self.dim, self.unflattened_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import FlowError
 from ..tensor import Tensor, int64, tensor
 from .linear import Linear
 from .module import Module
@@ -37,11 +38,17 @@ class StateAdd(Module):
         return _add_refs(x, refs)
 
 
+def _check_count(n: int, name: str, where: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise FlowError(f"{where}: {name} (the number of experts or branches) must be an int >= 1, got {n!r}")
+
+
 class SoftmaxRouter(Module):
     """Gate router: ``softmax(Linear(d, n)(x + sum(refs)))`` over the last dim; weights sum to 1."""
 
     def __init__(self, d: int, n: int):
         super().__init__()
+        _check_count(n, "n", type(self).__name__)
         self.proj = Linear(d, n)
 
     def forward(self, x: Tensor, **refs: Tensor) -> Tensor:
@@ -53,6 +60,7 @@ class SigmoidRouter(Module):
 
     def __init__(self, d: int, n: int):
         super().__init__()
+        _check_count(n, "n", type(self).__name__)
         self.proj = Linear(d, n)
 
     def forward(self, x: Tensor, **refs: Tensor) -> Tensor:
@@ -81,6 +89,7 @@ class ArgmaxSelector(Module):
 
     def __init__(self, d: int, n: int):
         super().__init__()
+        _check_count(n, "n", type(self).__name__)
         self.proj = Linear(d, n)
 
     def forward(self, x: Tensor, **refs: Tensor) -> Tensor:
@@ -92,6 +101,8 @@ class ThresholdHalt(Module):
 
     def __init__(self, threshold: float):
         super().__init__()
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise FlowError(f"ThresholdHalt: threshold must be a number, got {threshold!r}")
         self.threshold = float(threshold)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -200,6 +200,9 @@ class Embedding(Module):
         dtype=None,
     ):
         super().__init__()
+        for name, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise FlowError(f"Embedding: {name} must be an int >= 0, got {value!r}")
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         if padding_idx is not None:

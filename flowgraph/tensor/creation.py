@@ -3,10 +3,12 @@ constructors, the ``*_like`` forms, ``manual_seed`` and ``from_dlpack``."""
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ..backends.registry import get_backend, seed_all
-from ..errors import BackendError, FlowError
+from ..errors import BackendError, FlowError, ShapeError
 from .dtype import DType, as_dtype, get_default_dtype
 from .tensor import Tensor, _wrap
 
@@ -24,8 +26,14 @@ def _infer_dtype(arr: np.ndarray, data) -> DType:
     if kind in "iu" and not isinstance(data, (np.ndarray, np.generic)):
         return as_dtype("int64")
     if kind == "O" or kind in "USc":
-        raise FlowError(f"tensor(): cannot build a tensor from {type(data).__name__} of dtype {arr.dtype}")
+        raise FlowError(f"tensor(): data must be numbers, bools, (nested) lists of them, an array or a tensor; "
+                        f"got {type(data).__name__} {_short(data)} (NumPy dtype {arr.dtype})")
     return as_dtype(arr.dtype)
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _collect_tensors(data):
@@ -55,6 +63,9 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
         arr = np.asarray(data)
     except OverflowError as exc:
         raise FlowError(f"tensor(): an integer does not fit in 64 bits ({exc}); use a float dtype") from None
+    except ValueError as exc:  # nested lists of different lengths
+        raise FlowError(f"tensor(): data is ragged: nested lists must all have the same length at each depth, "
+                        f"like a rectangular array ({exc})") from None
     dt = as_dtype(dtype) if dtype is not None else _infer_dtype(arr, data)
     if from_python and arr.size and arr.dtype.kind in "iuO" and dt.np.kind in "iu":
         _check_int_range(arr, dt)
@@ -92,13 +103,29 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return _wrap(array, get_backend("cpu"))
 
 
-def _shape(size) -> tuple[int, ...]:
+def _shape(size, where: str = "size") -> tuple[int, ...]:
+    """``size`` as given to ``zeros(2, 3)`` or ``zeros((2, 3))``, checked: ints (or ``__index__`` objects,
+    never bools or floats) that are >= 0."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = tuple(size[0])
-    shape = tuple(int(s) for s in size)
-    if any(s < 0 for s in shape):
-        raise FlowError(f"negative dimension in size {shape}")
-    return shape
+    shape = []
+    for s in size:
+        if isinstance(s, bool) or not hasattr(type(s), "__index__"):
+            raise FlowError(f"{where}: size must be ints, like (2, 3) or 2, 3; got {_short(tuple(size))}, "
+                            f"whose element {_short(s)} is a {type(s).__name__}")
+        shape.append(operator.index(s))
+    for s in shape:
+        if s < 0:
+            raise ShapeError(f"{where}: size {tuple(shape)} has the negative dimension {s}; "
+                             "every dimension must be >= 0")
+    return tuple(shape)
+
+
+def _float_dtype(dt: DType, where: str) -> DType:
+    if not dt.is_floating_point:
+        raise FlowError(f"{where}: dtype must be a floating-point dtype for random samples, got {dt}; "
+                        "draw integers with randint")
+    return dt
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -108,18 +135,18 @@ def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False)
         dtype = as_dtype("bool") if isinstance(fill_value, bool) else (
             as_dtype("int64") if isinstance(fill_value, int) else get_default_dtype())
     dt = as_dtype(dtype)
-    out = _wrap(bk.full(_shape((size,)) if isinstance(size, int) else tuple(size), fill_value, dt.np), bk)
+    out = _wrap(bk.full(_shape((size,), "full"), fill_value, dt.np), bk)
     return out.requires_grad_(True) if requires_grad else out
 
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros (default dtype float32)."""
-    return full(_shape(size), 0, dtype or get_default_dtype(), device, requires_grad)
+    return full(_shape(size, "zeros"), 0, dtype or get_default_dtype(), device, requires_grad)
 
 
 def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones (default dtype float32)."""
-    return full(_shape(size), 1, dtype or get_default_dtype(), device, requires_grad)
+    return full(_shape(size, "ones"), 1, dtype or get_default_dtype(), device, requires_grad)
 
 
 empty = zeros
@@ -130,7 +157,10 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
     if end is None:
         start, end = 0, start
     if step == 0:
-        raise FlowError("arange: step must be nonzero")
+        raise FlowError("arange: step must be nonzero, got step=0")
+    if (end - start) * step < 0:
+        raise FlowError(f"arange: step={step} goes away from end={end} (start={start}); "
+                        f"use step={-step} or swap start and end")
     if dtype is None:
         is_int = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
         dtype = as_dtype("int64") if is_int else get_default_dtype()
@@ -142,6 +172,8 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
 
 def linspace(start: float, end: float, steps: int, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """``steps`` evenly spaced values from ``start`` to ``end`` inclusive."""
+    if isinstance(steps, bool) or not hasattr(type(steps), "__index__") or operator.index(steps) < 0:
+        raise FlowError(f"linspace: steps must be an int >= 0, got {steps!r}")
     dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
     arr = np.linspace(start, end, steps, dtype=np.float64).astype(dt.np)
     return tensor(arr, dtype=dt, device=device, requires_grad=requires_grad)
@@ -149,14 +181,17 @@ def linspace(start: float, end: float, steps: int, dtype=None, device=None, requ
 
 def eye(n: int, m: int | None = None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """The identity matrix (``n`` x ``m``)."""
+    n, m = _shape((n, n if m is None else m), "eye: n and m")
     dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
-    return tensor(np.eye(n, m if m is not None else n, dtype=dt.np), dtype=dt, device=device,
+    return tensor(np.eye(n, m, dtype=dt.np), dtype=dt, device=device,
                   requires_grad=requires_grad)
 
 
 def manual_seed(seed: int) -> None:
     """Seed the generator of every device (reproducible ``rand``/``randn``/dropout/initialisation)."""
-    seed_all(seed)
+    if isinstance(seed, bool) or not hasattr(type(seed), "__index__"):
+        raise FlowError(f"manual_seed: seed must be an int, got {type(seed).__name__} {seed!r}")
+    seed_all(operator.index(seed))
 
 
 def get_rng_state(device=None) -> Tensor:
@@ -193,16 +228,16 @@ def set_rng_state(new_state: Tensor, device=None) -> None:
 def rand(*size, dtype=None, device=None, requires_grad: bool = False, generator=None) -> Tensor:
     """Uniform samples in [0, 1)."""
     bk = _backend(device)
-    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
-    out = _wrap(bk.uniform(_shape(size), dt.np), bk)
+    dt = _float_dtype(as_dtype(dtype) if dtype is not None else get_default_dtype(), "rand")
+    out = _wrap(bk.uniform(_shape(size, "rand"), dt.np), bk)
     return out.requires_grad_(True) if requires_grad else out
 
 
 def randn(*size, dtype=None, device=None, requires_grad: bool = False, generator=None) -> Tensor:
     """Standard normal samples."""
     bk = _backend(device)
-    dt = as_dtype(dtype) if dtype is not None else get_default_dtype()
-    out = _wrap(bk.normal(_shape(size), dt.np), bk)
+    dt = _float_dtype(as_dtype(dtype) if dtype is not None else get_default_dtype(), "randn")
+    out = _wrap(bk.normal(_shape(size, "randn"), dt.np), bk)
     return out.requires_grad_(True) if requires_grad else out
 
 
@@ -213,8 +248,7 @@ def randint(low: int, high: int | None = None, size=(), dtype=None, device=None)
         low, high, size = 0, low, high
     if high is None:
         low, high = 0, low
-    if isinstance(size, int):
-        size = (size,)
+    size = _shape((size,), "randint")
     if high <= low:
         raise FlowError(f"randint: high ({high}) must be greater than low ({low})")
     bk = _backend(device)
@@ -231,6 +265,8 @@ def randperm(n: int, dtype=None, device=None) -> Tensor:
 
 def normal(mean: float = 0.0, std: float = 1.0, size=(), dtype=None, device=None) -> Tensor:
     """Normal samples with the given mean and standard deviation."""
+    if not std >= 0:
+        raise FlowError(f"normal: std must be >= 0, got {std!r}")
     return randn(*size, dtype=dtype, device=device) * std + mean
 
 
@@ -241,6 +277,9 @@ def bernoulli(p: Tensor) -> Tensor:
 
 def _like(name: str, maker):
     def fn(t: Tensor, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
+        if not isinstance(t, Tensor):
+            raise FlowError(f"{name}: input must be a Tensor, got {type(t).__name__}; "
+                            f"use {name.removesuffix('_like')}(*shape) for a shape")
         return maker(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad,
                      **kwargs)
 

@@ -26,6 +26,7 @@ from .tensor import (
 )
 
 _INT64 = np.dtype(np.int64)
+_PLAIN = (int, type(None))
 
 
 def _as_index_tensor(value, like: Tensor) -> Tensor:
@@ -37,10 +38,22 @@ def _as_index_tensor(value, like: Tensor) -> Tensor:
         if value._backend is not like._backend:
             value = value.to(like.device)
         return value
-    arr = np.asarray(value)
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        raise FlowError(f"index: {_short(value)} (a {type(value).__name__}) is not a valid index; use ints, slices, "
+                        "None, ..., or integer or bool tensors, lists or arrays")
+    try:
+        arr = np.asarray(value)
+    except ValueError as exc:
+        raise FlowError(f"index: the list {_short(value)} is ragged ({exc})") from None
     if arr.dtype.kind not in "biu":
-        raise FlowError(f"index: tensors used as indices must be integer or bool, got {arr.dtype}")
+        raise FlowError(f"index: lists and arrays used as indices must hold integers or bools; {_short(value)} "
+                        f"has dtype {arr.dtype}")
     return tensor(arr if arr.dtype.kind == "b" else arr.astype(np.int64), device=like._backend)
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _normalise_key(a: Tensor, key):
@@ -49,6 +62,14 @@ def _normalise_key(a: Tensor, key):
         key = (key,)
     items = []
     for k in key:
+        if isinstance(k, slice):
+            for bound in (k.start, k.stop, k.step):
+                if bound is not None and (isinstance(bound, bool) or not hasattr(type(bound), "__index__")):
+                    raise FlowError(f"index: slice bounds must be ints or None, got {k} ({bound!r} is a "
+                                    f"{type(bound).__name__})")
+            if k.step == 0:
+                raise FlowError(f"index: slice step cannot be zero ({k}); use a step >= 1, or < 0 to go "
+                                "backwards")
         if k is None or k is Ellipsis or isinstance(k, slice):
             items.append(k)
         elif isinstance(k, (bool, np.bool_)):
@@ -69,7 +90,7 @@ def _normalise_key(a: Tensor, key):
         for k in items
     )
     if consumed > a.ndim:
-        raise FlowError(f"index: too many indices ({consumed}) for a tensor with {a.ndim} dims")
+        raise IndexOutOfRangeError(f"index: too many indices ({consumed}) for a tensor with {a.ndim} dims")
     if sum(1 for k in items if k is Ellipsis) > 1:
         raise FlowError("index: an index can only have a single ellipsis ('...')")
     out = []
@@ -92,7 +113,8 @@ def _normalise_key(a: Tensor, key):
 
 def getitem(a: Tensor, key) -> Tensor:
     """``a[key]`` with NumPy/PyTorch semantics."""
-    if type(key) is slice and key.step is None and a.ndim:  # fast path: a[i:j]
+    if type(key) is slice and key.step is None and a.ndim and type(key.start) in _PLAIN \
+            and type(key.stop) in _PLAIN:  # fast path: a[i:j]
         shape = a.shape
         start, stop, _ = key.indices(shape[0])
         stop = max(start, stop)
@@ -518,7 +540,11 @@ def setitem(a: Tensor, key, value) -> None:
     from .creation import arange
 
     if not isinstance(value, Tensor):
-        value = a.new_full((), value) if not isinstance(value, (list, np.ndarray)) else _as_float_like(value, a)
+        if not isinstance(value, (int, float, np.number, np.bool_, list, tuple, np.ndarray)):
+            raise FlowError(f"__setitem__: value must be a number, a list or array of numbers or a Tensor; "
+                            f"got {type(value).__name__} {_short(value)}")
+        value = a.new_full((), value) if not isinstance(value, (list, tuple, np.ndarray)) \
+            else _as_float_like(value, a)
     if STATE.enabled and (a.requires_grad or value.requires_grad) and _is_basic(key):
         target = a[key]
         if target._view is not None:  # a real view: write through it (CopySlices rebases a's history)
@@ -529,6 +555,7 @@ def setitem(a: Tensor, key, value) -> None:
         bk = a._backend
         with no_grad():
             view = a[key]
+        _check_value_shape(value, view.shape)
         if view._data is a._data:
             a._data = bk.assign(a._data, bk.cast(value._data, a._data.dtype))
         else:
@@ -540,6 +567,7 @@ def setitem(a: Tensor, key, value) -> None:
         return
     with no_grad():
         positions = arange(a.numel(), device=a.device).reshape(a.shape)[key]
+    _check_value_shape(value, positions.shape)
 
     def compute(old: Tensor) -> Tensor:
         v = value if value.dtype is old.dtype else value.to(old.dtype)
@@ -548,6 +576,17 @@ def setitem(a: Tensor, key, value) -> None:
         return flat.reshape(old.shape)
 
     apply_inplace(a, compute, "__setitem__", value)
+
+
+def _check_value_shape(value: Tensor, shape: tuple) -> None:
+    """The value of ``a[key] = value`` must broadcast to the indexed shape (NumPy's error would name neither)."""
+    try:
+        fits = np.broadcast_shapes(tuple(value.shape), tuple(shape)) == tuple(shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ShapeError(f"__setitem__: value of shape {tuple(value.shape)} cannot be broadcast to the indexed "
+                         f"shape {tuple(shape)}; pass a value of shape {tuple(shape)} or one that broadcasts to it")
 
 
 def _writes_through(bk, a: Tensor, key, src) -> bool:

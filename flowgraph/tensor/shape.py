@@ -3,11 +3,12 @@ repeat, cat, stack, split, chunk, flip, pad, roll, narrow, movedim; ``clone``, `
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from ..autograd.grad_mode import STATE
 from ..backends.registry import get_backend
-from ..errors import BackendError, FlowError, ShapeError
+from ..errors import BackendError, FlowError, IndexOutOfRangeError, ShapeError
 from .dtype import DType, as_dtype
 from .elementwise import broadcast_shapes, sum_to
 from .tensor import Tensor, _make_view, _norm_dim, _record, _record_multi, _share_version, _wrap
@@ -20,7 +21,11 @@ def _shape_arg(shape) -> tuple:
 
 
 def _infer_shape(shape: tuple, numel: int, old: tuple) -> tuple[int, ...]:
-    shape = tuple(int(s) for s in shape)
+    for s in shape:
+        if isinstance(s, bool) or not hasattr(type(s), "__index__"):
+            raise FlowError(f"reshape: shape must be ints (one may be -1), got {shape}, whose element {s!r} is a "
+                            f"{type(s).__name__}")
+    shape = tuple(operator.index(s) for s in shape)
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape: only one dimension can be -1, got {shape}")
     known = 1
@@ -111,7 +116,8 @@ def unsqueeze(a: Tensor, dim: int) -> Tensor:
     """Insert a size-1 dimension at ``dim``."""
     nd = a.ndim
     if dim < -(nd + 1) or dim > nd:
-        raise FlowError(f"unsqueeze: dim {dim} out of range for a tensor with {nd} dims (valid: {-nd - 1} .. {nd})")
+        raise IndexOutOfRangeError(f"unsqueeze: dim {dim} out of range for a tensor with {nd} dims "
+                                   f"(valid: {-nd - 1} .. {nd})")
     d = dim + nd + 1 if dim < 0 else dim
     shape = a.shape
     return reshape(a, shape[:d] + (1,) + shape[d:])
@@ -249,6 +255,9 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise FlowError("stack: expected a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise FlowError(f"stack: tensors must all be Tensors; element {i} is {type(t).__name__} {t!r:.40}")
     shape = tensors[0].shape
     for i, t in enumerate(tensors):
         if t.shape != shape:
@@ -335,6 +344,8 @@ def split_views(a: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """Split into ``chunks`` nearly equal parts (PyTorch's rule: ceil-sized chunks)."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise FlowError(f"chunk: chunks must be an int >= 1, got {chunks!r}")
     d = _norm_dim(dim, a.ndim, "chunk")
     n = a.shape[d]
     size = -(-n // chunks) if n else 1

@@ -187,7 +187,8 @@ class Tensor:
                 "requires_grad_(False) on a non-leaf tensor; use .detach() to get a tensor cut from the graph"
             )
         if requires_grad and not self._data.dtype.kind == "f" and self._data.dtype.name != "bfloat16":
-            raise FlowError(f"only floating tensors can require gradients, this one is {self.dtype}")
+            raise FlowError(f"requires_grad=True: only floating tensors can require gradients, this one is "
+                            f"{self.dtype}; convert it first, e.g. .float()")
         self.requires_grad = requires_grad
         return self
 
@@ -205,6 +206,9 @@ class Tensor:
         On a leaf the hook runs before the gradient is added to ``.grad``; on a non-leaf it sees the gradient of
         this tensor's value at the time of the call (an in-place op later gives the tensor a new ``grad_fn``).
         """
+        if not callable(hook):
+            raise FlowError(f"register_hook: hook must be callable (called with the gradient), got "
+                            f"{type(hook).__name__} {hook!r:.40}")
         if not self.requires_grad:
             raise FlowError("register_hook on a tensor that does not require grad")
         fn = self.grad_fn
@@ -580,8 +584,11 @@ def _needs_grad(*tensors) -> bool:
 
 
 def _norm_dim(dim: int, ndim: int, where: str) -> int:
+    if isinstance(dim, bool) or not hasattr(type(dim), "__index__"):
+        raise FlowError(f"{where}: dim must be an int, got {type(dim).__name__} {dim!r}")
+    dim = dim.__index__()
     if dim < -max(ndim, 1) or dim >= max(ndim, 1):
-        raise FlowError(f"{where}: dim {dim} out of range for a tensor with {ndim} dims "
+        raise IndexOutOfRangeError(f"{where}: dim {dim} out of range for a tensor with {ndim} dims "
                         f"(valid: {-max(ndim, 1)} .. {max(ndim, 1) - 1})")
     return dim + ndim if dim < 0 else (0 if ndim == 0 else dim)
 

@@ -87,6 +87,15 @@ def _structure_of(module: Module) -> tuple[str, str, dict[str, str]]:
     return digest, label, classes
 
 
+# ---------------------------------------------------------------------- paths
+def _path(path: Any, where: str) -> str:
+    """``path`` as a string; a CheckpointError naming it when it is not a str or ``os.PathLike``."""
+    if not isinstance(path, (str, os.PathLike)) or not path:
+        raise CheckpointError(f"{where}: path must be a non-empty str or os.PathLike (e.g. 'model.safetensors'), "
+                              f"got {type(path).__name__} {path!r}")
+    return os.fspath(path)
+
+
 def _is_main_process() -> bool:
     """Rank 0 or no process group. The tree sits below ``flowgraph.distributed``: a process group exists only if
     that package was imported (``distributed.init``), so it is looked up, not imported."""
@@ -109,6 +118,7 @@ def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = No
     """
     from safetensors.numpy import save
 
+    path = _path(path, "save_checkpoint")
     if metadata is not None and not isinstance(metadata, dict):
         raise CheckpointError(f"save_checkpoint: metadata must be a dict, got {type(metadata).__name__}")
     user_metadata = None if metadata is None else encode_metadata(metadata, "save_checkpoint metadata")
@@ -164,7 +174,7 @@ def save_checkpoint(module: Module, path: str | os.PathLike, optimizer: Any = No
 # ---------------------------------------------------------------------- reading
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read a checkpoint file: ``(tensors by key, metadata)``; CheckpointError for anything malformed."""
-    path = os.fspath(path)
+    path = _path(path, "load_checkpoint")
     raw, metadata = read_safetensors(path)
     if metadata.get("format") != FORMAT:
         raise CheckpointError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import numbers
 import os
 import time
 from typing import Any
@@ -51,6 +52,9 @@ def _scalar(value: Any) -> float:
         if value.numel() != 1:
             raise FlowError(f"record: expected a scalar, got a tensor of shape {value.shape}; reduce it first")
         return float(value.item())
+    if not isinstance(value, numbers.Real):
+        raise FlowError(f"record: value must be a real number or a one-element tensor, got "
+                        f"{type(value).__name__} {value!r:.40}")
     return float(value)
 
 
@@ -67,6 +71,8 @@ def _graph_and_name(root: Module, path: str) -> tuple[Module, str]:
 
 def record(graph: Module, name: str, value: Any, mode: str | None = None) -> None:
     """Add one batch value of metric ``name`` to this graph's buffer (``mode="max"`` if higher is better)."""
+    if not isinstance(name, str) or not name:
+        raise FlowError(f"record: the metric name must be a non-empty str, got {type(name).__name__} {name!r}")
     if "." in name:
         raise FlowError(f"record({name!r}): metric names cannot contain '.'; use record_at for a nested graph")
     book = _book(graph)

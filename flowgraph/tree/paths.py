@@ -47,7 +47,10 @@ def _fail(path: str, walked: list[str], part: str, graph: Module, internal: bool
 
 def resolve(root: Module, path: str) -> tuple[PathKind, Module, str]:
     """Resolve ``path`` to ``(kind, graph holding the last part, last part)``; PathError if it breaks."""
-    if not isinstance(path, str) or not path or path.startswith(".") or path.endswith(".") or ".." in path:
+    if not isinstance(path, str):
+        raise PathError(f"invalid path {path!r}: a path must be a str of dot-separated labels/tags like "
+                        f"'encoder.scan.hidden', got {type(path).__name__}")
+    if not path or path.startswith(".") or path.endswith(".") or ".." in path:
         raise PathError(f"invalid path {path!r}: expected dot-separated labels/tags like 'encoder.scan.hidden'")
     parts = path.split(".")
     graph = root
@@ -147,6 +150,9 @@ def trainable_parameters(root: Module) -> list[Parameter]:
 
 def set_training_at(root: Module, path: str, mode: bool) -> None:
     """Training (``True``) or evaluation mode for the subtree at ``path`` only (e.g. freeze BatchNorm stats)."""
+    if not isinstance(mode, bool):
+        raise FlowError(f"set_training_at({path!r}, mode={mode!r}): mode must be a bool (True: training, "
+                        "False: evaluation)")
     target = module_at(root, path)
     if target is None:
         raise FlowError(f"set_training_at({path!r}): the tag names a stream with no module")

@@ -93,7 +93,12 @@ def test_finish_writes_the_report(tmp_path):
 
 
 def test_unwritable_report_path_is_a_flow_error(tmp_path):
-    mon = Monitor(3, report_path=tmp_path / "missing-dir" / "report.html", quiet=True)
+    with pytest.raises(FlowError, match="report_path .* is in a folder that does not exist"):
+        Monitor(3, report_path=tmp_path / "missing-dir" / "report.html", quiet=True)
+    folder = tmp_path / "removed-during-the-run"
+    folder.mkdir()
+    mon = Monitor(3, report_path=folder / "report.html", quiet=True)
+    folder.rmdir()
     with pytest.raises(FlowError, match="could not write the report"):
         mon.finish()
     with pytest.raises(FlowError, match="cannot write"):
