@@ -525,7 +525,12 @@ class CupyBackend(ArrayBackend):
         if not fusion.is_enabled():
             self._use()
             return self._arr(a).astype(dtype)
-        return self._node("cast", (a,), dtype)
+        out = self._node("cast", (a,), dtype)
+        if dtype in K.HALF_TYPES and a.dtype not in K.HALF_TYPES and type(out) is LazyArray:
+            # A 16-bit float made inside a fused chain of wider types would be an intermediate of a type CuPy
+            # declares only for kernel arguments (float32 -> float16 -> float32 failed to compile): store it.
+            self.realize(out)
+        return out
 
     # ----------------------------------------------------------------- host exchange and creation
     def host_call(self, fn: Any, *arrays: Array, sink: bool = False) -> Any:

@@ -87,18 +87,13 @@ def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, s
     params = [f"{letter(leaf.dtype)} in{i}" for i, leaf in enumerate(program.leaves)]
     # Scalars bind no placeholder in CuPy: they get their dtype's name (16-bit floats travel as float32).
     params += [f"{scalar_transport(s.dtype).name} s{i}" for i, s in enumerate(program.scalars)]
-    preamble = _half_headers(program.dtypes() | {out_dtype}) + emitter.helper_source()
+    preamble = emitter.helper_source()
+    if BF16 in program.dtypes() or out_dtype == BF16:
+        preamble = "#include <cupy/bfloat16.cuh>\n" + preamble
     return ", ".join(params), f"{letter(out_dtype)} out", "\n".join(lines), preamble
 
 
 _PLACEHOLDERS = "TUVWXYZABCDEFGHJKLMNPQRS"
-
-
-def _half_headers(dtypes: set[np.dtype]) -> str:
-    """CuPy's 16-bit float classes for a kernel using them anywhere, intermediates included: CuPy adds a
-    header only for the dtypes of its arguments (a float32 -> float16 -> float32 chain failed to compile)."""
-    return ("#include <cupy/float16.cuh>\n" if F16 in dtypes else "") + (
-        "#include <cupy/bfloat16.cuh>\n" if BF16 in dtypes else "")
 
 
 def sum_spec(program: FusedProgram, acc: np.dtype, out_dtype: np.dtype) -> dict[str, str]:
@@ -128,7 +123,9 @@ def sum_spec(program: FusedProgram, acc: np.dtype, out_dtype: np.dtype) -> dict[
         letter = letters.setdefault(leaf.dtype, _PLACEHOLDERS[len(letters)])
         params.append(f"{letter} in{i}")
     params += [f"{scalar_transport(s.dtype).name} s{i}" for i, s in enumerate(program.scalars)]
-    preamble = _half_headers(program.dtypes()) + emitter.helper_source() + function
+    preamble = emitter.helper_source() + function
+    if BF16 in program.dtypes():
+        preamble = "#include <cupy/bfloat16.cuh>\n" + preamble
     return {
         "in_params": ", ".join(params),
         "out_params": f"{np.dtype(out_dtype).name} out",
