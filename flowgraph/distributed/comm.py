@@ -226,6 +226,7 @@ class MpiCommunicator(_HostCommunicator):
     def __init__(self, mpi_comm: Any, timeout: float = 300.0) -> None:
         self.mpi_comm, self.timeout = mpi_comm, timeout
         self.rank, self.world_size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        self._pending: list[Any] = []  # Ibarrier requests of barriers that timed out here
 
     def _lengths(self, n: int) -> np.ndarray:
         counts = np.empty(self.world_size, dtype=np.int64)
@@ -258,11 +259,17 @@ class MpiCommunicator(_HostCommunicator):
         import time
 
         limit = self.timeout if timeout is None else timeout
-        request = self.mpi_comm.Ibarrier()
         deadline = time.monotonic() + limit
+        # A barrier that timed out is still pending in MPI (the late ranks will match it): finish it first.
+        requests = [*self._pending, self.mpi_comm.Ibarrier()]
+        self._pending = []
         delay = 0.0002
-        while not request.Test():
+        while requests:
+            if requests[0].Test():
+                requests.pop(0)
+                continue
             if time.monotonic() >= deadline:
+                self._pending = requests
                 raise FlowError(f"rank {self.rank}: MPI barrier timed out after {limit:.1f} s; some of the "
                                 f"{self.world_size} ranks did not reach it (dead or stuck)")
             time.sleep(delay)
