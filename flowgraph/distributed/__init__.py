@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from typing import Any
 
 from ..errors import FlowError
@@ -103,11 +104,16 @@ def init(backend: str = "nccl", timeout: float = 300.0) -> None:
             comm = mpi
         _state = _State(rank, world, local_rank, None, None, None, comm, timeout, env.source, mpi)
     else:
-        bind = _store_bind_address(env)
+        from .store import job_secret
+
+        # A world of one has no other rank to share a secret with: a fresh one (in this process only) keeps
+        # its store authenticated without asking the user to export anything.
+        secret = job_secret() or (secrets.token_bytes(32) if world == 1 else b"")
+        bind = _store_bind_address(env, secret)
         addr, port = env.master_addr or bind, env.master_port
-        server = StoreServer(bind, port) if rank == 0 else None
-        store = StoreClient(addr, port, rank, connect_timeout=timeout)
-        heartbeat = Heartbeat(addr, port, rank)
+        server = StoreServer(bind, port, secret=secret) if rank == 0 else None
+        store = StoreClient(addr, port, rank, connect_timeout=timeout, secret=secret)
+        heartbeat = Heartbeat(addr, port, rank, secret=secret)
         if backend == "nccl":
             comm = NcclCommunicator(store, rank, world, local_rank, timeout)
         else:
@@ -118,20 +124,20 @@ def init(backend: str = "nccl", timeout: float = 300.0) -> None:
     barrier()
 
 
-def _store_bind_address(env: DistributedEnvironment) -> str:
+def _store_bind_address(env: DistributedEnvironment, secret: bytes) -> str:
     """Where rank 0's store listens, after checking that the store will be authenticated.
 
     Our launcher always sets a secret (a loopback-only job may also run without one, as before). Any other
-    launcher needs ``FLOWGRAPH_STORE_SECRET`` exported by the job script: the store never runs without
-    authentication for them, and the FlowError says what to export.
+    launcher needs ``FLOWGRAPH_STORE_SECRET`` exported by the job script (``secret``: the one the store will
+    use): the store never runs without authentication for them, and the FlowError says what to export.
     """
-    from .store import SECRET_ENV, job_secret
+    from .store import SECRET_ENV
 
     if env.master_addr is None:
         raise FlowError(f"init(): this {env.source} launch spans several hosts and MASTER_ADDR is not set; export "
                         "MASTER_ADDR (the host of rank 0) and MASTER_PORT, or install mpi4py "
                         "(`pip install flowgraph[mpi]`) so that MPI itself is the rendezvous")
-    if env.source != "flowgraph" and not job_secret():
+    if env.source != "flowgraph" and not secret:
         hint = " (or install mpi4py, `pip install flowgraph[mpi]`: MPI then replaces the store)" \
             if env.source == "mpi" else ""
         raise FlowError(
@@ -140,7 +146,7 @@ def _store_bind_address(env: DistributedEnvironment) -> str:
             f"rank in the job script, before the launcher: `export {SECRET_ENV}=$(python -c "
             f"'import secrets; print(secrets.token_hex(32))')`{hint}"
         )
-    return _bind_address(env.master_addr)
+    return _bind_address(env.master_addr, secret)
 
 
 def _abort_on_uncaught() -> None:
@@ -183,9 +189,10 @@ def is_initialized() -> bool:
     return _state is not None
 
 
-def _bind_address(master_addr: str) -> str:
+def _bind_address(master_addr: str, secret: bytes | None = None) -> str:
     """Where rank 0's store listens: loopback for a single-host job (``MASTER_ADDR`` on this machine only),
-    otherwise ``MASTER_ADDR`` itself; never every interface. A multi-host job needs the store secret."""
+    otherwise ``MASTER_ADDR`` itself; never every interface. A multi-host job needs the store secret
+    (``secret``, by default ``FLOWGRAPH_STORE_SECRET``)."""
     import ipaddress
 
     from .store import SECRET_ENV, job_secret
@@ -196,7 +203,7 @@ def _bind_address(master_addr: str) -> str:
         loopback = False
     if loopback:
         return "127.0.0.1"
-    if not job_secret():
+    if not (job_secret() if secret is None else secret):
         raise FlowError(
             f"init(): MASTER_ADDR={master_addr} reaches beyond this machine but {SECRET_ENV} is not set; anyone "
             "who reaches the port could read or change the job's gradients. Start the job with "

@@ -16,7 +16,7 @@ import pytest
 
 import flowgraph as fg
 import flowgraph.distributed as dist
-from flowgraph.distributed import detect_environment, expand_hostlist
+from flowgraph.distributed import StoreClient, detect_environment, expand_hostlist
 from flowgraph.errors import FlowError
 
 from ._util import free_port
@@ -149,8 +149,8 @@ def test_detect_environment_names_the_bad_variable(env, message):
 # ---- the store's secret for launches not made by our launcher ----------------------------------------------------
 
 @pytest.mark.parametrize("env, hint", [
-    ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": "29999"}, "torchrun"),
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1"}, "slurm"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "29999"}, "torchrun"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1"}, "slurm"),
     (dict(OMPI, OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0", FLOWGRAPH_MPI="0"), "mpi4py"),
 ])
 def test_other_launchers_need_the_secret_exported(no_launcher, env, hint):
@@ -160,6 +160,21 @@ def test_other_launchers_need_the_secret_exported(no_launcher, env, hint):
         dist.init(backend="local", timeout=5)
     assert hint in str(e.value)
     assert not dist.is_initialized()
+
+
+def test_a_world_of_one_needs_no_export_and_its_store_is_still_authenticated(no_launcher):
+    """One rank has nobody to share a secret with: init makes one in-process; a client without it is refused."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}.items():
+        no_launcher.setenv(k, v)
+    dist.init(backend="local", timeout=5)
+    try:
+        port = dist.get_communicator().store.port
+        for secret in (b"", bytes.fromhex(SECRET)):
+            with pytest.raises(FlowError, match="refused this process"):
+                StoreClient("127.0.0.1", port, rank=1, connect_timeout=5, secret=secret)
+        assert dist.all_reduce(fg.tensor([1.5])).tolist() == [1.5]
+    finally:
+        dist.destroy()
 
 
 def test_a_multi_host_mpi_launch_without_mpi4py_needs_master_addr(no_launcher):
