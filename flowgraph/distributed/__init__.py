@@ -27,7 +27,8 @@ __all__ = [
     "Communicator", "DataParallel", "DistributedEnvironment", "MpiCommunicator", "NcclCommunicator", "StoreClient",
     "StoreCommunicator", "StoreServer", "SyncBatchNorm", "all_reduce_sum", "sync_batch_norm",
     "all_gather", "all_reduce", "assign_buckets", "barrier", "broadcast", "destroy", "detect_environment",
-    "expand_hostlist", "get_rank", "get_world_size", "init", "is_initialized", "is_main_process", "shard",
+    "expand_hostlist", "get_local_rank", "get_rank", "get_world_size", "init", "is_initialized", "is_main_process",
+    "shard",
 ]
 
 
@@ -224,6 +225,12 @@ def is_main_process() -> bool:
 def get_rank() -> int:
     """This process's rank, 0..world_size-1."""
     return _get().rank
+
+
+def get_local_rank() -> int:
+    """This process's index on its host (``LOCAL_RANK``, ``SLURM_LOCALID``, ``OMPI_COMM_WORLD_LOCAL_RANK``...):
+    with NCCL the rank uses ``cuda:get_local_rank()``."""
+    return _get().local_rank
 
 
 def get_world_size() -> int:

@@ -315,7 +315,9 @@ class NcclCommunicator(Communicator):
         if not getattr(nccl, "available", True):
             raise FlowError("backend='nccl': this CuPy build has no NCCL; install NCCL or use backend='local'")
         visible = cupy.cuda.runtime.getDeviceCount()
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        # LOCAL_WORLD_SIZE is set by our launcher and torchrun; srun and mpirun do not say (world_size may span
+        # several hosts), so only this rank's own GPU is checked there.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
         if local_world > visible or local_rank >= visible:
             raise FlowError(f"rank {rank}: {local_world} ranks on this node but only {visible} GPU(s) visible "
                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "

@@ -196,7 +196,7 @@ def test_torchrun_agent_store_port_is_left_alone(no_launcher):
             no_launcher.setenv(k, v)
         dist.init(backend="local", timeout=5)
         try:
-            assert dist.get_world_size() == 1 and dist.get_rank() == 0
+            assert (dist.get_world_size(), dist.get_rank(), dist.get_local_rank()) == (1, 0, 0)
             assert dist.all_reduce(fg.tensor([2.0, 3.0])).tolist() == [2.0, 3.0]
             assert dist.get_communicator().store.port == port + 1
         finally:
@@ -210,7 +210,7 @@ def _check_results(out: Path, source: str, transport: str) -> None:
         worst, gathered = (out.parent / f"{out.name}.{rank}").read_text().split(" ", 1)
         assert float(worst) <= 1e-6, f"rank {rank}: max |dp - single| = {worst}"
         assert gathered.strip() == "[0.0, 1.0]"
-        assert (out.parent / f"{out.name}.{rank}.info").read_text().split() == [source, transport]
+        assert (out.parent / f"{out.name}.{rank}.info").read_text().split() == [source, transport, str(rank)]
 
 
 def test_torchrun_variables_with_plain_processes(tmp_path):
