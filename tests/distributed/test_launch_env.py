@@ -286,3 +286,20 @@ def test_torchrun_launch(tmp_path):
                          capture_output=True, text=True, timeout=90)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_results(tmp_path / "res", "torchrun", "StoreCommunicator")
+
+
+@needs_mpi
+def test_mpirun_jit_sync_batchnorm_and_no_sync_over_mpi(tmp_path):
+    """The other 2-rank workers of test_data_parallel.py over MpiCommunicator: 12 jitted Adam steps equal eager
+    ones (the recorded collectives run on every replay), SyncBatchNorm equals one process on the whole batch,
+    and no_sync accumulation equals one big batch."""
+    env = _clean_env()
+    for worker in ("_jit_dp_worker.py", "_syncbn_worker.py", "_no_sync_worker.py"):
+        res = _mpirun([str(HERE / worker), str(tmp_path / worker), "local"], env)
+        assert res.returncode == 0, (worker, (res.stdout + res.stderr)[-3000:])
+    for rank in (0, 1):
+        assert float((tmp_path / f"_jit_dp_worker.py.{rank}").read_text()) <= 1e-5
+        synced, local = (float(v) for v in (tmp_path / f"_syncbn_worker.py.{rank}").read_text().split())
+        assert synced <= 1e-5 and local > 1e-3, (synced, local)
+        no_sync, toggle, was_local = (tmp_path / f"_no_sync_worker.py.{rank}").read_text().split()
+        assert float(no_sync) <= 1e-6 and float(toggle) <= 1e-6 and was_local == "1"
