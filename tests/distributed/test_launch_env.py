@@ -247,10 +247,12 @@ needs_mpi = pytest.mark.skipif(MPIRUN is None or not HAVE_MPI4PY,
                                       f"mpi4py {'found' if HAVE_MPI4PY else 'absent'}")
 
 
-def _mpirun(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    cmd = [MPIRUN, "-n", "2"]
+def _mpirun(args: list[str], env: dict[str, str], n: int = 2) -> subprocess.CompletedProcess:
+    cmd = [MPIRUN, "-n", str(n)]
     if "Open MPI" in subprocess.run([MPIRUN, "--version"], capture_output=True, text=True).stdout:
-        cmd += ["--allow-run-as-root", "--oversubscribe"]
+        cmd += ["--allow-run-as-root", "--oversubscribe"]  # CI runs as root on 2 cores
+        # containers often forbid the cross-process memory copy (CMA) Open MPI's shared-memory transport tries
+        env = dict(env, OMPI_MCA_btl_vader_single_copy_mechanism="none")
     return subprocess.run([*cmd, sys.executable, *args], cwd=HERE, env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -269,11 +271,12 @@ def test_mpirun_data_parallel_matches_single_process(tmp_path, transport):
 
 @needs_mpi
 def test_mpi_communicator_collectives(tmp_path):
-    """Rank-ordered float32 sums (identical bits on every rank), three dtypes coalesced, max/avg, broadcast from
-    rank 1, all_gather, shape mismatches reported, and a barrier that times out while a rank sleeps."""
-    res = _mpirun([str(HERE / "_mpi_coll_worker.py"), str(tmp_path / "res")], _clean_env())
+    """3 ranks (so the summation order shows in the bits): float32 sums taken in rank order on every rank, three
+    dtypes coalesced, max/avg, broadcast from rank 1, all_gather, shape mismatches reported, and a barrier that
+    times out while the other ranks sleep."""
+    res = _mpirun([str(HERE / "_mpi_coll_worker.py"), str(tmp_path / "res")], _clean_env(), n=3)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    for rank in (0, 1):
+    for rank in (0, 1, 2):
         assert (tmp_path / f"res.{rank}").read_text() == "ok", f"rank {rank}"
 
 
