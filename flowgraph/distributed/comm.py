@@ -1,8 +1,9 @@
 """Communicators: the collectives ``all_reduce``, ``broadcast`` and ``all_gather`` on flowgraph tensors.
 
 :class:`StoreCommunicator` moves host copies through the TCP store (slow but real: CPU processes, tests of the
-whole flow). :class:`NcclCommunicator` runs NCCL (``cupy.cuda.nccl``) on the CuPy arrays of ``cuda:`` tensors on a
-dedicated stream. Both are in place: the tensor passed in holds the result afterwards.
+whole flow); :class:`MpiCommunicator` moves them through MPI (``mpi4py``, under ``mpirun``).
+:class:`NcclCommunicator` runs NCCL (``cupy.cuda.nccl``) on the CuPy arrays of ``cuda:`` tensors on a
+dedicated stream. All are in place: the tensor passed in holds the result afterwards.
 """
 
 from __future__ import annotations
@@ -75,27 +76,28 @@ class Communicator(ABC):
         return  # an optional hook: the default does nothing
 
 
-class StoreCommunicator(Communicator):
-    """Collectives through the TCP store with host copies: every rank publishes its array, then reads all.
+class _HostCommunicator(Communicator):
+    """Collectives on host copies; a subclass only moves bytes (:meth:`_gather_blobs`, :meth:`_broadcast_bytes`).
 
-    Each collective has a sequence number; a rank publishing for collective ``k`` deletes its own key of
-    collective ``k - 2`` (all ranks have read it by then), so the store does not grow.
+    The reductions are done here, in rank order, so every rank gets identical bits whatever the transport. The
+    host part of each collective is one ``Backend.host_call``, so a step recorded by ``fg.jit`` communicates
+    again on every replay.
     """
 
-    def __init__(self, store: StoreClient, rank: int, world_size: int, timeout: float = 300.0) -> None:
-        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
-        self._seq = 0
+    rank: int
+    world_size: int
 
-    def _exchange(self, payload: bytes) -> list[bytes]:
-        # Every collective is a full exchange (a broadcast's receivers publish an empty ack): a rank publishing for
-        # collective k has read every rank's key of k - 1, so every rank has published k - 1 and thus finished
-        # reading k - 2: deleting one's own key of k - 2 is safe.
-        seq = self._seq
-        self._seq += 1
-        if seq >= 2:
-            self.store.delete(f"coll/{seq - 2}/{self.rank}")
-        self.store.set(f"coll/{seq}/{self.rank}", payload)
-        return [self.store.get(f"coll/{seq}/{r}", self.timeout, from_rank=r) for r in range(self.world_size)]
+    @abstractmethod
+    def _gather_blobs(self, payload: bytes) -> list[bytes]:
+        """Every rank's ``payload`` (lengths may differ), in rank order."""
+
+    @abstractmethod
+    def _broadcast_bytes(self, payload: bytes, src: int) -> bytes:
+        """Rank ``src``'s ``payload`` on every rank (the others pass ``b""``)."""
+
+    def _gather_flat(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Every rank's 1-d array (same dtype and size on all ranks), in rank order."""
+        return [np.frombuffer(b, dtype=flat.dtype) for b in self._gather_blobs(flat.tobytes())]
 
     @staticmethod
     def _host(tensor: Tensor) -> np.ndarray:
@@ -133,7 +135,7 @@ class StoreCommunicator(Communicator):
         return tuple(out)
 
     def _reduce_flat(self, flat: np.ndarray, op: str) -> np.ndarray:
-        parts = [np.frombuffer(b, dtype=flat.dtype) for b in self._exchange(flat.tobytes())]
+        parts = self._gather_flat(flat)
         if op == "max":
             return np.maximum.reduce(parts)
         out = parts[0].copy()
@@ -157,7 +159,7 @@ class StoreCommunicator(Communicator):
 
     def _broadcast_array(self, bk: Any, array: Any, src: int) -> Any:
         host = _c_order(np.asarray(bk.to_host(array)))
-        data = self._exchange(host.tobytes() if self.rank == src else b"")[src]
+        data = self._broadcast_bytes(host.tobytes() if self.rank == src else b"", src)
         if len(data) != host.nbytes:
             raise FlowError(f"broadcast: rank {src} sent {len(data)} bytes, rank {self.rank} expected "
                             f"{host.nbytes} (shape {tuple(host.shape)}, {host.dtype}); shapes must match")
@@ -172,7 +174,7 @@ class StoreCommunicator(Communicator):
         # Each blob starts with its shape and dtype as JSON (never pickle: ranks read each other's bytes).
         meta = json.dumps([list(host.shape), host.dtype.str]).encode()
         out = []
-        for r, blob in enumerate(self._exchange(meta + b"|" + host.tobytes())):
+        for r, blob in enumerate(self._gather_blobs(meta + b"|" + host.tobytes())):
             shape, dt = json.loads(blob[: len(meta)]) if blob[: len(meta)] == meta else (None, None)
             if shape is None:
                 raise FlowError(f"all_gather: rank {r}'s tensor differs in shape or dtype from rank {self.rank}'s "
@@ -182,10 +184,118 @@ class StoreCommunicator(Communicator):
         return out
 
 
+class StoreCommunicator(_HostCommunicator):
+    """Collectives through the TCP store with host copies: every rank publishes its array, then reads all.
+
+    Each collective has a sequence number; a rank publishing for collective ``k`` deletes its own key of
+    collective ``k - 2`` (all ranks have read it by then), so the store does not grow.
+    """
+
+    def __init__(self, store: StoreClient, rank: int, world_size: int, timeout: float = 300.0) -> None:
+        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self._seq = 0
+
+    def _exchange(self, payload: bytes) -> list[bytes]:
+        # Every collective is a full exchange (a broadcast's receivers publish an empty ack): a rank publishing for
+        # collective k has read every rank's key of k - 1, so every rank has published k - 1 and thus finished
+        # reading k - 2: deleting one's own key of k - 2 is safe.
+        seq = self._seq
+        self._seq += 1
+        if seq >= 2:
+            self.store.delete(f"coll/{seq - 2}/{self.rank}")
+        self.store.set(f"coll/{seq}/{self.rank}", payload)
+        return [self.store.get(f"coll/{seq}/{r}", self.timeout, from_rank=r) for r in range(self.world_size)]
+
+    def _gather_blobs(self, payload: bytes) -> list[bytes]:
+        return self._exchange(payload)
+
+    def _broadcast_bytes(self, payload: bytes, src: int) -> bytes:
+        return self._exchange(payload)[src]
+
+
+class MpiCommunicator(_HostCommunicator):
+    """Collectives through MPI (an ``mpi4py`` communicator, e.g. ``MPI.COMM_WORLD.Dup()``) with host copies.
+
+    Used by ``init()`` when the job was started by ``mpirun`` and ``mpi4py`` is installed (the ``mpi`` extra):
+    no TCP store, no secret (MPI's own transport connects the ranks). Only MPI's buffer calls are used
+    (``Allgather``, ``Allgatherv``, ``Bcast``, ``Ibarrier``), never its pickled-object ones. Sums are taken in
+    rank order on every rank after an ``Allgather`` (MPI's own ``Allreduce`` may sum in a different order on
+    each rank), so every rank gets identical bits, the same as :class:`StoreCommunicator`.
+    """
+
+    def __init__(self, mpi_comm: Any, timeout: float = 300.0) -> None:
+        self.mpi_comm, self.timeout = mpi_comm, timeout
+        self.rank, self.world_size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        self._pending: list[Any] = []  # Ibarrier requests of barriers that timed out here
+
+    def _lengths(self, n: int) -> np.ndarray:
+        counts = np.empty(self.world_size, dtype=np.int64)
+        self.mpi_comm.Allgather(np.array([n], dtype=np.int64), counts)
+        return counts
+
+    def _gather_blobs(self, payload: bytes) -> list[bytes]:
+        counts = self._lengths(len(payload))
+        recv = np.empty(int(counts.sum()), dtype=np.uint8)
+        self.mpi_comm.Allgatherv(np.frombuffer(payload, dtype=np.uint8), [recv, counts])
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        return [recv[offsets[r]:offsets[r + 1]].tobytes() for r in range(self.world_size)]
+
+    def _gather_flat(self, flat: np.ndarray) -> list[np.ndarray]:
+        mine = flat.view(np.uint8)  # bytes on the wire: every dtype (float16, bool) without an MPI type map
+        counts = self._lengths(mine.size)
+        if (counts != mine.size).any():
+            raise FlowError(f"all_reduce: ranks pass {counts.tolist()} bytes of {flat.dtype}; every rank must pass "
+                            "tensors of the same shapes and dtypes in the same order")
+        recv = np.empty((self.world_size, mine.size), dtype=np.uint8)
+        self.mpi_comm.Allgather(mine, recv)
+        return [recv[r].view(flat.dtype) for r in range(self.world_size)]
+
+    def _broadcast_bytes(self, payload: bytes, src: int) -> bytes:
+        return broadcast_bytes(self.mpi_comm, payload, src)
+
+    def barrier(self, timeout: float | None = None) -> None:
+        """Wait for every rank (``Ibarrier`` polled); a FlowError after ``timeout`` seconds (MPI cannot tell which
+        ranks are missing)."""
+        import time
+
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        # A barrier that timed out is still pending in MPI (the late ranks will match it): finish it first.
+        requests = [*self._pending, self.mpi_comm.Ibarrier()]
+        self._pending = []
+        delay = 0.0002
+        while requests:
+            if requests[0].Test():
+                requests.pop(0)
+                continue
+            if time.monotonic() >= deadline:
+                self._pending = requests
+                raise FlowError(f"rank {self.rank}: MPI barrier timed out after {limit:.1f} s; some of the "
+                                f"{self.world_size} ranks did not reach it (dead or stuck)")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def close(self) -> None:
+        """Free the communicator (MPI itself is finalised by mpi4py at exit)."""
+        self.mpi_comm.Free()
+
+
+def broadcast_bytes(mpi_comm: Any, payload: bytes, src: int) -> bytes:
+    """Rank ``src``'s ``payload`` on every rank of ``mpi_comm`` (its length first, then the bytes: buffer
+    calls only)."""
+    n = np.array([len(payload)], dtype=np.int64)
+    mpi_comm.Bcast(n, root=src)
+    buf = np.frombuffer(payload, dtype=np.uint8).copy() if mpi_comm.Get_rank() == src else np.empty(int(n[0]),
+                                                                                                   np.uint8)
+    mpi_comm.Bcast(buf, root=src)
+    return buf.tobytes()
+
+
 class NcclCommunicator(Communicator):
     """NCCL collectives (``cupy.cuda.nccl``) on the CuPy arrays of ``cuda:`` tensors, on a dedicated stream.
 
-    Rank 0 creates the NCCL unique id and shares it through the store. Collectives are enqueued on
+    Rank 0 creates the NCCL unique id and shares it through the store (or through MPI: ``mpi_comm``, an
+    mpi4py communicator, under ``mpirun``). Collectives are enqueued on
     ``self.stream`` after an event recorded on the current stream (so they see the values computed so far);
     each collective ends by making the current stream wait for it (:meth:`synchronize`), so later kernels see
     its result while the host goes on. Run on 2 GPUs by ``tests/distributed`` and ``benchmarks/data_parallel.py``
@@ -194,7 +304,8 @@ class NcclCommunicator(Communicator):
 
     _NCCL_OPS = {"sum": "NCCL_SUM", "avg": "NCCL_SUM", "max": "NCCL_MAX"}
 
-    def __init__(self, store: StoreClient, rank: int, world_size: int, local_rank: int, timeout: float = 300.0):
+    def __init__(self, store: StoreClient | None, rank: int, world_size: int, local_rank: int,
+                 timeout: float = 300.0, mpi_comm: Any = None):
         try:
             import cupy
             from cupy.cuda import nccl
@@ -204,7 +315,9 @@ class NcclCommunicator(Communicator):
         if not getattr(nccl, "available", True):
             raise FlowError("backend='nccl': this CuPy build has no NCCL; install NCCL or use backend='local'")
         visible = cupy.cuda.runtime.getDeviceCount()
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        # LOCAL_WORLD_SIZE is set by our launcher and torchrun; srun and mpirun do not say (world_size may span
+        # several hosts), so only this rank's own GPU is checked there.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
         if local_world > visible or local_rank >= visible:
             raise FlowError(f"rank {rank}: {local_world} ranks on this node but only {visible} GPU(s) visible "
                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
@@ -216,9 +329,19 @@ class NcclCommunicator(Communicator):
         if rank == 0:
             uid = nccl.get_unique_id()  # bytes (CuPy 14) or a tuple of ints (older CuPy)
             packed = {"bytes": bytes(uid).hex()} if isinstance(uid, bytes) else {"ints": list(uid)}
-            store.set("nccl/unique_id", json.dumps(packed).encode())
+            blob = json.dumps(packed).encode()
         else:
-            packed = json.loads(store.get("nccl/unique_id", timeout))
+            blob = b""
+        if mpi_comm is not None:  # an mpirun launch: the id travels through MPI, no store
+            blob = broadcast_bytes(mpi_comm, blob, 0)
+        elif store is None:
+            raise FlowError("NcclCommunicator needs a store or an MPI communicator to share NCCL's unique id")
+        elif rank == 0:
+            store.set("nccl/unique_id", blob)
+        else:
+            blob = store.get("nccl/unique_id", timeout)
+        if rank != 0:
+            packed = json.loads(blob)
             uid = bytes.fromhex(packed["bytes"]) if "bytes" in packed else tuple(packed["ints"])
         self.comm = nccl.NcclCommunicator(world_size, uid, rank)
         self.stream = cupy.cuda.Stream(non_blocking=True)

@@ -1,9 +1,11 @@
 """The launcher: ``python -m flowgraph.distributed.run --nproc-per-node N [options] train.py args...``.
 
 It starts one process per local rank with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT`` in the environment (``CUDA_VISIBLE_DEVICES`` is left untouched: rank ``i``
-uses ``cuda:LOCAL_RANK``), waits for them, and when one exits non-zero terminates the others (SIGTERM, then
-SIGKILL after ``--kill-timeout`` seconds) and exits with that child's code and a message naming the rank.
+``MASTER_ADDR``, ``MASTER_PORT``, the job's ``FLOWGRAPH_STORE_SECRET`` and ``FLOWGRAPH_LAUNCHED=1`` (how
+``init()`` tells it from torchrun, whose variables are the same) in the environment (``CUDA_VISIBLE_DEVICES``
+is left untouched: rank ``i`` uses ``cuda:LOCAL_RANK``), waits for them, and when one exits non-zero terminates
+the others (SIGTERM, then SIGKILL after ``--kill-timeout`` seconds) and exits with that child's code and a
+message naming the rank.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def launch(script: str, args: Sequence[str] = (), nproc_per_node: int = 1, nnode
         rank = node_rank * nproc_per_node + local
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(nproc_per_node), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
-                   FLOWGRAPH_STORE_SECRET=secret)
+                   FLOWGRAPH_STORE_SECRET=secret, FLOWGRAPH_LAUNCHED="1")
         target = ["-m", script] if module else [script]
         procs[rank] = subprocess.Popen([sys.executable, *target, *args], env=env)
     failed: tuple[int, int] | None = None

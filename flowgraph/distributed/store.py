@@ -270,11 +270,12 @@ class Heartbeat:
     """A daemon thread that writes ``heartbeat/<rank>`` (the wall-clock time) every ``interval`` seconds.
 
     :func:`barrier` reads these keys to tell a rank that died (stale heartbeat) from one that is only slow.
-    It has its own connection so that a rank blocked in a long ``get`` keeps beating.
+    It has its own connection so that a rank blocked in a long ``get`` keeps beating. ``secret`` as for
+    :class:`StoreClient` (default: ``FLOWGRAPH_STORE_SECRET``).
     """
 
-    def __init__(self, host: str, port: int, rank: int, interval: float = 0.5) -> None:
-        self._client = StoreClient(host, port, rank)
+    def __init__(self, host: str, port: int, rank: int, interval: float = 0.5, secret: bytes | None = None) -> None:
+        self._client = StoreClient(host, port, rank, secret=secret)
         self._rank, self._interval = rank, interval
         self._stop = threading.Event()
         self._beat()

@@ -64,6 +64,9 @@ def main(out_path: str, backend: str = "local") -> None:
     gathered = dist.all_gather(fg.tensor([float(rank)], device=device))
     with open(out_path + f".{rank}", "w") as f:
         f.write(f"{worst} {[g.item() for g in gathered]}\n")
+    with open(out_path + f".{rank}.info", "w") as f:  # which launcher and transport ran (test_launch_env.py)
+        f.write(f"{dist.detect_environment().source} {type(dist.get_communicator()).__name__} "
+                f"{dist.get_local_rank()}\n")
     dist.destroy()
 
 
