@@ -43,7 +43,7 @@ def main() -> None:
 
     dist.init(backend="nccl" if args.device == "cuda" else "local")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = f"cuda:{os.environ['LOCAL_RANK']}" if args.device == "cuda" else "cpu"
+    device = f"cuda:{dist.get_local_rank()}" if args.device == "cuda" else "cpu"
 
     fg.manual_seed(0)  # the same data on every rank; each takes its own shard
     x_all = fg.randn(2048, 8)
