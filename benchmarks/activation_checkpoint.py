@@ -122,6 +122,8 @@ def run_flowgraph(mode: str, args, sp, x, y, meter: Meter) -> dict:
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
     resident = sum(t.numel() * t.element_size() for t in (*params, x, y))
+    for p in params:  # as the torch side does: the last step's gradients are not part of the next step's bytes
+        p.grad = None
     mem = meter.measure(forward, backward, resident)
     grads = [p.grad.detach().numpy() for p in params]
     return {"mode": mode, "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu_times),
