@@ -120,8 +120,8 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
         opt.step()
         return loss
 
-    if args.capture:  # the whole step, NCCL all-reduces included, as one CUDA graph per rank
-        step = fg.capture(step, *data[0])
+    if args.capture:  # fg.jit: the whole step, NCCL all-reduces included, as one CUDA graph per rank
+        step = fg.jit(step)
     times = []
     for epoch in range(args.warmup + args.epochs):
         if world > 1:
@@ -140,7 +140,7 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
     result = {"mode": "bench", "model": args.model, "world": world, "capture": args.capture,
               "epoch_ms": med * 1e3,
               "epoch_ms_all": [t * 1e3 for t in times], "samples_per_s": samples, "batch_per_rank": sp.batch}
-    what = f"{args.model} captured" if args.capture else args.model
+    what = f"{args.model} jit" if args.capture else args.model
     print(f"bench {what}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
           f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
     return result
@@ -158,7 +158,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
                         help="--check: Adam (lr) or SGD (10 x lr)")
-    parser.add_argument("--capture", action="store_true", help="--bench: replay each step as a CUDA graph")
+    parser.add_argument("--jit", "--capture", dest="capture", action="store_true",
+                        help="--bench: run each step under fg.jit (a CUDA graph per rank)")
     parser.add_argument("--backend", default="nccl", help="nccl, or local (CPU processes through the store)")
     parser.add_argument("--json", default=None, help="append rank 0's result as one JSON line to this file")
     args = parser.parse_args()
