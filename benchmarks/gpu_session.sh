@@ -54,6 +54,9 @@ fi
 if has cpu; then  # the 7 models on the host CPU, eager and fg.jit vs torch (CPU scale)
   timeout "${CPU_BENCH_BUDGET:-240}" python3 -m benchmarks --device cpu --models all --jit --check-losses \
     --rounds 2 --epochs 1 --json "$OUT/bench_cpu.json" > "$OUT/bench_cpu.txt" 2>&1
+  # makemore MLP and a small GPT at batch 32, two threads on both sides (the project's machines have 2 cores)
+  OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout 120 python3 benchmarks/ports.py --threads 2 --steps 20 \
+    --rounds 5 > "$OUT/ports_cpu.txt" 2>&1
 fi
 if has memory; then  # activation checkpointing: peak memory and time, flowgraph and torch.utils.checkpoint
   timeout "${MEM_BUDGET:-120}" python3 benchmarks/activation_checkpoint.py --device cuda --steps 5 \
@@ -63,5 +66,5 @@ if has memory; then  # activation checkpointing: peak memory and time, flowgraph
 fi
 has profile && timeout 60 python3 -m benchmarks.gpu_profile --models mlp --steps 3 > "$OUT/profile_cuda.txt" 2>&1
 tail -n 2 "$OUT"/tests_*.txt "$OUT"/overhead_*.txt 2>/dev/null; cat "$OUT"/bench_*.txt 2>/dev/null
-cat "$OUT"/activation_checkpoint_cuda.txt 2>/dev/null
+cat "$OUT"/activation_checkpoint_cuda.txt "$OUT"/ports_cpu.txt 2>/dev/null
 grep -E "^(check|bench)" "$OUT/data_parallel.txt" 2>/dev/null
