@@ -79,7 +79,7 @@ class Expr:
     compare them with :data:`MAX_NODES` / :data:`MAX_LEAVES` to decide when to realize.
     """
 
-    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves")
+    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves", "_sets")
 
     def __init__(self, op: str, inputs: Sequence[Any], dtype: np.dtype):
         self.op = op
@@ -97,29 +97,42 @@ class Expr:
                 leaves += sub.leaves
         self.nodes = nodes
         self.leaves = leaves
+        self._sets: tuple[frozenset, frozenset] | None = None
 
     def too_big(self) -> bool:
         """Whether this tree passed the fusion caps and should be realized.
 
         The cheap upper bounds decide most calls; only when they pass a cap are the distinct nodes and
-        leaves counted (shared subtrees once), and the exact figures replace the bounds.
+        leaves counted (shared subtrees once), and the exact figures replace the bounds. The counts are
+        built from each input's own cached sets, so a tree is never walked again for every op added on top
+        (backward graphs share subtrees heavily: the walk was the top of the backward profile).
         """
         if self.nodes <= MAX_NODES and self.leaves <= MAX_LEAVES:
             return False
-        nodes: set[int] = set()
-        leaves: set[int] = set()
-        stack = list(self.inputs)
-        while stack:
-            x = stack.pop()
-            if isinstance(x, Scalar):
-                continue
-            if x.lazy is None:
-                leaves.add(id(x))
-            elif id(x) not in nodes:
-                nodes.add(id(x))
-                stack.extend(x.lazy.inputs)
+        nodes, leaves = self._distinct()
         self.nodes, self.leaves = len(nodes) + 1, len(leaves)
         return self.nodes > MAX_NODES or self.leaves > MAX_LEAVES
+
+    def _distinct(self) -> tuple[frozenset, frozenset]:
+        """Ids of the distinct lazy arrays under this node and of the realized arrays it reads, cached (an
+        input realized later stays counted as a node: the figures can only be high, never low)."""
+        sets = self._sets
+        if sets is None:
+            nodes: set[int] = set()
+            leaves: set[int] = set()
+            for x in self.inputs:
+                if isinstance(x, Scalar):
+                    continue
+                sub = x.lazy
+                if sub is None:
+                    leaves.add(id(x))
+                elif id(x) not in nodes:
+                    nodes.add(id(x))
+                    sub_nodes, sub_leaves = sub._distinct()
+                    nodes.update(sub_nodes)
+                    leaves.update(sub_leaves)
+            sets = self._sets = (frozenset(nodes), frozenset(leaves))
+        return sets
 
     def __repr__(self) -> str:
         return f"Expr({self.op}, {len(self.inputs)} inputs, {self.dtype}, nodes={self.nodes})"
