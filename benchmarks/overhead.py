@@ -23,23 +23,27 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 
+def _chain(h, w, n_ops: int):
+    """The chain itself, for any array type with + - * (NumPy, flowgraph, torch): add/mul/sub/mul by 0.5."""
+    for i in range(n_ops):
+        k = i % 4
+        if k == 0:
+            h = h + w
+        elif k == 1:
+            h = h * w
+        elif k == 2:
+            h = h - w
+        else:
+            h = h * 0.5
+    return h
+
+
 def _chain_numpy(n_ops: int, size: int):
     x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
     w = np.full(size, 0.999, dtype=np.float32)
 
     def run() -> None:
-        h = x
-        for i in range(n_ops):
-            k = i % 4
-            if k == 0:
-                h = h + w
-            elif k == 1:
-                h = h * w
-            elif k == 2:
-                h = h - w
-            else:
-                h = h * 0.5
-        float(h.sum())
+        float(_chain(x, w, n_ops).sum())
 
     return run
 
@@ -52,18 +56,7 @@ def _chain_flowgraph(n_ops: int, size: int, device: str):
 
     def run() -> None:
         w.grad = None
-        h = x
-        for i in range(n_ops):
-            k = i % 4
-            if k == 0:
-                h = h + w
-            elif k == 1:
-                h = h * w
-            elif k == 2:
-                h = h - w
-            else:
-                h = h * 0.5
-        h.sum().backward()
+        _chain(x, w, n_ops).sum().backward()
         w.grad.sum().item()
 
     return run
@@ -79,18 +72,7 @@ def _chain_flowgraph_jit(n_ops: int, size: int, device: str):
     @fg.jit
     def step(x):
         w.grad = None
-        h = x
-        for i in range(n_ops):
-            k = i % 4
-            if k == 0:
-                h = h + w
-            elif k == 1:
-                h = h * w
-            elif k == 2:
-                h = h - w
-            else:
-                h = h * 0.5
-        h.sum().backward()
+        _chain(x, w, n_ops).sum().backward()
         return w.grad.sum()
 
     step(x)  # eager
@@ -111,18 +93,7 @@ def _chain_torch(n_ops: int, size: int, threads: int):
 
     def run() -> None:
         w.grad = None
-        h = x
-        for i in range(n_ops):
-            k = i % 4
-            if k == 0:
-                h = h + w
-            elif k == 1:
-                h = h * w
-            elif k == 2:
-                h = h - w
-            else:
-                h = h * 0.5
-        h.sum().backward()
+        _chain(x, w, n_ops).sum().backward()
         w.grad.sum().item()
 
     return run

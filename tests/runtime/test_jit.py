@@ -114,20 +114,24 @@ def test_jit_with_grad_scaler_skips_like_eager(device):
         np.testing.assert_allclose(p, q, **_tol(device))
 
 
-def test_each_call_is_one_step_and_the_body_runs_twice(device):
-    w = fg.tensor([1.0, 2.0], device=device, requires_grad=True)
-    runs = []
-
-    @fg.jit
+def _sgd_by_hand(w, lr, runs):
+    """A step that counts how often its Python runs: ``loss = sum(w * x)``, then ``w -= lr * grad``."""
     def step(x):
         runs.append(1)
         w.grad = None
         loss = (w * x).sum()
         loss.backward()
         with fg.no_grad():
-            w.sub_(w.grad * 0.5)
+            w.sub_(w.grad * lr)
         return loss
 
+    return step
+
+
+def test_each_call_is_one_step_and_the_body_runs_twice(device):
+    w = fg.tensor([1.0, 2.0], device=device, requires_grad=True)
+    runs = []
+    step = fg.jit(_sgd_by_hand(w, 0.5, runs))
     losses = [step(fg.tensor([1.0, 1.0], device=device)) for _ in range(4)]
     assert len(runs) == 2  # eager, then recorded; calls 3 and 4 replayed without running Python
     # w: [1, 2] -> [0.5, 1.5] -> [0, 1] -> [-0.5, 0.5] -> [-1, 0]; each call returned its own loss
@@ -236,16 +240,7 @@ def test_every_optimizer_jits_on_cpu_and_opencl(device, opt_name):
 def test_capture_is_the_fixed_signature_form(device):
     w = fg.tensor([1.0, 2.0], device=device, requires_grad=True)
     runs = []
-
-    def step(x):
-        runs.append(1)
-        w.grad = None
-        loss = (w * x).sum()
-        loss.backward()
-        with fg.no_grad():
-            w.sub_(w.grad * 0.1)
-        return loss
-
+    step = _sgd_by_hand(w, 0.1, runs)
     graphed = fg.capture(step, fg.tensor([1.0, 1.0], device=device))
     assert runs == []  # nothing runs at construction: no warm-up steps on the example
     assert graphed(fg.tensor([2.0, 0.0], device=device)).item() == pytest.approx(2.0)
