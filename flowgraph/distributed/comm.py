@@ -402,8 +402,7 @@ class NcclCommunicator(Communicator):
         self._enter()
         self.comm.allGather(arr.data.ptr, out.data.ptr, arr.size, self._dtype(arr), self.stream.ptr)
         self.synchronize()
-        return [_wrap(tensor._backend.from_host(self.cupy.asnumpy(out[r])), tensor._backend)
-                for r in range(self.world_size)]
+        return [_wrap(out[r], tensor._backend) for r in range(self.world_size)]  # on the device, no host copy
 
     def synchronize(self) -> None:
         """Make the current stream wait for every collective enqueued so far (a device-side wait: the host
