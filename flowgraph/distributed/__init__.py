@@ -22,6 +22,7 @@ from .sampler import shard
 from .store import Heartbeat, StoreClient, StoreServer
 from .store import barrier as _store_barrier
 from .sync_batchnorm import SyncBatchNorm, all_reduce_sum, sync_batch_norm
+from .zero import ZeroRedundancyOptimizer, partition_parameters, sharded_checkpoint_path
 
 __all__ = [
     "Communicator", "DataParallel", "DistributedEnvironment", "MpiCommunicator", "NcclCommunicator", "StoreClient",
@@ -29,6 +30,7 @@ __all__ = [
     "all_gather", "all_reduce", "assign_buckets", "barrier", "broadcast", "destroy", "detect_environment",
     "expand_hostlist", "get_local_rank", "get_rank", "get_world_size", "init", "is_initialized", "is_main_process",
     "shard",
+    "ZeroRedundancyOptimizer", "partition_parameters", "sharded_checkpoint_path",
 ]
 
 
