@@ -84,11 +84,18 @@ class ZeroRedundancyOptimizer(Optimizer):
     and dtype, flattened), so every rank ends with identical parameters. The gradients must already be the
     same on every rank (:class:`~flowgraph.distributed.DataParallel`'s backward makes them so).
     ``zero_grad()`` clears every parameter's gradient. ``communicator`` defaults to the one
-    ``flowgraph.distributed.init()`` created; every rank must make the same calls in the same order.
+    ``flowgraph.distributed.init()`` created (PyTorch's ``process_group``); every rank must make the same calls
+    in the same order. PyTorch's ``parameters_as_bucket_view`` and ``overlap_with_ddp`` are accepted as False
+    only.
     """
 
     def __init__(self, params: ParamsT, optimizer_class: type[Optimizer], communicator: Communicator | None = None,
-                 **defaults: Any) -> None:
+                 parameters_as_bucket_view: bool = False, overlap_with_ddp: bool = False, **defaults: Any) -> None:
+        for name, value in (("parameters_as_bucket_view", parameters_as_bucket_view),
+                            ("overlap_with_ddp", overlap_with_ddp)):
+            if value:
+                raise FlowError(f"ZeroRedundancyOptimizer({name}=True) is not supported (PyTorch's option); leave "
+                                "it False: parameters are broadcast flattened per owner and dtype after the step")
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
             raise FlowError("ZeroRedundancyOptimizer: optimizer_class must be a flowgraph optimizer class such as "
                             f"optim.Adam (the class, not an instance), got {optimizer_class!r}")
@@ -107,7 +114,18 @@ class ZeroRedundancyOptimizer(Optimizer):
         local = [self._local_group(i) for i in range(len(self.param_groups))]
         self.optim: Optimizer = optimizer_class(local, **defaults)
         self._sync_param_groups(self.optim.param_groups, self.param_groups)  # the inner's defaults show here
-        self.state = self.optim.state
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        """The inner optimizer's state: buffers of this rank's shard only (the base class's before it exists)."""
+        return self.optim.state if "optim" in self.__dict__ else self.__dict__.get("_wrapper_state")
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        if "optim" in self.__dict__:
+            self.optim.state = value
+        else:
+            self.__dict__["_wrapper_state"] = value
 
     # ------------------------------------------------------------------ partition
     def _place(self, group: dict[str, Any]) -> None:
@@ -270,7 +288,6 @@ class ZeroRedundancyOptimizer(Optimizer):
             n += len(indices)
         self.optim.load_state_dict({"state": local_state, "param_groups": local_groups})
         self._sync_param_groups(self.optim.param_groups, self.param_groups)
-        self.state = self.optim.state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a whole state dict (from :meth:`state_dict`, or from the unsharded optimizer): each rank keeps

@@ -3,7 +3,8 @@
 ``python _zero_worker.py OUT [local|nccl]``; writes ``OUT.<rank>`` as JSON: the worst parameter difference after 10
 steps (ZeRO vs DataParallel + Adam, both under a StepLR), the global indices whose state this rank holds, the
 worst difference of the consolidated state dict against the unsharded one (rank 0), and the worst parameter
-difference after resuming from a sharded checkpoint and from a consolidated one.
+difference after resuming from a sharded checkpoint and from a consolidated one; with the store transport also
+the worst difference of the same training with the step under ``fg.jit``.
 """
 
 import json
@@ -94,6 +95,25 @@ def main(out_path: str, backend: str = "local") -> None:
     result["owned"] = sorted(index[id(p)] for p in opt.optim.state)
     result["state_keys"] = sorted(int(k) for k in opt.sharded_state_dict()["state"])
     result["lr"] = [g["lr"] for g in opt.param_groups] + [g["lr"] for g in opt.optim.param_groups]
+    if backend == "local":
+        # fg.jit: the wrapper's step (inner Adam, then the owners' broadcasts) replays as one host unit, so the
+        # scheduler's lr and the collectives run again on every replay
+        jit_model = make_model(device)
+        jit_dp = dist.DataParallel(jit_model)
+        jit_opt, jit_sched = make_opt(jit_model, zero=True)
+
+        def step(x, y):
+            loss = ((jit_dp(x) - y) ** 2).mean()
+            loss.backward()
+            jit_opt.step()
+            jit_opt.zero_grad()
+            return loss
+
+        run = fg.jit(step)
+        for x, y in batches:
+            run(x, y)
+            jit_sched.step()
+        result["jit"], result["recordings"] = worst(jit_model, model), run.recordings
     opt.consolidate_state_dict(to=0)
     if rank == 0:
         result["consolidated_state"] = state_diff(opt.state_dict(), ref_opt.state_dict())

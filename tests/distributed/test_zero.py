@@ -140,7 +140,11 @@ def test_bad_arguments_raise_flow_errors(tmp_path):
     params = _params("cpu")
     with pytest.raises(FlowError, match="optimizer_class must be a flowgraph optimizer class"):
         dist.ZeroRedundancyOptimizer(params, optimizer_class=optim.Adam(params), communicator=_World())
-    zero = dist.ZeroRedundancyOptimizer(params, optimizer_class=optim.Adam, communicator=_World())
+    with pytest.raises(FlowError, match=r"overlap_with_ddp=True\) is not supported"):
+        dist.ZeroRedundancyOptimizer(params, optimizer_class=optim.Adam, communicator=_World(), overlap_with_ddp=True)
+    zero = dist.ZeroRedundancyOptimizer(params, optimizer_class=optim.Adam, communicator=_World(),
+                                        parameters_as_bucket_view=False)
+    assert zero.state is zero.optim.state
     with pytest.raises(FlowError, match=r"to must be a rank, 0..0"):
         zero.consolidate_state_dict(to=1)
     with pytest.raises(FlowError, match="no shard file .*rank0-of-1"):
@@ -179,6 +183,8 @@ def test_two_ranks_match_data_parallel_adam_and_checkpoints_resume(tmp_path, bac
         assert r["lr"] == pytest.approx(expected, rel=1e-12), f"rank {rank}: lr {r['lr']}"
         assert r["sharded"] <= 1e-6, f"rank {rank}: resumed from its shard file: {r['sharded']}"
         assert r["consolidated"] <= 1e-6, f"rank {rank}: resumed from the consolidated state: {r['consolidated']}"
+        if backend == "local":
+            assert r["jit"] <= 1e-6 and r["recordings"] == 1, f"rank {rank}: fg.jit vs eager: {r['jit']}"
         assert r["shard_file"].endswith(f"res.optim.rank{rank}-of-2.fg")
     assert results[0]["consolidated_state"] <= 1e-6
     assert results[1]["refused"] is True
