@@ -50,6 +50,30 @@ def test_partition_is_torch_greedy_rule_largest_first_to_the_emptiest_rank():
         dist.partition_parameters([[x]], 0)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.distributed.optim imports torch.jit.script
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_partition_equals_torch_zero_redundancy_optimizer(world):
+    """torch's own partition (its ``_partition_parameters``, run without a process group on a stand-in ``self``)
+    assigns the same parameters to the same ranks."""
+    import types
+
+    import torch
+    from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+
+    rng = np.random.default_rng(world)
+    sizes = [[int(n) for n in rng.integers(1, 50, size=k)] for k in (6, 4)]
+    tgroups = [{"params": [torch.zeros(n) for n in g]} for g in sizes]
+    me = types.SimpleNamespace(world_size=world, param_groups=tgroups, _partition_parameters_cache=[])
+    for name in ("_partition_parameters", "_get_min_index", "_partition_param_group"):
+        setattr(me, name, getattr(TorchZero, name).__get__(me))
+    where = {id(p): (gi, pi) for gi, g in enumerate(tgroups) for pi, p in enumerate(g["params"])}
+    expected = [[[where[id(p)] for p in g["params"]] for g in groups] for groups in me._partition_parameters()]
+    fgroups = [[fg.zeros(n) for n in g] for g in sizes]
+    where = {id(p): (gi, pi) for gi, g in enumerate(fgroups) for pi, p in enumerate(g)}
+    got = [[[where[id(p)] for p in g] for g in groups] for groups in dist.partition_parameters(fgroups, world)]
+    assert got == expected
+
+
 def test_sharded_checkpoint_path_names_rank_and_world():
     assert dist.sharded_checkpoint_path("ckpt/optim.fg", 1, 4) == "ckpt/optim.rank1-of-4.fg"
     assert dist.sharded_checkpoint_path("optim", 0, 2) == "optim.rank0-of-2"
