@@ -2,8 +2,8 @@
 
 Start the processes with ``python -m flowgraph.distributed.run --nproc-per-node N train.py`` (or torchrun, ``srun``,
 ``mpirun``); in the script call ``init()`` (it reads the launcher's variables: :func:`detect_environment`), wrap
-the model in :class:`DataParallel`, and give each rank its part of the data with :func:`shard`. See
-``docs/distributed.md``.
+the model in :class:`DataParallel`, and give each rank its part of the data with :func:`shard`;
+:class:`ZeroRedundancyOptimizer` shards the optimizer state across the ranks. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations
