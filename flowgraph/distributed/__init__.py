@@ -2,8 +2,8 @@
 
 Start the processes with ``python -m flowgraph.distributed.run --nproc-per-node N train.py`` (or torchrun, ``srun``,
 ``mpirun``); in the script call ``init()`` (it reads the launcher's variables: :func:`detect_environment`), wrap
-the model in :class:`DataParallel`, and give each rank its part of the data with :func:`shard`. See
-``docs/distributed.md``.
+the model in :class:`DataParallel`, and give each rank its part of the data with :func:`shard`;
+:class:`ZeroRedundancyOptimizer` shards the optimizer state across the ranks. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .sampler import shard
 from .store import Heartbeat, StoreClient, StoreServer
 from .store import barrier as _store_barrier
 from .sync_batchnorm import SyncBatchNorm, all_reduce_sum, sync_batch_norm
+from .zero import ZeroRedundancyOptimizer, partition_parameters, sharded_checkpoint_path
 
 __all__ = [
     "Communicator", "DataParallel", "DistributedEnvironment", "MpiCommunicator", "NcclCommunicator", "StoreClient",
@@ -29,6 +30,7 @@ __all__ = [
     "all_gather", "all_reduce", "assign_buckets", "barrier", "broadcast", "destroy", "detect_environment",
     "expand_hostlist", "get_local_rank", "get_rank", "get_world_size", "init", "is_initialized", "is_main_process",
     "shard",
+    "ZeroRedundancyOptimizer", "partition_parameters", "sharded_checkpoint_path",
 ]
 
 
