@@ -215,6 +215,9 @@ class ArrayBackend(Backend):
         # asarray(order="C") keeps 0-d arrays 0-d (ascontiguousarray returns at least 1-d).
         return self.xp.asarray(a, order="C")
 
+    def is_contiguous(self, a: Array) -> bool:
+        return bool(a.flags.c_contiguous)
+
     def assign(self, dst: Array, src: Array | float) -> Array:
         if isinstance(dst, self.xp.ndarray) and dst.flags.writeable:
             self.xp.copyto(dst, src, casting="unsafe")

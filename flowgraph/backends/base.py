@@ -175,6 +175,12 @@ class Backend:
         """A row-major array with its own storage (``a`` itself if it already is one)."""
         raise _missing(self)
 
+    def is_contiguous(self, a: Array) -> bool:
+        """Whether ``a`` is laid out row-major (``Tensor.is_contiguous``). Generic default from ``contiguous``'s
+        contract (``a`` itself when already row-major): it may copy a strided array, so backends with a
+        layout of their own answer from it instead."""
+        return self.contiguous(a) is a
+
     def assign(self, dst: Array, src: Array | float) -> Array:
         """Write ``src`` (broadcast) into ``dst`` in place and return the array now holding the values.
 

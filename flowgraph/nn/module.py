@@ -433,6 +433,12 @@ class Module:
 
         return self.to(float16)
 
+    def bfloat16(self) -> Module:
+        """Cast floating parameters and buffers to bfloat16."""
+        from ..tensor import bfloat16
+
+        return self.to(bfloat16)
+
     # ------------------------------------------------------------------ repr
     def extra_repr(self) -> str:
         """The text inside the parentheses of this module's repr."""

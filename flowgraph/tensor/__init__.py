@@ -125,6 +125,7 @@ from .extra import (
     trace,
     tril,
     triu,
+    unique,
 )
 from .indexing import (
     apply_inplace,
@@ -162,6 +163,7 @@ from .reduction import (
     std,
     sum,
     var,
+    var_mean,
 )
 from .sampling import multinomial
 from .shape import (

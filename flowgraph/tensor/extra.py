@@ -176,6 +176,77 @@ addcmul_ = _addc_inplace("addcmul_", addcmul)
 addcdiv_ = _addc_inplace("addcdiv_", addcdiv)
 
 
+def _tri_inplace(name: str, fn):
+    def method(self: Tensor, diagonal: int = 0) -> Tensor:
+        from .indexing import apply_inplace
+
+        return apply_inplace(self, lambda s: fn(s, diagonal), name)
+
+    method.__name__ = name
+    method.__doc__ = (f"In-place ``{name[:-1]}``: zeroes the elements {'below' if name == 'triu_' else 'above'} "
+                      "``diagonal`` of the last two dims and returns this tensor.")
+    return method
+
+
+tril_ = _tri_inplace("tril_", tril)
+triu_ = _tri_inplace("triu_", triu)
+
+
+def type_as(a: Tensor, other: Tensor) -> Tensor:
+    """``a`` cast to ``other``'s dtype and moved to its device (``a`` itself when both already match)."""
+    if not isinstance(other, Tensor):
+        raise FlowError(f"type_as: other must be a Tensor, got {type(other).__name__}; use .to(dtype) for a dtype")
+    return a.to(other.device, other.dtype)
+
+
+def is_contiguous(a: Tensor) -> bool:
+    """Whether the tensor's storage is laid out row-major (C order), as the backend reports it; a pending
+    (fused, not yet run) result counts as contiguous, since it is written into a fresh row-major buffer."""
+    return a._backend.is_contiguous(a._data)
+
+
+def bernoulli_(a: Tensor, p=0.5) -> Tensor:
+    """Fill in place with 0/1 draws that are 1 with probability ``p`` (a float, or a tensor broadcast to ``a``'s
+    shape). Not differentiable: the old values get a zero gradient."""
+    from .creation import rand
+    from .indexing import apply_inplace
+
+    if isinstance(p, Tensor):
+        p = p.detach().to(a.device)
+    elif isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise FlowError(f"bernoulli_: p must be a probability in [0, 1] (a float or a Tensor), got {p!r}")
+    with no_grad():
+        draws = (rand(*a.shape, device=a.device) < p).to(a.dtype)
+    return apply_inplace(a, lambda s: draws, "bernoulli_")
+
+
+def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa: A002 - PyTorch's names
+           return_counts: bool = False, dim: int | None = None):
+    """The distinct elements of ``input`` (flattened), ascending, on ``input``'s device; with
+    ``return_inverse`` also each element's index into them (``input``'s shape) and with ``return_counts``
+    how often each occurs (both int64). Only ``dim=None``.
+
+    The output's length depends on the data, so this runs on the host with ``numpy.unique`` (one copy there
+    and back). ``sorted=False`` also returns them ascending (PyTorch leaves that order unspecified). Not
+    differentiable.
+    """
+    if dim is not None:
+        raise FlowError(f"unique: dim={dim!r} is not supported; only dim=None (the distinct elements of the "
+                        "flattened tensor)")
+    host = input.detach().numpy()
+    values, inverse, counts = np.unique(host.reshape(-1), return_inverse=True, return_counts=True,
+                                        equal_nan=False)
+    out = tensor(values, dtype=input.dtype, device=input.device)
+    if not (return_inverse or return_counts):
+        return out
+    result = (out,)
+    if return_inverse:
+        result += (tensor(inverse.reshape(input.shape).astype(np.int64), device=input.device),)
+    if return_counts:
+        result += (tensor(counts.astype(np.int64), device=input.device),)
+    return result
+
+
 def view_as(a: Tensor, other: Tensor) -> Tensor:
     """``a.view(other.shape)``: a view with ``other``'s shape (``a`` must be viewable as it)."""
     return a.view(other.shape)
@@ -212,7 +283,9 @@ def install(T: type) -> None:
                      ("sort", sort), ("argsort", argsort), ("topk", topk), ("isclose", isclose),
                      ("allclose", allclose), ("equal", equal), ("nan_to_num", nan_to_num), ("addcmul", addcmul),
                      ("addcdiv", addcdiv), ("addcmul_", addcmul_), ("addcdiv_", addcdiv_), ("view_as", view_as),
-                     ("reshape_as", reshape_as), ("multinomial", multinomial)):
+                     ("reshape_as", reshape_as), ("multinomial", multinomial),
+                     ("tril_", tril_), ("triu_", triu_), ("type_as", type_as), ("is_contiguous", is_contiguous),
+                     ("bernoulli_", bernoulli_), ("unique", unique)):
         setattr(T, name, fn)
     T.is_cuda = property(_is_cuda)
     T.is_cpu = property(_is_cpu)

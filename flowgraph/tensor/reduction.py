@@ -78,6 +78,22 @@ def var(a: Tensor, dim=None, keepdim: bool = False, unbiased: bool | None = None
     return s / (n - correction) if n - correction > 0 else s * float("nan")
 
 
+def var_mean(input: Tensor, dim=None, *, correction=1, keepdim: bool = False):  # noqa: A002 - PyTorch's name
+    """``(var, mean)`` over ``dim`` (all dims when None) from one centring pass; ``var`` divides by
+    ``N - correction``. Both are differentiable."""
+    axes = _norm_dims(dim, input.ndim, "var_mean")
+    n = 1
+    for ax in axes:
+        n *= input.shape[ax]
+    m = mean(input, axes, keepdim=True)
+    centered = input - m
+    s = sum(centered * centered, axes, keepdim)
+    v = s / (n - correction) if n - correction > 0 else s * float("nan")
+    if not keepdim:
+        m = m.reshape(v.shape)
+    return v, m
+
+
 def std(a: Tensor, dim=None, keepdim: bool = False, unbiased: bool | None = None, correction=None) -> Tensor:
     """Standard deviation (``sqrt(var)``)."""
     return var(a, dim, keepdim, unbiased, correction).sqrt()

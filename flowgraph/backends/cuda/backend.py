@@ -823,6 +823,12 @@ class CupyBackend(ArrayBackend):
         self._use()
         return cupy.concatenate([self._arr(x) for x in arrays], axis=axis)
 
+    def is_contiguous(self, a: Array) -> bool:
+        # A pending expression realizes into a fresh row-major array, so it counts as contiguous without running.
+        if type(a) is LazyArray:
+            return a.lazy is not None or bool(a.value.flags.c_contiguous)
+        return bool(a.flags.c_contiguous)
+
     def contiguous(self, a: Array) -> Array:
         self._use()
         if type(a) is LazyArray:

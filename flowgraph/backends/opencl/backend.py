@@ -765,6 +765,11 @@ class OpenCLBackend(Backend):
             start += x.shape[axis]
         return out
 
+    def is_contiguous(self, a: Array) -> bool:
+        # A pending expression realizes into a fresh row-major buffer; an offset into a buffer does not matter.
+        a = self._own(a, "is_contiguous")
+        return a.lazy is not None or is_contiguous(a.shape, a.strides)
+
     def contiguous(self, a: Array) -> Array:
         a = self._own(a, "contiguous")
         if a.lazy is not None:
