@@ -101,6 +101,7 @@ OPS = {
     "var": (lambda a: a.var(1), [_x((2, 3))]),
     "var_all": (lambda a: a.var(correction=0), [_x((2, 3))]),
     "std": (lambda a: a.std(0, keepdim=True), [_x((3, 2))]),
+    "var_mean": (lambda a: (lambda v, m: v * 2.0 + m)(*fg.var_mean(a, 1, correction=0)), [_x((2, 3))]),
     "amax": (lambda a: a.amax(1), [_x((2, 4))]),
     "amin": (lambda a: a.amin((0, 1)), [_x((2, 4))]),
     "max_all": (lambda a: a.max(), [_x((2, 4))]),
@@ -173,6 +174,7 @@ OPS = {
     "masked_select": (lambda a: fg.masked_select(a, _c(_x((3, 4), 4) > 0, a)), [_x((3, 4))]),
     # triangles, diagonals, sorting (flowgraph/tensor/extra.py)
     "tril": (lambda a: a.tril(-1), [_x((3, 4))]),
+    "triu_": (lambda a: (a * 1.0).triu_(1), [_x((3, 4))]),
     "triu": (lambda a: fg.triu(a, 1), [_x((2, 3, 3))]),
     "diagonal": (lambda a: a.diagonal(1, 0, 1), [_x((3, 4))]),
     "diag_of_vector": (lambda a: fg.diag(a, -1), [_x((3,))]),
@@ -211,7 +213,7 @@ NOT_DIFFERENTIABLE = {
     "isinf", "isfinite", "argmax", "argmin", "any", "all", "count_nonzero", "nonzero", "floor_divide",
     "as_dtype", "get_default_dtype", "set_default_dtype", "promote_types", "broadcast_shapes", "sum_to",
     "apply_inplace", "getitem", "setitem", "argsort", "allclose", "isclose", "equal", "is_autocast_enabled",
-    "autocast", "inference_mode", "multinomial",
+    "autocast", "inference_mode", "multinomial", "unique",
 }
 #: Spellings that share a gradcheck entry with another name.
 ALIASES = {
