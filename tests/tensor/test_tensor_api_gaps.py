@@ -137,3 +137,14 @@ def test_var_mean_matches_torch(device, dim, correction, keepdim):
     (v.sum() * 2 + (m * m).sum()).backward()
     (tv.sum() * 2 + (tm * tm).sum()).backward()
     np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_is_contiguous_inside_jit(device):
+    @fg.jit
+    def step(x):
+        y = x.t()
+        return y * 2 if y.is_contiguous() else y + 1
+
+    x = _t(np.arange(6, dtype=np.float32).reshape(2, 3), device)
+    for _ in range(3):  # recorded, then replayed
+        np.testing.assert_array_equal(step(x).numpy(), np.arange(6, dtype=np.float32).reshape(2, 3).T + 1)
