@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowgraph.backends import get_backend
-from flowgraph.backends.base import BINARY_OPS, REDUCE_OPS, UNARY_OPS
+from flowgraph.backends.base import BINARY_OPS, REDUCE_OPS, UNARY_OPS, Backend
 from flowgraph.errors import BackendError, ShapeError
 
 F32, F64, I32, I64, BOOL = np.float32, np.float64, np.int32, np.int64, np.bool_
@@ -421,6 +421,24 @@ def test_pad_concatenate_contiguous(device):
     assert_matches(be, be.concatenate([transposed(be, p) for p in ints], 0), np.concatenate(ints, 0))
     assert_matches(be, be.contiguous(be.flip(be.from_host(host), (1,))), host[:, ::-1])
 
+
+
+def test_is_contiguous(device):
+    be = backend_for(device)
+    host = np.arange(24, dtype=F32).reshape(2, 3, 4)
+    a = be.from_host(host)
+    cases = {
+        "fresh": (a, True), "transposed": (be.permute(a, (2, 1, 0)), False),
+        "row slice": (be.slice(a, (slice(1, 2), slice(None), slice(None))), True),
+        "column slice": (be.slice(a, (slice(None), slice(None), slice(1, 3))), False),
+        "flipped": (be.flip(a, (2,)), False), "copied": (be.contiguous(be.permute(a, (2, 1, 0))), True),
+        "computed": (be.add(a, 1.0), True),
+    }
+    for name, (arr, expected) in cases.items():
+        assert be.is_contiguous(arr) is expected, name
+        if not expected:  # the generic default (from ``contiguous``'s contract) agrees with the override
+            assert Backend.is_contiguous(be, arr) is False, name
+    assert Backend.is_contiguous(be, a) is True
 
 def test_assign(device):
     be = backend_for(device)
