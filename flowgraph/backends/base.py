@@ -324,9 +324,21 @@ class Backend:
             cols = self._conv_cols(x, kernel, stride, dilation, out, 0, out[0])
             gw = self.matmul(g2, self.permute(cols, (1, 0)))
         if need_x:
-            gx = self.full(tuple(x.shape), 0, g.dtype)
-            self._conv_fold(gx, self.matmul(self.permute(w, (1, 0)), g2), kernel, stride, dilation, out, 0, out[0])
+            gx = self.conv_gemm_transpose(g, w, kernel, stride, dilation, tuple(x.shape))
         return gx, gw
+
+    def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
+                            dilation: tuple[int, ...], x_shape: tuple[int, ...]) -> Array:
+        """The adjoint of ``conv_gemm`` in its input: the col2im of ``w^T @ g`` into zeros of ``x_shape``
+        ``(C_in, *S, N)``, for ``g`` ``(C_out, *out, N)`` (the input gradient of a convolution, and the forward of
+        a transposed convolution, whose weight is then ``(C_in_of_transposed, C_out * K)``).
+
+        Generic default: the whole ``w^T @ g`` at once, then one strided add per kernel offset."""
+        out = tuple(g.shape[1:-1])
+        gx = self.full(tuple(x_shape), 0, g.dtype)
+        g2 = self.reshape(g, (g.shape[0], -1))
+        self._conv_fold(gx, self.matmul(self.permute(w, (1, 0)), g2), kernel, stride, dilation, out, 0, out[0])
+        return gx
 
     def _conv_offsets(self, x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
                       r1: int) -> list[tuple[slice, ...]]:
