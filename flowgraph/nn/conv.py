@@ -291,6 +291,50 @@ def _conv_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tup
     return out
 
 
+def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tuple, full: tuple,
+                         crop) -> Tensor:
+    """A transposed convolution in the batch-last layout through ``Backend.conv_gemm_transpose``: ``x``
+    ``(C_in, *in, N)``, ``w`` ``(C_in, C_out * K)``, the result ``(C_out, *full, N)`` with ``crop`` (left, right)
+    taken off each spatial dim. Its input gradient is the convolution ``conv_gemm`` of the output gradient
+    (padded back to ``full`` batch-last, no relayout), its weight gradient that convolution's weight gradient;
+    only ``x`` and ``w`` are kept for backward."""
+    bk = x._backend
+    n, k = x.shape[-1], math.prod(kernel)
+    c_out = w.shape[1] // k
+    shape = (c_out,) + tuple(full) + (n,)
+    index = (slice(None),) + tuple(slice(lo, f - hi) for (lo, hi), f in zip(crop, full)) + (slice(None),)
+    cropped = any(lo or hi for lo, hi in crop)
+    y = bk.conv_gemm_transpose(x._data, w._data, kernel, stride, dilation, shape)
+    out = _wrap(bk.slice(y, index) if cropped else y, bk)
+    need_x, need_w = x.requires_grad, w.requires_grad
+    if STATE.enabled and (need_x or need_w):
+        in_size = tuple(x.shape[1:-1])
+        widths = [(0, 0)] + list(crop) + [(0, 0)]
+
+        def backward(g: Tensor, x: Tensor, w: Tensor):
+            if cropped:  # the crop's adjoint: zeros around g (batch-last, contiguous)
+                g = pad(g, [v for lo_hi in reversed(widths) for v in lo_hi], "constant", 0.0)
+            if STATE.enabled:  # create_graph: differentiable ops
+                gx = None
+                if need_x:
+                    gx = _conv_gemm(g, w, kernel, stride, dilation, [(0, 0)] * len(kernel), "conv_transpose")
+                gw = None
+                if need_w:
+                    cols = _windows(g, kernel, stride, dilation, in_size, batch_last=True).reshape(w.shape[1], -1)
+                    gw = x.reshape(x.shape[0], -1).matmul(cols.transpose(0, 1))
+                return gx, gw
+            bk = g._backend
+            gx = _wrap(bk.conv_gemm(g._data, w._data, kernel, stride, dilation, in_size), bk) if need_x else None
+            gw = None
+            if need_w:
+                gw = _wrap(bk.conv_gemm_backward(g._data, w._data, x._data, kernel, stride, dilation, False,
+                                                 True)[1], bk)
+            return gx, gw
+
+        _record(out, f"ConvTranspose{len(kernel)}dGemm", (x, w), (x, w), backward)
+    return out
+
+
 def _gemm_operands(weight: Tensor, cols: Tensor, groups: int, rows: int, length: int) -> tuple[Tensor, Tensor]:
     """The convolution GEMM's operands: ``(C_out, rows) @ (rows, length)``, batched over ``groups``."""
     c_out = weight.shape[0]
@@ -474,6 +518,20 @@ def _conv_transposend(
     in_size = tuple(x.shape[2:])
     length = n * math.prod(in_size)
     c_out = c_out_g * groups
+    full = tuple((i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(in_size, stride, dilation, kernel))
+    if (x._backend.conv_batch_last and groups == 1 and STATE.autocast is None and weight.dtype is x.dtype
+            and weight._backend is x._backend):
+        # Batch last, as _convnd: the input is kept for backward as a view (the (C_in, N*L) GEMM operand of the
+        # path below is a relaid-out copy), and the col2im adds run over out[-1] * N elements
+        to_last = (1,) + tuple(range(2, nd + 2)) + (0,)
+        crop = [(p, p - op) for p, op in zip(padding, output_padding)]  # taken off each side of ``full``
+        inner = [(0, 0) if any(hi < 0 for _, hi in crop) else c for c in crop]  # cropped inside the node
+        out = _conv_transpose_gemm(x.permute(to_last), weight.reshape(c_in, c_out * k), kernel, stride, dilation,
+                                   full, inner).permute((nd + 1, 0) + tuple(range(1, nd + 1)))
+        out = _pad_spatial(out, [(i - c, i_hi - c_hi) for (c, c_hi), (i, i_hi) in zip(crop, inner)])
+        if bias is not None:
+            out = out + bias.reshape((1, c_out) + (1,) * nd)
+        return out.squeeze(0) if unbatched else out
     xt = x.transpose(0, 1)  # (C_in, N, *in): one GEMM per group, as in _convnd
     if groups > 1:
         xr = xt.reshape(groups, c_in_g, length)
@@ -482,7 +540,6 @@ def _conv_transposend(
         xr = xt.reshape(c_in, length)
         w = weight.reshape(c_in, c_out_g * k)
     cols = w.transpose(-1, -2).matmul(xr).reshape((c_out, k, n) + in_size)
-    full = tuple((i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(in_size, stride, dilation, kernel))
     out = _fold_windows(cols, (c_out, n) + full, kernel, stride, dilation, axis=1).transpose(0, 1)
     out = _pad_spatial(out, [(-p, op - p) for p, op in zip(padding, output_padding)])
     if bias is not None:
