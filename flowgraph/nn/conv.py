@@ -16,6 +16,11 @@ are ``(C_in, K, *out, N)`` = ``(C_in * K, L * N)`` without a copy, each window s
 ``weight.reshape(G, C_out/G, C_in/G * K) @ cols``. Its ``(C_out, *out, N)`` result is returned as an
 ``(N, C_out, *out)`` view, which the next convolution reads without a copy. A transposed convolution is
 the same GEMM with the transposed weight, followed by ``_fold_windows`` (in the ``(C, N, *S)`` layout).
+
+Where the backend asks for the batch-last layout, the window stacking, GEMM and fold run inside the backend's
+``conv_gemm`` / ``conv_gemm_backward`` / ``conv_gemm_transpose`` composites (NumPy works them a cache-sized block
+of output rows at a time). In every layout a convolution keeps only its input and weight for backward, as
+PyTorch does: the im2col is rebuilt in backward rather than kept from the forward.
 """
 
 from __future__ import annotations
