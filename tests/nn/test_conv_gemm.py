@@ -81,3 +81,13 @@ def test_conv2d_keeps_no_im2col_for_backward(device, padding):
     assert largest <= max(x.numel(), y.numel()) < 3 * 9 * 8 * 8 * 4
     y.sum().backward()
     assert x.grad.shape == x.shape and conv.weight.grad.shape == conv.weight.shape
+
+
+@pytest.mark.slow  # 0.6-5.5 s each (OpenCL compiles the models' kernels)
+@pytest.mark.parametrize("name", ["mnist_net", "dcgan_g", "dcgan_d"])
+def test_benchmark_cnns_train_like_torch(device, name):
+    """pytorch/examples' mnist Net and DCGAN G/D of ``python -m benchmarks``: identical weights and batches give
+    the same losses over a few Adam steps (the benchmark's ``--check-losses`` at a tiny scale)."""
+    from benchmarks.__main__ import loss_agreement
+
+    assert loss_agreement(name, 0.03, device, steps=2) < 1e-4
