@@ -1,4 +1,4 @@
-"""Benchmark flowgraph against PyTorch on floDl's seven models, side by side in one run.
+"""Benchmark flowgraph against PyTorch on floDl's seven models (and three CNNs of pytorch/examples), side by side.
 
     python -m benchmarks --device cpu --models all --rounds 3 --json out.json
     python -m benchmarks --device cuda --scale 1.0 --capture      # on an NVIDIA GPU
@@ -215,6 +215,10 @@ def loss_agreement(model_name: str, scale: float, device: str, steps: int = 20) 
     tm = build_torch(model_name, scale)
     fm = build_flowgraph(model_name, scale)
     copy_torch_weights(fm, tm)
+    # Dropout masks come from each framework's own generator: the check turns dropout off on both sides.
+    for m in list(tm.modules()) + list(fm.modules()):
+        if type(m).__name__ == "Dropout":
+            m.p = 0.0
     fm = fm.to(device)
     tdev = "cuda" if device.startswith("cuda") or (device.startswith("opencl") and torch.cuda.is_available()) \
         else "cpu"

@@ -1,4 +1,5 @@
-"""The seven models of floDl's benchmark suite, built twice: with flowgraph's FlowBuilder and in PyTorch.
+"""The seven models of floDl's benchmark suite and three real CNNs from pytorch/examples (mnist's ``Net``, DCGAN's
+generator and discriminator), built twice: with flowgraph's FlowBuilder and in PyTorch.
 
 Both sides register parameters in the same order, so ``copy_torch_weights`` can pair them one to one
 (checking names' last part and shapes) and the same-initial-weights check can compare losses.
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODELS = ("mlp", "convnet", "gru_seq", "residual_tower", "gated_routing", "iterative_refine", "feedback_fixed")
+MODELS = ("mlp", "convnet", "gru_seq", "residual_tower", "gated_routing", "iterative_refine", "feedback_fixed",
+          "mnist_net", "dcgan_g", "dcgan_d")
+
+DCGAN_NZ = 100  # DCGAN's latent size (pytorch/examples' --nz), never scaled
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,15 @@ def spec(name: str, scale: float = 1.0) -> Spec:
     if name == "feedback_fixed":
         b = s(128)
         return Spec(name, b, s(512), s(512), s(512), (b, s(512)), (b, s(512)))
+    if name == "mnist_net":  # pytorch/examples mnist: fixed widths (fc1 reads 64*12*12), batch 64 at CPU scale
+        b = s(256)
+        return Spec(name, b, 1, 128, 10, (b, 1, 28, 28), (b, 10))
+    if name == "dcgan_g":  # pytorch/examples dcgan: ngf=64 scaled, 64x64 RGB images, batch 32 at CPU scale
+        b = s(128)
+        return Spec(name, b, DCGAN_NZ, s(64), 3, (b, DCGAN_NZ, 1, 1), (b, 3, 64, 64))
+    if name == "dcgan_d":  # ndf=64 scaled
+        b = s(128)
+        return Spec(name, b, 3, s(64), 1, (b, 3, 64, 64), (b, 1, 1, 1))
     raise ValueError(f"unknown benchmark model {name!r}; choose from {MODELS}")
 
 
@@ -107,6 +120,35 @@ def build_flowgraph(name: str, scale: float = 1.0):
         body = FlowBuilder().also(block(sp.hidden)).build()
         return (FlowBuilder.from_(nn.Linear(sp.width, sp.hidden)).through(nn.GELU()).through(nn.LayerNorm(sp.hidden))
                 .loop_body(body).for_n(iters).through(nn.Linear(sp.hidden, sp.out)).build())
+    if name in ("mnist_net", "dcgan_g", "dcgan_d"):
+        fb = FlowBuilder()
+        for layer in _cnn_layers(nn, name, sp):
+            fb = fb.through(layer)
+        return fb.build()
+    raise ValueError(name)
+
+
+def _cnn_layers(nn, name: str, sp: Spec) -> list:
+    """The layers of pytorch/examples' mnist ``Net`` or DCGAN ``Generator`` / ``Discriminator``, from ``nn``
+    (flowgraph's or torch's: both spell them the same). mnist's ``log_softmax`` output is kept; the benchmark's
+    MSE against a random target replaces ``nll_loss``."""
+    if name == "mnist_net":
+        return [nn.Conv2d(1, 32, 3, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 1), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Dropout(0.25), nn.Flatten(), nn.Linear(9216, sp.hidden), nn.ReLU(), nn.Dropout(0.5),
+                nn.Linear(sp.hidden, sp.out), nn.LogSoftmax(1)]
+    f = sp.hidden
+    if name == "dcgan_g":
+        return [nn.ConvTranspose2d(sp.width, f * 8, 4, 1, 0, bias=False), nn.BatchNorm2d(f * 8), nn.ReLU(True),
+                nn.ConvTranspose2d(f * 8, f * 4, 4, 2, 1, bias=False), nn.BatchNorm2d(f * 4), nn.ReLU(True),
+                nn.ConvTranspose2d(f * 4, f * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(f * 2), nn.ReLU(True),
+                nn.ConvTranspose2d(f * 2, f, 4, 2, 1, bias=False), nn.BatchNorm2d(f), nn.ReLU(True),
+                nn.ConvTranspose2d(f, sp.out, 4, 2, 1, bias=False), nn.Tanh()]
+    if name == "dcgan_d":
+        return [nn.Conv2d(sp.width, f, 4, 2, 1, bias=False), nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(f, f * 2, 4, 2, 1, bias=False), nn.BatchNorm2d(f * 2), nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(f * 2, f * 4, 4, 2, 1, bias=False), nn.BatchNorm2d(f * 4), nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(f * 4, f * 8, 4, 2, 1, bias=False), nn.BatchNorm2d(f * 8), nn.LeakyReLU(0.2, inplace=True),
+                nn.Conv2d(f * 8, sp.out, 4, 1, 0, bias=False), nn.Sigmoid()]
     raise ValueError(name)
 
 
@@ -210,6 +252,8 @@ def build_torch(name: str, scale: float = 1.0):
 
         return nn.Sequential(nn.Linear(sp.width, sp.hidden), nn.GELU(), nn.LayerNorm(sp.hidden), Loop(),
                              nn.Linear(sp.hidden, sp.out))
+    if name in ("mnist_net", "dcgan_g", "dcgan_d"):
+        return nn.Sequential(*_cnn_layers(nn, name, sp))
     raise ValueError(name)
 
 

@@ -304,6 +304,81 @@ class Backend:
             self.assign(view, self.add(view, picked))
         return gx
 
+    def conv_gemm(self, x: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
+                  dilation: tuple[int, ...], out: tuple[int, ...]) -> Array:
+        """A convolution in the batch-last layout: ``x`` ``(C_in, *S, N)`` (already padded), ``w``
+        ``(C_out, C_in * K)`` with ``K = prod(kernel)`` (kernel offsets row-major, innermost), the result
+        ``(C_out, *out, N)``.
+
+        Generic default: im2col, one strided slice of ``x`` per kernel offset stacked into ``(C_in, K, *out, N)``
+        = ``(C_in * K, L * N)``, then one GEMM. Backends override it to avoid the whole im2col buffer."""
+        return self.reshape(self.matmul(w, self._conv_cols(x, kernel, stride, dilation, out, 0, out[0])),
+                            (w.shape[0],) + tuple(out) + (x.shape[-1],))
+
+    def conv_gemm_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
+                           dilation: tuple[int, ...], need_x: bool, need_w: bool) -> tuple:
+        """The gradients ``(gx, gw)`` of ``conv_gemm`` from its inputs and the output gradient ``g``
+        ``(C_out, *out, N)`` (None where not asked): ``gw = g @ cols^T`` with the im2col ``cols`` built again
+        from ``x`` (nothing convolution-sized is kept from the forward, as in PyTorch), and ``gx`` the col2im
+        of ``w^T @ g`` (each kernel offset's rows added into its strided slice of zeros shaped like ``x``).
+
+        Generic default: the whole ``cols`` and ``w^T @ g`` at once, in primitives."""
+        out = tuple(g.shape[1:-1])
+        g2 = self.reshape(g, (g.shape[0], -1))
+        gw = gx = None
+        if need_w:
+            cols = self._conv_cols(x, kernel, stride, dilation, out, 0, out[0])
+            gw = self.matmul(g2, self.permute(cols, (1, 0)))
+        if need_x:
+            gx = self.conv_gemm_transpose(g, w, kernel, stride, dilation, tuple(x.shape))
+        return gx, gw
+
+    def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
+                            dilation: tuple[int, ...], x_shape: tuple[int, ...]) -> Array:
+        """The adjoint of ``conv_gemm`` in its input: the col2im of ``w^T @ g`` into zeros of ``x_shape``
+        ``(C_in, *S, N)``, for ``g`` ``(C_out, *out, N)`` (the input gradient of a convolution, and the forward of
+        a transposed convolution, whose weight is then ``(C_in_of_transposed, C_out * K)``).
+
+        Generic default: the whole ``w^T @ g`` at once, then one strided add per kernel offset."""
+        out = tuple(g.shape[1:-1])
+        gx = self.full(tuple(x_shape), 0, g.dtype)
+        g2 = self.reshape(g, (g.shape[0], -1))
+        self._conv_fold(gx, self.matmul(self.permute(w, (1, 0)), g2), kernel, stride, dilation, out, 0, out[0])
+        return gx
+
+    def _conv_offsets(self, x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
+                      r1: int) -> list[tuple[slice, ...]]:
+        """Per kernel offset, the slice of a batch-last ``x`` feeding output rows ``r0:r1`` (first spatial dim)."""
+        index = []
+        for off in itertools.product(*(range(k) for k in kernel)):
+            starts = [o * d for o, d in zip(off, dilation)]
+            starts[0] += r0 * stride[0]
+            sizes = (r1 - r0,) + tuple(out[1:])
+            spatial = tuple(slice(b, b + (n - 1) * s + 1, s) for b, n, s in zip(starts, sizes, stride))
+            index.append((slice(None),) + spatial + (slice(None),))
+        return index
+
+    def _conv_cols(self, x: Array, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
+                   r1: int) -> Array:
+        """The im2col of output rows ``r0:r1``: ``(C_in * K, (r1 - r0) * prod(out[1:]) * N)``."""
+        c, n = x.shape[0], x.shape[-1]
+        piece = (c, 1, r1 - r0) + tuple(out[1:]) + (n,)
+        pieces = [self.reshape(self.slice(x, ix), piece)
+                  for ix in self._conv_offsets(tuple(x.shape), kernel, stride, dilation, out, r0, r1)]
+        cols = pieces[0] if len(pieces) == 1 else self.concatenate(pieces, 1)
+        return self.reshape(cols, (c * len(pieces), -1))
+
+    def _conv_fold(self, gx: Array, gcols: Array, kernel: tuple, stride: tuple, dilation: tuple, out: tuple,
+                   r0: int, r1: int) -> None:
+        """col2im of output rows ``r0:r1``: ``gcols`` ``(C_in * K, ...)`` added into ``gx`` in place."""
+        c, n = gx.shape[0], gx.shape[-1]
+        k = math.prod(kernel)
+        blocks = self.reshape(gcols, (c, k, r1 - r0) + tuple(out[1:]) + (n,))
+        for j, ix in enumerate(self._conv_offsets(tuple(gx.shape), kernel, stride, dilation, out, r0, r1)):
+            view = self.slice(gx, ix)
+            piece = self.reshape(self.slice(blocks, (slice(None), slice(j, j + 1))), tuple(view.shape))
+            self.assign(view, self.add(view, piece))
+
     @staticmethod
     def _block_slices(shape: tuple[int, ...], kernel: tuple[int, ...]) -> list[tuple[slice, ...]]:
         """One slice tuple per kernel offset (row-major order) picking that offset of every block of ``shape``."""

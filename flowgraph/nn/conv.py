@@ -16,6 +16,11 @@ are ``(C_in, K, *out, N)`` = ``(C_in * K, L * N)`` without a copy, each window s
 ``weight.reshape(G, C_out/G, C_in/G * K) @ cols``. Its ``(C_out, *out, N)`` result is returned as an
 ``(N, C_out, *out)`` view, which the next convolution reads without a copy. A transposed convolution is
 the same GEMM with the transposed weight, followed by ``_fold_windows`` (in the ``(C, N, *S)`` layout).
+
+Where the backend asks for the batch-last layout, the window stacking, GEMM and fold run inside the backend's
+``conv_gemm`` / ``conv_gemm_backward`` / ``conv_gemm_transpose`` composites (NumPy works them a cache-sized block
+of output rows at a time). In every layout a convolution keeps only its input and weight for backward, as
+PyTorch does: the im2col is rebuilt in backward rather than kept from the forward.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from ..autograd.grad_mode import STATE
+from ..autograd.functional import grad as autograd_grad
+from ..autograd.grad_mode import STATE, enable_grad, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, empty, pad
 from ..tensor.tensor import _record, _wrap
@@ -250,6 +256,101 @@ def _weight_gemm(w: Tensor, cols: Tensor) -> Tensor:
     return out
 
 
+def _conv_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tuple, widths, where: str) -> Tensor:
+    """One convolution in the batch-last layout through ``Backend.conv_gemm``: ``x`` ``(C_in, *S, N)``
+    (unpadded; ``widths`` are its zero padding), ``w`` ``(C_out, C_in * K)``, the result ``(C_out, *out, N)``.
+
+    Backward keeps only ``x`` and ``w``, as PyTorch does: ``Backend.conv_gemm_backward`` pads ``x`` again and
+    rebuilds the im2col, so no ``K``-times input-sized buffer lives from the forward to the backward (the
+    im2col saved for the weight gradient was mnist's largest tensor: 42 MiB per step for its second conv).
+    Under ``create_graph`` the backward is the same computation in differentiable tensor ops."""
+    bk = x._backend
+    nd = len(kernel)
+    padded = any(lo or hi for lo, hi in widths)
+    full = [(0, 0)] + list(widths) + [(0, 0)]
+    xd = bk.pad(x._data, full, 0.0) if padded else x._data
+    out_size = tuple(_window_out(m, kk, s, d) for m, kk, s, d in zip(xd.shape[1:-1], kernel, stride, dilation))
+    if any(o <= 0 for o in out_size):
+        raise ShapeError(
+            f"{where}: input of spatial size {tuple(x.shape[1:-1])} (padded {tuple(xd.shape[1:-1])}) is "
+            f"smaller than the kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
+        )
+    out = _wrap(bk.conv_gemm(xd, w._data, kernel, stride, dilation, out_size), bk)
+    need_x, need_w = x.requires_grad, w.requires_grad
+    if STATE.enabled and (need_x or need_w):
+        inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, x.shape[1:-1])) + (
+            slice(None),)
+
+        def backward(g: Tensor, x: Tensor, w: Tensor):
+            if STATE.enabled:  # create_graph: the same steps in differentiable ops
+                flat = [0, 0]
+                for lo, hi in reversed(widths):
+                    flat += [lo, hi]
+                xp = pad(x, flat, "constant", 0.0) if padded else x
+                g2 = g.reshape(g.shape[0], -1)
+                gw = gx = None
+                if need_w:
+                    cols = _windows(xp, kernel, stride, dilation, out_size, batch_last=True)
+                    gw = g2.matmul(cols.reshape(w.shape[1], -1).transpose(0, 1))
+                if need_x:
+                    gcols = w.transpose(0, 1).matmul(g2).reshape((x.shape[0], math.prod(kernel)) + g.shape[1:])
+                    gx = _fold_windows(gcols, tuple(xp.shape), kernel, stride, dilation, batch_last=True)
+                    gx = gx[inner] if padded else gx
+                return gx, gw
+            bk = g._backend
+            xd = bk.pad(x._data, full, 0.0) if padded else x._data
+            gxd, gwd = bk.conv_gemm_backward(xd, w._data, g._data, kernel, stride, dilation, need_x, need_w)
+            gx = None if gxd is None else _wrap(bk.slice(gxd, inner) if padded else gxd, bk)
+            return gx, None if gwd is None else _wrap(gwd, bk)
+
+        _record(out, f"Conv{nd}dGemm", (x, w), (x, w), backward)
+    return out
+
+
+def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tuple, full: tuple,
+                         crop) -> Tensor:
+    """A transposed convolution in the batch-last layout through ``Backend.conv_gemm_transpose``: ``x``
+    ``(C_in, *in, N)``, ``w`` ``(C_in, C_out * K)``, the result ``(C_out, *full, N)`` with ``crop`` (left, right)
+    taken off each spatial dim. Its input gradient is the convolution ``conv_gemm`` of the output gradient
+    (padded back to ``full`` batch-last, no relayout), its weight gradient that convolution's weight gradient;
+    only ``x`` and ``w`` are kept for backward."""
+    bk = x._backend
+    n, k = x.shape[-1], math.prod(kernel)
+    c_out = w.shape[1] // k
+    shape = (c_out,) + tuple(full) + (n,)
+    index = (slice(None),) + tuple(slice(lo, f - hi) for (lo, hi), f in zip(crop, full)) + (slice(None),)
+    cropped = any(lo or hi for lo, hi in crop)
+    y = bk.conv_gemm_transpose(x._data, w._data, kernel, stride, dilation, shape)
+    out = _wrap(bk.slice(y, index) if cropped else y, bk)
+    need_x, need_w = x.requires_grad, w.requires_grad
+    if STATE.enabled and (need_x or need_w):
+        in_size = tuple(x.shape[1:-1])
+        widths = [(0, 0)] + list(crop) + [(0, 0)]
+
+        def backward(g: Tensor, x: Tensor, w: Tensor):
+            if cropped:  # the crop's adjoint: zeros around g (batch-last, contiguous)
+                g = pad(g, [v for lo_hi in reversed(widths) for v in lo_hi], "constant", 0.0)
+            if STATE.enabled:  # create_graph: differentiable ops
+                gx = None
+                if need_x:
+                    gx = _conv_gemm(g, w, kernel, stride, dilation, [(0, 0)] * len(kernel), "conv_transpose")
+                gw = None
+                if need_w:
+                    cols = _windows(g, kernel, stride, dilation, in_size, batch_last=True).reshape(w.shape[1], -1)
+                    gw = x.reshape(x.shape[0], -1).matmul(cols.transpose(0, 1))
+                return gx, gw
+            bk = g._backend
+            gx = _wrap(bk.conv_gemm(g._data, w._data, kernel, stride, dilation, in_size), bk) if need_x else None
+            gw = None
+            if need_w:
+                gw = _wrap(bk.conv_gemm_backward(g._data, w._data, x._data, kernel, stride, dilation, False,
+                                                 True)[1], bk)
+            return gx, gw
+
+        _record(out, f"ConvTranspose{len(kernel)}dGemm", (x, w), (x, w), backward)
+    return out
+
+
 def _gemm_operands(weight: Tensor, cols: Tensor, groups: int, rows: int, length: int) -> tuple[Tensor, Tensor]:
     """The convolution GEMM's operands: ``(C_out, rows) @ (rows, length)``, batched over ``groups``."""
     c_out = weight.shape[0]
@@ -307,6 +408,16 @@ def _convnd(
     if k == 1 and all(s == 1 for s in stride) and not any(lo or hi for lo, hi in widths):
         out_size = tuple(x.shape[2:])
         cols = x.permute(to_last)  # a 1x1 convolution is a plain matmul over channels
+    elif groups == 1 and STATE.autocast is None and weight.dtype is x.dtype and weight._backend is x._backend:
+        if mode == "constant":
+            xl = x.permute(to_last)
+        else:
+            xl, widths = _pad_spatial(x, widths, mode).permute(to_last), [(0, 0)] * nd
+        out = _conv_gemm(xl, weight.reshape(c_out, c_in * k), kernel, stride, dilation, widths, where)
+        out = out.permute((nd + 1, 0) + tuple(range(1, nd + 1)))
+        if bias is not None:
+            out = out + bias.reshape((1, c_out) + (1,) * nd)
+        return out.squeeze(0) if unbatched else out
     else:
         if mode == "constant":
             flat = [0, 0]
@@ -338,17 +449,53 @@ def _convnd_batch_second(x: Tensor, weight: Tensor, bias: Tensor | None, stride,
     layout (``Backend.conv_batch_last``): on the H200 the batch-last layout made the CUDA convnet benchmark 14-21%
     slower (eager 1418 -> 1721 ms, captured 658 -> 753 ms per epoch) while it made the NumPy one 1.3-1.5x
     faster."""
-    xt = x.transpose(0, 1)
     if k == 1 and all(s == 1 for s in stride) and not any(lo or hi for lo, hi in widths):
         out_size = tuple(x.shape[2:])
-        cols = xt  # a 1x1 convolution is a plain matmul over channels
+        cols = x.transpose(0, 1)  # a 1x1 convolution is a plain matmul over channels
+        w, cols = _gemm_operands(weight, cols, groups, c_in_g * k, n * math.prod(out_size))
+        out = w.matmul(cols)
     else:
-        cols, out_size = _im2col(xt, tuple(weight.shape[2:]), stride, dilation, widths, mode, where=where, axis=1)
-    w, cols = _gemm_operands(weight, cols, groups, c_in_g * k, n * math.prod(out_size))
-    out = w.matmul(cols).reshape((c_out, n) + out_size).transpose(0, 1)
+        out, out_size = _conv_gemm_batch_second(x, weight, groups, stride, dilation, widths, mode, where)
+    out = out.reshape((c_out, n) + out_size).transpose(0, 1)
     if bias is not None:
         out = out + bias.reshape((1, c_out) + (1,) * nd)
     return out.squeeze(0) if unbatched else out
+
+
+def _conv_gemm_batch_second(x: Tensor, weight: Tensor, groups: int, stride, dilation, widths, mode: str,
+                            where: str) -> tuple[Tensor, tuple[int, ...]]:
+    """The ``(C_in, N, *S)``-layout convolution GEMM ``(C_out, N * L)`` (per group), keeping only ``x`` and
+    ``weight`` for backward as PyTorch does: the backward builds the im2col again (the im2col saved for the
+    weight gradient was the largest tensor of a convolution's graph) and takes the input gradient through the
+    rebuilt im2col's own backward (col2im, and the padding's adjoint for every ``padding_mode``)."""
+    kernel = tuple(weight.shape[2:])
+    c_out, c_in_g = weight.shape[:2]
+    rows = c_in_g * math.prod(kernel)
+
+    def operands(x: Tensor, weight: Tensor):
+        cols, out_size = _im2col(x.transpose(0, 1), kernel, stride, dilation, widths, mode, where=where, axis=1)
+        return _gemm_operands(weight, cols, groups, rows, cols.numel() // (rows * groups)) + (out_size,)
+
+    with no_grad():
+        w, cols, out_size = operands(x, weight)
+        out = w.matmul(cols)
+    need_x, need_w = x.requires_grad, weight.requires_grad
+    if STATE.enabled and (need_x or need_w):
+
+        def backward(g: Tensor, x: Tensor, weight: Tensor):
+            create = STATE.enabled  # create_graph: the saved tensors themselves, so the gradients stay differentiable
+            with enable_grad():
+                xs = x if create or not need_x else x.detach().requires_grad_(True)
+                w, cols, _ = operands(xs, weight)
+            gw = g.matmul(cols.transpose(-1, -2)).reshape(weight.shape) if need_w else None
+            gx = None
+            if need_x:
+                gcols = w.transpose(-1, -2).matmul(g)
+                (gx,) = autograd_grad(cols, xs, gcols, create_graph=create)
+            return gx, gw
+
+        _record(out, "ConvGemm", (x, weight), (x, weight), backward)
+    return out, out_size
 
 
 def _conv_transposend(
@@ -387,6 +534,20 @@ def _conv_transposend(
     in_size = tuple(x.shape[2:])
     length = n * math.prod(in_size)
     c_out = c_out_g * groups
+    full = tuple((i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(in_size, stride, dilation, kernel))
+    if (x._backend.conv_batch_last and groups == 1 and STATE.autocast is None and weight.dtype is x.dtype
+            and weight._backend is x._backend):
+        # Batch last, as _convnd: the input is kept for backward as a view (the (C_in, N*L) GEMM operand of the
+        # path below is a relaid-out copy), and the col2im adds run over out[-1] * N elements
+        to_last = (1,) + tuple(range(2, nd + 2)) + (0,)
+        crop = [(p, p - op) for p, op in zip(padding, output_padding)]  # taken off each side of ``full``
+        inner = [(0, 0) if any(hi < 0 for _, hi in crop) else c for c in crop]  # cropped inside the node
+        out = _conv_transpose_gemm(x.permute(to_last), weight.reshape(c_in, c_out * k), kernel, stride, dilation,
+                                   full, inner).permute((nd + 1, 0) + tuple(range(1, nd + 1)))
+        out = _pad_spatial(out, [(i - c, i_hi - c_hi) for (c, c_hi), (i, i_hi) in zip(crop, inner)])
+        if bias is not None:
+            out = out + bias.reshape((1, c_out) + (1,) * nd)
+        return out.squeeze(0) if unbatched else out
     xt = x.transpose(0, 1)  # (C_in, N, *in): one GEMM per group, as in _convnd
     if groups > 1:
         xr = xt.reshape(groups, c_in_g, length)
@@ -395,7 +556,6 @@ def _conv_transposend(
         xr = xt.reshape(c_in, length)
         w = weight.reshape(c_in, c_out_g * k)
     cols = w.transpose(-1, -2).matmul(xr).reshape((c_out, k, n) + in_size)
-    full = tuple((i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(in_size, stride, dilation, kernel))
     out = _fold_windows(cols, (c_out, n) + full, kernel, stride, dilation, axis=1).transpose(0, 1)
     out = _pad_spatial(out, [(-p, op - p) for p, op in zip(padding, output_padding)])
     if bias is not None:

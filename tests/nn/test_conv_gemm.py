@@ -1,0 +1,93 @@
+"""The batch-last convolution composite (``Backend.conv_gemm`` / ``conv_gemm_backward``): the NumPy override
+(cache-sized blocks of output rows) and the generic default against PyTorch, and what a convolution keeps for
+backward (its input and weight only, as PyTorch does: no im2col buffer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgraph as fg
+from flowgraph.backends import get_backend
+from flowgraph.backends.base import Backend
+from flowgraph.nn import functional as F
+
+CONFIGS = [  # (C_in, C_out, size, kernel, stride, dilation)
+    (3, 4, (7, 6), (3, 3), (1, 1), (1, 1)),
+    (2, 5, (9, 8), (4, 4), (2, 2), (1, 1)),
+    (4, 3, (8, 9), (3, 2), (2, 1), (2, 1)),
+]
+
+
+def _torch_conv(x, w, kernel, stride, dilation):
+    """Reference output and gradients for a (C, *S, N) input and a (C_out, C_in * K) weight."""
+    import torch
+
+    tx = torch.tensor(np.moveaxis(x, -1, 0), requires_grad=True)
+    tw = torch.tensor(w.reshape((w.shape[0], x.shape[0]) + kernel), requires_grad=True)
+    y = torch.nn.functional.conv2d(tx, tw, stride=stride, dilation=dilation)
+    g = np.random.default_rng(5).standard_normal(tuple(y.shape)).astype(np.float32)
+    y.backward(torch.tensor(g))
+    to_last = lambda a: np.moveaxis(a, 0, -1)  # noqa: E731 - (N, C, *S) -> (C, *S, N)
+    return to_last(y.detach().numpy()), to_last(g), to_last(tx.grad.numpy()), tw.grad.numpy().reshape(w.shape)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+def test_conv_gemm_matches_torch(device, cfg, blocks, monkeypatch):
+    c_in, c_out, size, kernel, stride, dilation = cfg
+    be = get_backend(device)
+    if blocks == "one_row":  # the NumPy override in blocks of one output row (a no-op for other backends)
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0, raising=False)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1, raising=False)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((c_in,) + size + (3,)).astype(np.float32)
+    w = rng.standard_normal((c_out, c_in * int(np.prod(kernel)))).astype(np.float32)
+    y_ref, g, gx_ref, gw_ref = _torch_conv(x, w, kernel, stride, dilation)
+    out = tuple(y_ref.shape[1:-1])
+    for forward, backward in ((type(be).conv_gemm, type(be).conv_gemm_backward),
+                              (Backend.conv_gemm, Backend.conv_gemm_backward)):
+        xa, wa, ga = be.from_host(x), be.from_host(w), be.from_host(np.ascontiguousarray(g))
+        y = forward(be, xa, wa, kernel, stride, dilation, out)
+        np.testing.assert_allclose(be.to_host(y), y_ref, rtol=1e-4, atol=1e-4)
+        gx, gw = backward(be, xa, wa, ga, kernel, stride, dilation, True, True)
+        np.testing.assert_allclose(be.to_host(gx), gx_ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(be.to_host(gw), gw_ref, rtol=1e-4, atol=1e-4)
+        only_w = backward(be, xa, wa, ga, kernel, stride, dilation, False, True)
+        assert only_w[0] is None
+        np.testing.assert_allclose(be.to_host(only_w[1]), gw_ref, rtol=1e-4, atol=1e-4)
+
+
+def _saved_by_graph(y) -> list:
+    """Every tensor saved by the nodes of ``y``'s graph."""
+    seen, stack, saved = set(), [y.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        saved += [t for t in getattr(node, "saved", ()) if t is not None]
+        stack += [edge for edge in getattr(node, "edges", ()) if edge is not None and hasattr(edge, "edges")]
+    return saved
+
+
+@pytest.mark.parametrize("padding", [0, 1])
+def test_conv2d_keeps_no_im2col_for_backward(device, padding):
+    x = fg.randn(4, 3, 10, 10, device=device, requires_grad=True)
+    conv = fg.nn.Conv2d(3, 8, 3, padding=padding).to(device)
+    y = F.relu(conv(x))
+    largest = max(t.numel() for t in _saved_by_graph(y))
+    # im2col would be C_in * 9 * out_h * out_w * N; what is kept is at most the output (relu's) or the input
+    assert largest <= max(x.numel(), y.numel()) < 3 * 9 * 8 * 8 * 4
+    y.sum().backward()
+    assert x.grad.shape == x.shape and conv.weight.grad.shape == conv.weight.shape
+
+
+@pytest.mark.slow  # 0.6-5.5 s each (OpenCL compiles the models' kernels)
+@pytest.mark.parametrize("name", ["mnist_net", "dcgan_g", "dcgan_d"])
+def test_benchmark_cnns_train_like_torch(device, name):
+    """pytorch/examples' mnist Net and DCGAN G/D of ``python -m benchmarks``: identical weights and batches give
+    the same losses over a few Adam steps (the benchmark's ``--check-losses`` at a tiny scale)."""
+    from benchmarks.__main__ import loss_agreement
+
+    assert loss_agreement(name, 0.03, device, steps=2) < 1e-4
