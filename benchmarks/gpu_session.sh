@@ -52,7 +52,7 @@ for m in mlp residual_tower; do for c in "" "--capture"; do for n in 1 2; do
 done; done; done
 fi
 if has cpu; then  # the 7 models on the host CPU, eager and fg.jit vs torch (CPU scale)
-  timeout "${CPU_BENCH_BUDGET:-240}" python3 -m benchmarks --device cpu --models all --jit --check-losses \
+  timeout "${CPU_BENCH_BUDGET:-240}" python3 -m benchmarks --device cpu --models "${CPU_MODELS:-all}" --jit --check-losses \
     --rounds 2 --epochs 1 --json "$OUT/bench_cpu.json" > "$OUT/bench_cpu.txt" 2>&1
   # makemore MLP and a small GPT at batch 32, two threads on both sides (the project's machines have 2 cores)
   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 timeout 120 python3 benchmarks/ports.py --threads 2 --steps 20 \
