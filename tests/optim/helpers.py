@@ -89,6 +89,20 @@ class Pair:
         return loss
 
 
+def step_both(pair: Pair, fopt, topt, *schedulers, autograd: bool = False) -> None:
+    """One step of both frameworks on ``pair``: zero the gradients, backward, optimizer steps, then
+    ``schedulers`` (flowgraph's and torch's, in any order). ``autograd``: flowgraph's gradients from its own
+    autograd instead of the analytic ones."""
+    fopt.zero_grad()
+    topt.zero_grad()
+    (pair.fg_autograd_backward if autograd else pair.fg_backward)()
+    pair.torch_backward()
+    fopt.step()
+    topt.step()
+    for sched in schedulers:
+        sched.step()
+
+
 def assert_close_params(fp, tp, rtol: float, atol: float, where: str = "") -> None:
     for i, (a, b) in enumerate(zip(fp, tp)):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=atol,
@@ -105,12 +119,7 @@ def run_pair(pair: Pair, fopt, topt, steps: int, rtol: float = RTOL, atol: float
     update (an error of the order of the learning rate).
     """
     for step in range(steps):
-        fopt.zero_grad()
-        topt.zero_grad()
-        pair.fg_backward()
-        pair.torch_backward()
-        fopt.step()
-        topt.step()
+        step_both(pair, fopt, topt)
         if reference is None:
             assert_close_params(pair.fp, pair.tp, rtol, atol, f"after step {step + 1}")
             continue

@@ -8,7 +8,7 @@ import pytest
 import flowgraph as fg
 from flowgraph import optim
 
-from .helpers import ATOL, RTOL, Pair, assert_close_params, float64_reference, run_pair
+from .helpers import ATOL, RTOL, Pair, assert_close_params, float64_reference, run_pair, step_both
 
 torch = pytest.importorskip("torch")
 
@@ -186,14 +186,7 @@ def test_training_with_scheduler_matches_torch(device, name, sched, kwargs):
     fs = getattr(lr_scheduler, sched)(fopt, **kwargs)
     ts = getattr(torch.optim.lr_scheduler, sched)(topt, **kwargs)
     for step in range(STEPS):
-        fopt.zero_grad()
-        topt.zero_grad()
-        pair.fg_backward()
-        pair.torch_backward()
-        fopt.step()
-        topt.step()
-        fs.step()
-        ts.step()
+        step_both(pair, fopt, topt, fs, ts)
         assert fopt.param_groups[0]["lr"] == topt.param_groups[0]["lr"]
         assert_close_params(pair.fp, pair.tp, RTOL, ATOL, f"after step {step + 1}")
 

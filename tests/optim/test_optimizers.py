@@ -6,7 +6,7 @@ import pytest
 
 from flowgraph import optim
 
-from .helpers import ATOL, RTOL, Pair, assert_close_params, float64_reference, run_pair
+from .helpers import ATOL, RTOL, Pair, assert_close_params, float64_reference, run_pair, step_both
 
 torch = pytest.importorskip("torch")
 
@@ -157,12 +157,7 @@ def test_fg_autograd_training_matches_torch(device):
     fopt = optim.Adam(pair.fp, lr=0.01)
     topt = torch.optim.Adam(pair.tp, lr=0.01)
     for _ in range(STEPS):
-        fopt.zero_grad()
-        topt.zero_grad()
-        pair.fg_autograd_backward()
-        pair.torch_backward()
-        fopt.step()
-        topt.step()
+        step_both(pair, fopt, topt, autograd=True)
     assert_close_params(pair.fp, pair.tp, 1e-4, 1e-5)
 
 
@@ -199,12 +194,5 @@ def test_training_with_scheduler_matches_torch(device, name, sched, kwargs):
     fs = getattr(lr_scheduler, sched)(fopt, **kwargs)
     ts = getattr(torch.optim.lr_scheduler, sched)(topt, **kwargs)
     for step in range(STEPS):
-        fopt.zero_grad()
-        topt.zero_grad()
-        pair.fg_backward()
-        pair.torch_backward()
-        fopt.step()
-        topt.step()
-        fs.step()
-        ts.step()
+        step_both(pair, fopt, topt, fs, ts)
         assert_close_params(pair.fp, pair.tp, RTOL, ATOL, f"after step {step + 1}")
