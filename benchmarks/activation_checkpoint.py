@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import flowgraph as fg  # noqa: E402
 from benchmarks.models import spec  # noqa: E402
 from flowgraph import nn  # noqa: E402
-from flowgraph.builder import FlowBuilder  # noqa: E402
+from flowgraph.builder import FlowBuilder, Graph  # noqa: E402
 
 BLOCKS = 12
 
@@ -124,6 +124,9 @@ def run_flowgraph(mode: str, args, sp, x, y, meter: Meter) -> dict:
     resident = sum(t.numel() * t.element_size() for t in (*params, x, y))
     for p in params:  # as the torch side does: the last step's gradients are not part of the next step's bytes
         p.grad = None
+    for m in model.modules():  # nor the last forward's tag values (the graph keeps them until the next forward)
+        if isinstance(m, Graph):
+            m.tag_values.clear()
     mem = meter.measure(forward, backward, resident)
     grads = [p.grad.detach().numpy() for p in params]
     return {"mode": mode, "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu_times),
