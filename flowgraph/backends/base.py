@@ -346,6 +346,37 @@ class Backend:
         self._conv_fold(gx, self.matmul(self.permute(w, (1, 0)), g2), kernel, stride, dilation, out, 0, out[0])
         return gx
 
+    # ------------------------------------------------------- native convolutions (optional capability)
+    def native_conv(self, dtype: np.dtype, nd: int) -> bool:
+        """Whether this backend runs ``nd``-d convolutions of ``dtype`` itself, through ``conv_forward``,
+        ``conv_input_grad`` and ``conv_weight_grad`` (cuDNN on CUDA, implicit-GEMM kernels on OpenCL).
+
+        False here: the ``nn`` layer then builds convolutions from the im2col composites above. A backend that
+        says True must implement all three for every stride, dilation, symmetric zero padding and group count.
+        """
+        return False
+
+    def conv_forward(self, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                     dilation: tuple[int, ...], groups: int) -> Array:
+        """A convolution in PyTorch's layout: ``x`` ``(N, C_in, *S)``, ``w`` ``(C_out, C_in / groups, *K)``,
+        zero ``padding`` on both sides of each spatial dim, the result ``(N, C_out, *out)`` with
+        ``out[i] = (S[i] + 2 * padding[i] - dilation[i] * (K[i] - 1) - 1) // stride[i] + 1``.
+        Only called where ``native_conv`` says True."""
+        raise BackendError(f"the {self.name} backend has no native convolution (native_conv is False)")
+
+    def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
+                        padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """The adjoint of ``conv_forward`` in its input (cuDNN's dgrad, also a transposed convolution's
+        forward): ``g`` ``(N, C_out, *out)`` and ``w`` to an array of ``x_shape``. Only called where
+        ``native_conv`` says True."""
+        raise BackendError(f"the {self.name} backend has no native convolution (native_conv is False)")
+
+    def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """The adjoint of ``conv_forward`` in its weight (cuDNN's wgrad): ``x`` ``(N, C_in, *S)`` and ``g``
+        ``(N, C_out, *out)`` to an array of ``w_shape``. Only called where ``native_conv`` says True."""
+        raise BackendError(f"the {self.name} backend has no native convolution (native_conv is False)")
+
     def _conv_offsets(self, x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
                       r1: int) -> list[tuple[slice, ...]]:
         """Per kernel offset, the slice of a batch-last ``x`` feeding output rows ``r0:r1`` (first spatial dim)."""

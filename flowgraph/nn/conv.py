@@ -351,6 +351,77 @@ def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dil
     return out
 
 
+# ---------------------------------------------------------------------- native convolutions
+# Where the backend runs convolutions itself (``Backend.native_conv``: cuDNN on CUDA, implicit-GEMM kernels on
+# OpenCL), a convolution is three bilinear ops, each the others' adjoint: the forward F(x, w), the input gradient
+# D(g, w) (a transposed convolution's forward) and the weight gradient W(x, g). Each one's backward is made of the
+# other two, so gradients of any order stay on the native path and nothing but the inputs is kept for backward.
+def _native_ok(x: Tensor, weight: Tensor, widths, mode: str, nd: int) -> bool:
+    """Whether this convolution can run on the backend's native path: zero padding, equal on both sides, one
+    dtype and backend for input and weight, no autocast, and a backend that says ``native_conv``."""
+    bk = x._backend
+    return (mode == "constant" and STATE.autocast is None and weight._backend is bk and weight.dtype is x.dtype
+            and all(lo == hi for lo, hi in widths) and bk.native_conv(x.dtype.np, nd))
+
+
+def _native_forward(x: Tensor, w: Tensor, geometry: tuple) -> Tensor:
+    """F(x, w): ``(N, C_in, *S)`` and ``(C_out, C_in/groups, *K)`` to ``(N, C_out, *out)``; ``geometry`` is
+    ``(stride, padding, dilation, groups)``."""
+    bk = x._backend
+    out = _wrap(bk.conv_forward(bk.contiguous(x._data), bk.contiguous(w._data), *geometry), bk)
+    need_x, need_w = x.requires_grad, w.requires_grad
+    if STATE.enabled and (need_x or need_w):
+        x_shape, w_shape = tuple(x.shape), tuple(w.shape)
+
+        def backward(g: Tensor, *saved: Tensor):
+            xs = saved[0] if need_w else None
+            ws = saved[-1] if need_x else None
+            gx = _native_input_grad(g, ws, x_shape, geometry) if need_x else None
+            gw = _native_weight_grad(xs, g, w_shape, geometry) if need_w else None
+            return gx, gw
+
+        _record(out, "Convolution", (x, w), ((x,) if need_w else ()) + ((w,) if need_x else ()), backward)
+    return out
+
+
+def _native_input_grad(g: Tensor, w: Tensor, x_shape: tuple, geometry: tuple) -> Tensor:
+    """D(g, w): the input gradient of F for an input of ``x_shape`` (and a transposed convolution's forward)."""
+    bk = g._backend
+    out = _wrap(bk.conv_input_grad(bk.contiguous(g._data), bk.contiguous(w._data), x_shape, *geometry), bk)
+    need_g, need_w = g.requires_grad, w.requires_grad
+    if STATE.enabled and (need_g or need_w):
+        w_shape = tuple(w.shape)
+
+        def backward(h: Tensor, *saved: Tensor):
+            gs = saved[0] if need_w else None
+            ws = saved[-1] if need_g else None
+            dg = _native_forward(h, ws, geometry) if need_g else None
+            dw = _native_weight_grad(h, gs, w_shape, geometry) if need_w else None
+            return dg, dw
+
+        _record(out, "ConvolutionInputGrad", (g, w), ((g,) if need_w else ()) + ((w,) if need_g else ()), backward)
+    return out
+
+
+def _native_weight_grad(x: Tensor, g: Tensor, w_shape: tuple, geometry: tuple) -> Tensor:
+    """W(x, g): the weight gradient of F, of ``w_shape``."""
+    bk = x._backend
+    out = _wrap(bk.conv_weight_grad(bk.contiguous(x._data), bk.contiguous(g._data), w_shape, *geometry), bk)
+    need_x, need_g = x.requires_grad, g.requires_grad
+    if STATE.enabled and (need_x or need_g):
+        x_shape = tuple(x.shape)
+
+        def backward(h: Tensor, *saved: Tensor):
+            gs = saved[0] if need_x else None
+            xs = saved[-1] if need_g else None
+            dx = _native_input_grad(gs, h, x_shape, geometry) if need_x else None
+            dg = _native_forward(xs, h, geometry) if need_g else None
+            return dx, dg
+
+        _record(out, "ConvolutionWeightGrad", (x, g), ((g,) if need_x else ()) + ((x,) if need_g else ()), backward)
+    return out
+
+
 def _gemm_operands(weight: Tensor, cols: Tensor, groups: int, rows: int, length: int) -> tuple[Tensor, Tensor]:
     """The convolution GEMM's operands: ``(C_out, rows) @ (rows, length)``, batched over ``groups``."""
     c_out = weight.shape[0]
@@ -395,6 +466,19 @@ def _convnd(
         raise FlowError(
             f"{where}: padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', got {padding_mode!r}"
         )
+    if _native_ok(x, weight, widths, mode, nd):
+        padding = tuple(lo for lo, _ in widths)
+        out_size = tuple(_window_out(m + 2 * p, kk, s, d)
+                         for m, p, kk, s, d in zip(x.shape[2:], padding, kernel, stride, dilation))
+        if any(o <= 0 for o in out_size):
+            raise ShapeError(
+                f"{where}: input of spatial size {tuple(x.shape[2:])} (padding {padding}) is smaller than the "
+                f"kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
+            )
+        out = _native_forward(x, weight, (stride, padding, dilation, groups))
+        if bias is not None:
+            out = out + bias.reshape((1, c_out) + (1,) * nd)
+        return out.squeeze(0) if unbatched else out
     k = math.prod(kernel)
     # Channels first, batch last: the input is laid out (C, *S, N), its windows stack to (C, K, *out, N),
     # which is (C*K, L*N) with no copy, and the whole convolution is one GEMM per group (BLAS-sized, not N
@@ -535,6 +619,16 @@ def _conv_transposend(
     length = n * math.prod(in_size)
     c_out = c_out_g * groups
     full = tuple((i - 1) * s + d * (kk - 1) + 1 for i, s, d, kk in zip(in_size, stride, dilation, kernel))
+    out_full = tuple(f - 2 * p + op for f, p, op in zip(full, padding, output_padding))
+    # Native: the transposed convolution is the input gradient D of the convolution it transposes (whose input
+    # is this output). With output_padding >= stride that convolution would see one more window than this
+    # input has, so those (rare) shapes take the path below.
+    if (all(o > 0 for o in out_full) and all(op < s for op, s in zip(output_padding, stride))
+            and _native_ok(x, weight, [(0, 0)] * nd, "constant", nd)):
+        out = _native_input_grad(x, weight, (n, c_out) + out_full, (stride, padding, dilation, groups))
+        if bias is not None:
+            out = out + bias.reshape((1, c_out) + (1,) * nd)
+        return out.squeeze(0) if unbatched else out
     if (x._backend.conv_batch_last and groups == 1 and STATE.autocast is None and weight.dtype is x.dtype
             and weight._backend is x._backend):
         # Batch last, as _convnd: the input is kept for backward as a view (the (C_in, N*L) GEMM operand of the

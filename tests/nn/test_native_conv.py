@@ -1,0 +1,159 @@
+"""The native-convolution contract (``Backend.native_conv`` / ``conv_forward`` / ``conv_input_grad`` /
+``conv_weight_grad``) as the ``nn`` layer uses it: a backend that says ``native_conv`` gets every convolution and
+transposed convolution through those three ops, gradients of any order included.
+
+The backend here is NumPy's with the three ops answered by torch's own convolution and its ``torch.nn.grad``
+adjoints (a test-only reference implementation of the contract); results must equal the im2col path of the plain
+NumPy backend. The real native backends (cuDNN on CUDA, the OpenCL kernels) run the ordinary convolution tests
+against torch on their devices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgraph as fg
+from flowgraph.autograd.gradcheck import gradcheck
+from flowgraph.backends.array_backend import NumpyBackend
+from flowgraph.nn import functional as F
+from flowgraph.tensor.tensor import _wrap
+
+torch = pytest.importorskip("torch")
+
+
+class TorchConvBackend(NumpyBackend):
+    """NumPy, with native convolutions answered by torch (the contract's reference). Counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {"forward": 0, "input_grad": 0, "weight_grad": 0}
+
+    def native_conv(self, dtype, nd):
+        return dtype.kind == "f"
+
+    @staticmethod
+    def _fn(nd, suffix=""):
+        return getattr(torch.nn.functional, f"conv{nd}d") if not suffix else getattr(torch.nn.grad,
+                                                                                     f"conv{nd}d_{suffix}")
+
+    def conv_forward(self, x, w, stride, padding, dilation, groups):
+        self.calls["forward"] += 1
+        y = self._fn(x.ndim - 2)(torch.from_numpy(x), torch.from_numpy(w), None, stride, padding, dilation, groups)
+        return y.numpy()
+
+    def conv_input_grad(self, g, w, x_shape, stride, padding, dilation, groups):
+        self.calls["input_grad"] += 1
+        return self._fn(g.ndim - 2, "input")(x_shape, torch.from_numpy(w), torch.from_numpy(g), stride, padding,
+                                             dilation, groups).numpy()
+
+    def conv_weight_grad(self, x, g, w_shape, stride, padding, dilation, groups):
+        self.calls["weight_grad"] += 1
+        return self._fn(x.ndim - 2, "weight")(torch.from_numpy(x), w_shape, torch.from_numpy(g), stride, padding,
+                                              dilation, groups).numpy()
+
+
+def _pair(bk, *arrays):
+    """The same arrays as leaf tensors on ``bk`` and on the plain cpu backend."""
+    native = [_wrap(a.copy(), bk).requires_grad_(True) for a in arrays]
+    plain = [fg.tensor(a.copy(), requires_grad=True) for a in arrays]
+    return native, plain
+
+
+CONV = [  # (nd, C_in, C_out, size, kernel, stride, padding, dilation, groups)
+    (1, 4, 6, (9,), (3,), (2,), (1,), (1,), 2),
+    (2, 3, 4, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (2, 4, 4, (9, 8), (4, 2), (2, 1), (0, 1), (1, 2), 4),
+    (3, 2, 3, (5, 4, 5), (2, 3, 2), (1, 2, 1), (1, 0, 1), (1, 1, 2), 1),
+]
+
+
+@pytest.mark.parametrize("cfg", CONV, ids=lambda c: f"{c[0]}d-g{c[-1]}")
+def test_convolution_goes_native_and_matches_im2col(cfg):
+    nd, c_in, c_out, size, kernel, stride, padding, dilation, groups = cfg
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, c_in) + size)
+    w = rng.standard_normal((c_out, c_in // groups) + kernel)
+    b = rng.standard_normal(c_out)
+    bk = TorchConvBackend()
+    conv = getattr(F, f"conv{nd}d")
+    (xn, wn, bn), (xp, wp, bp) = _pair(bk, x, w, b)
+    yn = conv(xn, wn, bn, stride, padding, dilation, groups)
+    yp = conv(xp, wp, bp, stride, padding, dilation, groups)
+    np.testing.assert_allclose(yn.detach().numpy(), yp.detach().numpy(), rtol=1e-10, atol=1e-10)
+    g = rng.standard_normal(tuple(yp.shape))
+    yn.backward(_wrap(g, bk))
+    yp.backward(fg.tensor(g))
+    for a, p in ((xn, xp), (wn, wp), (bn, bp)):
+        np.testing.assert_allclose(a.grad.numpy(), p.grad.numpy(), rtol=1e-10, atol=1e-10)
+    assert bk.calls == {"forward": 1, "input_grad": 1, "weight_grad": 1}
+
+
+@pytest.mark.parametrize("output_padding", [0, 1])
+def test_transposed_convolution_is_the_input_gradient(output_padding):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 4, 5, 6))
+    w = rng.standard_normal((4, 3, 3, 3))  # groups=2: (C_in, C_out / groups, *K)
+    bk = TorchConvBackend()
+    (xn, wn), (xp, wp) = _pair(bk, x, w)
+    kw = dict(stride=2, padding=1, output_padding=output_padding, groups=2)
+    yn, yp = F.conv_transpose2d(xn, wn, **kw), F.conv_transpose2d(xp, wp, **kw)
+    assert yn.shape == yp.shape
+    np.testing.assert_allclose(yn.detach().numpy(), yp.detach().numpy(), rtol=1e-10, atol=1e-10)
+    g = rng.standard_normal(tuple(yp.shape))
+    yn.backward(_wrap(g, bk))
+    yp.backward(fg.tensor(g))
+    np.testing.assert_allclose(xn.grad.numpy(), xp.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(wn.grad.numpy(), wp.grad.numpy(), rtol=1e-10, atol=1e-10)
+    assert bk.calls == {"forward": 1, "input_grad": 1, "weight_grad": 1}
+
+
+def test_gradients_of_every_order_stay_native():
+    rng = np.random.default_rng(2)
+    bk = TorchConvBackend()
+    (xn, wn, vn), (xp, wp, vp) = _pair(bk, rng.standard_normal((1, 2, 5, 5)), rng.standard_normal((3, 2, 3, 3)),
+                                       rng.standard_normal((1, 2, 5, 5)))
+
+    def second(x, w, v):  # d/d(x, w) of <d/dx sum(conv(x, w)^2), v>: through D's and W's own backward
+        y = F.conv2d(x, w, stride=2, padding=1)
+        one = _wrap(np.ones(()), x._backend)  # the seed on the tensors' own backend instance
+        (gx,) = fg.autograd.grad((y * y).sum(), (x,), one, create_graph=True)
+        return fg.autograd.grad((gx * v).sum(), (x, w), one)
+
+    for a, p in zip(second(xn, wn, vn), second(xp, wp, vp)):
+        np.testing.assert_allclose(a.detach().numpy(), p.detach().numpy(), rtol=1e-10, atol=1e-10)
+    assert bk.calls["forward"] >= 2 and bk.calls["input_grad"] >= 2 and bk.calls["weight_grad"] >= 1
+
+
+def test_native_ops_pass_gradcheck(monkeypatch):
+    """The three native ops' backward formulas against finite differences (the cpu backend instance itself
+    answers the contract here, through the reference methods, so gradcheck's own tensors share its backend)."""
+    from flowgraph.backends import get_backend
+    from flowgraph.nn.conv import _native_forward, _native_input_grad, _native_weight_grad
+
+    ref = TorchConvBackend()
+    cpu = get_backend("cpu")
+    for name in ("native_conv", "conv_forward", "conv_input_grad", "conv_weight_grad"):
+        monkeypatch.setattr(cpu, name, getattr(ref, name))
+    rng = np.random.default_rng(4)
+    geometry = ((2, 1), (1, 0), (1, 2), 1)
+    x = fg.tensor(rng.standard_normal((1, 2, 6, 5)), requires_grad=True)
+    w = fg.tensor(rng.standard_normal((3, 2, 3, 2)), requires_grad=True)
+    g = fg.tensor(rng.standard_normal((1, 3, 3, 3)), requires_grad=True)
+    assert gradcheck(lambda x, w: _native_forward(x, w, geometry), (x, w))
+    assert gradcheck(lambda g, w: _native_input_grad(g, w, (1, 2, 6, 5), geometry), (g, w))
+    assert gradcheck(lambda x, g: _native_weight_grad(x, g, (3, 2, 3, 2), geometry), (x, g))
+    assert gradcheck(lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2)), (x, w))
+    assert all(ref.calls.values())
+
+
+def test_asymmetric_padding_and_other_padding_modes_keep_the_im2col_path():
+    rng = np.random.default_rng(3)
+    bk = TorchConvBackend()
+    x = _wrap(rng.standard_normal((1, 2, 6, 6)), bk)
+    w = _wrap(rng.standard_normal((2, 2, 2, 2)), bk)
+    F.conv2d(x, w, padding="same")  # even kernel: one more on the right
+    layer = fg.nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")
+    layer.weight = fg.nn.Parameter(_wrap(rng.standard_normal((2, 2, 3, 3)), bk))
+    layer.bias = None
+    layer(x)
+    assert bk.calls["forward"] == 0
