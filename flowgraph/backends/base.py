@@ -361,21 +361,66 @@ class Backend:
         """A convolution in PyTorch's layout: ``x`` ``(N, C_in, *S)``, ``w`` ``(C_out, C_in / groups, *K)``,
         zero ``padding`` on both sides of each spatial dim, the result ``(N, C_out, *out)`` with
         ``out[i] = (S[i] + 2 * padding[i] - dilation[i] * (K[i] - 1) - 1) // stride[i] + 1``.
-        Only called where ``native_conv`` says True."""
-        raise BackendError(f"the {self.name} backend has no native convolution (native_conv is False)")
+        Only called where ``native_conv`` says True.
+
+        Generic default (a backend's fallback where its native library refuses a problem): the batch-last
+        ``conv_gemm`` composite, one GEMM per group."""
+        nd = x.ndim - 2
+        xl = self._conv_batch_last(x, padding)
+        kernel, c_out = tuple(w.shape[2:]), w.shape[0]
+        out = tuple((s - d * (k - 1) - 1) // st + 1
+                    for s, k, st, d in zip(xl.shape[1:-1], kernel, stride, dilation))
+        cg, og = x.shape[1] // groups, c_out // groups
+        pieces = [self.conv_gemm(self.slice(xl, (slice(i * cg, (i + 1) * cg),)),
+                                 self.reshape(self.slice(w, (slice(i * og, (i + 1) * og),)), (og, -1)),
+                                 kernel, tuple(stride), tuple(dilation), out) for i in range(groups)]
+        y = pieces[0] if groups == 1 else self.concatenate(pieces, 0)  # (C_out, *out, N)
+        return self.contiguous(self.permute(y, (nd + 1, 0) + tuple(range(1, nd + 1))))
+
+    def _conv_batch_last(self, x: Array, padding: Sequence[int]) -> Array:
+        """``(N, C, *S)`` to the zero-padded batch-last ``(C, *S_padded, N)`` of ``conv_gemm``."""
+        nd = x.ndim - 2
+        xl = self.permute(x, (1,) + tuple(range(2, nd + 2)) + (0,))
+        if any(padding):
+            xl = self.pad(xl, [(0, 0)] + [(p, p) for p in padding] + [(0, 0)], 0.0)
+        return xl
 
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
         """The adjoint of ``conv_forward`` in its input (cuDNN's dgrad, also a transposed convolution's
         forward): ``g`` ``(N, C_out, *out)`` and ``w`` to an array of ``x_shape``. Only called where
-        ``native_conv`` says True."""
-        raise BackendError(f"the {self.name} backend has no native convolution (native_conv is False)")
+        ``native_conv`` says True. Generic default: ``conv_gemm_transpose`` per group, then the padding cropped."""
+        nd = g.ndim - 2
+        kernel, c_in = tuple(w.shape[2:]), x_shape[1]
+        gl = self.permute(g, (1,) + tuple(range(2, nd + 2)) + (0,))  # (C_out, *out, N)
+        cg, og = c_in // groups, g.shape[1] // groups
+        padded = tuple(s + 2 * p for s, p in zip(x_shape[2:], padding))
+        pieces = [self.conv_gemm_transpose(self.slice(gl, (slice(i * og, (i + 1) * og),)),
+                                           self.reshape(self.slice(w, (slice(i * og, (i + 1) * og),)), (og, -1)),
+                                           kernel, tuple(stride), tuple(dilation), (cg,) + padded + (x_shape[0],))
+                  for i in range(groups)]
+        gx = pieces[0] if groups == 1 else self.concatenate(pieces, 0)  # (C_in, *padded, N)
+        if any(padding):
+            gx = self.slice(gx, (slice(None),) + tuple(slice(p, p + s) for p, s in zip(padding, x_shape[2:])))
+        return self.contiguous(self.permute(gx, (nd + 1, 0) + tuple(range(1, nd + 1))))
 
     def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
                          padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
         """The adjoint of ``conv_forward`` in its weight (cuDNN's wgrad): ``x`` ``(N, C_in, *S)`` and ``g``
-        ``(N, C_out, *out)`` to an array of ``w_shape``. Only called where ``native_conv`` says True."""
-        raise BackendError(f"the {self.name} backend has no native convolution (native_conv is False)")
+        ``(N, C_out, *out)`` to an array of ``w_shape``. Only called where ``native_conv`` says True.
+        Generic default: ``conv_gemm_backward`` per group (its weight gradient only)."""
+        nd = x.ndim - 2
+        kernel, c_out = tuple(w_shape[2:]), w_shape[0]
+        xl = self._conv_batch_last(x, padding)
+        gl = self.permute(g, (1,) + tuple(range(2, nd + 2)) + (0,))
+        cg, og = x.shape[1] // groups, c_out // groups
+        shape = (og, cg * math.prod(kernel))
+        pieces = [self.conv_gemm_backward(self.slice(xl, (slice(i * cg, (i + 1) * cg),)),
+                                          self.full(shape, 0, g.dtype), self.slice(gl, (slice(i * og, (i + 1) * og),)),
+                                          kernel, tuple(stride), tuple(dilation), False, True)[1]
+                  for i in range(groups)]
+        gw = pieces[0] if groups == 1 else self.concatenate(pieces, 0)
+        return self.reshape(gw, tuple(w_shape))
 
     def _conv_offsets(self, x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
                       r1: int) -> list[tuple[slice, ...]]:

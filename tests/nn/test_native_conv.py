@@ -52,6 +52,33 @@ class TorchConvBackend(NumpyBackend):
                                               dilation, groups).numpy()
 
 
+class GenericConvBackend(NumpyBackend):
+    """NumPy saying ``native_conv`` with the protocol's generic defaults (the batch-last composites per group):
+    the fallback a native backend uses for a problem its library refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {"forward": 0, "input_grad": 0, "weight_grad": 0}
+
+    def native_conv(self, dtype, nd):
+        return dtype.kind == "f"
+
+    def conv_forward(self, *args):
+        self.calls["forward"] += 1
+        return super().conv_forward(*args)
+
+    def conv_input_grad(self, *args):
+        self.calls["input_grad"] += 1
+        return super().conv_input_grad(*args)
+
+    def conv_weight_grad(self, *args):
+        self.calls["weight_grad"] += 1
+        return super().conv_weight_grad(*args)
+
+
+BACKENDS = [TorchConvBackend, GenericConvBackend]
+
+
 def _pair(bk, *arrays):
     """The same arrays as leaf tensors on ``bk`` and on the plain cpu backend."""
     native = [_wrap(a.copy(), bk).requires_grad_(True) for a in arrays]
@@ -67,14 +94,15 @@ CONV = [  # (nd, C_in, C_out, size, kernel, stride, padding, dilation, groups)
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.__name__)
 @pytest.mark.parametrize("cfg", CONV, ids=lambda c: f"{c[0]}d-g{c[-1]}")
-def test_convolution_goes_native_and_matches_im2col(cfg):
+def test_convolution_goes_native_and_matches_im2col(cfg, backend):
     nd, c_in, c_out, size, kernel, stride, padding, dilation, groups = cfg
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, c_in) + size)
     w = rng.standard_normal((c_out, c_in // groups) + kernel)
     b = rng.standard_normal(c_out)
-    bk = TorchConvBackend()
+    bk = backend()
     conv = getattr(F, f"conv{nd}d")
     (xn, wn, bn), (xp, wp, bp) = _pair(bk, x, w, b)
     yn = conv(xn, wn, bn, stride, padding, dilation, groups)
@@ -88,12 +116,13 @@ def test_convolution_goes_native_and_matches_im2col(cfg):
     assert bk.calls == {"forward": 1, "input_grad": 1, "weight_grad": 1}
 
 
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.__name__)
 @pytest.mark.parametrize("output_padding", [0, 1])
-def test_transposed_convolution_is_the_input_gradient(output_padding):
+def test_transposed_convolution_is_the_input_gradient(output_padding, backend):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 4, 5, 6))
     w = rng.standard_normal((4, 3, 3, 3))  # groups=2: (C_in, C_out / groups, *K)
-    bk = TorchConvBackend()
+    bk = backend()
     (xn, wn), (xp, wp) = _pair(bk, x, w)
     kw = dict(stride=2, padding=1, output_padding=output_padding, groups=2)
     yn, yp = F.conv_transpose2d(xn, wn, **kw), F.conv_transpose2d(xp, wp, **kw)
