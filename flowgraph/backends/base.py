@@ -377,6 +377,59 @@ class Backend:
         y = pieces[0] if groups == 1 else self.concatenate(pieces, 0)  # (C_out, *out, N)
         return self.contiguous(self.permute(y, (nd + 1, 0) + tuple(range(1, nd + 1))))
 
+    # ------------------------------------------------------- fused attention (optional capability)
+    def native_sdpa(self, dtype: np.dtype, head_dim: int) -> bool:
+        """Whether this backend runs scaled dot-product attention of ``dtype`` as one fused kernel forward and
+        one backward (``sdpa_forward`` / ``sdpa_backward``: cuDNN's flash attention on CUDA), keeping O(L)
+        memory instead of the ``L x S`` weights. False here: the ``nn`` layer composes matmul and softmax."""
+        return False
+
+    def sdpa_forward(self, q: Array, k: Array, v: Array, scale: float, causal: bool) -> tuple[Array, Array]:
+        """``softmax(q k^T * scale) v`` for ``q`` ``(B, H, L, D)``, ``k`` ``(B, H, S, D)``, ``v``
+        ``(B, H, S, Dv)``, with a causal mask (key ``j`` hidden from query ``i`` where ``j > i``) when
+        ``causal``; returns ``(out, stats)`` where ``stats`` ``(B, H, L, 1)`` float32 is each row's
+        log-sum-exp of the scaled scores, all the backward needs besides the inputs and ``out``.
+
+        Generic default, in primitives (the reference the fused kernels are tested against; it does hold the
+        ``L x S`` scores while it runs)."""
+        f32 = np.dtype(np.float32)
+        scores = self.mul(self.matmul(self.cast(q, f32), self.permute(self.cast(k, f32), (0, 1, 3, 2))),
+                          self.full((), scale, f32))
+        if causal:
+            scores = self.add(scores, self._causal_bias(q.shape[2], k.shape[2]))
+        top = self.max(scores, (3,), True)
+        p = self.exp(self.sub(scores, top))
+        total = self.sum(p, (3,), True)
+        out = self.matmul(self.div(p, total), self.cast(v, f32))
+        return self.cast(out, q.dtype), self.add(top, self.log(total))
+
+    def sdpa_backward(self, q: Array, k: Array, v: Array, out: Array, dout: Array, stats: Array, scale: float,
+                      causal: bool) -> tuple[Array, Array, Array]:
+        """The gradients ``(dq, dk, dv)`` of ``sdpa_forward`` from its output, ``stats`` and the output
+        gradient. Generic default, in primitives: the weights rebuilt from ``stats``, then
+        ``dv = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dq = dS K * scale``, ``dk = dS^T Q * scale``."""
+        f32 = np.dtype(np.float32)
+        q32, k32, v32 = self.cast(q, f32), self.cast(k, f32), self.cast(v, f32)
+        do32, o32 = self.cast(dout, f32), self.cast(out, f32)
+        scores = self.mul(self.matmul(q32, self.permute(k32, (0, 1, 3, 2))), self.full((), scale, f32))
+        if causal:
+            scores = self.add(scores, self._causal_bias(q.shape[2], k.shape[2]))
+        p = self.exp(self.sub(scores, stats))
+        dv = self.matmul(self.permute(p, (0, 1, 3, 2)), do32)
+        dp = self.matmul(do32, self.permute(v32, (0, 1, 3, 2)))
+        ds = self.mul(p, self.sub(dp, self.sum(self.mul(do32, o32), (3,), True)))
+        ds = self.mul(ds, self.full((), scale, f32))
+        dq = self.matmul(ds, k32)
+        dk = self.matmul(self.permute(ds, (0, 1, 3, 2)), q32)
+        return self.cast(dq, q.dtype), self.cast(dk, k.dtype), self.cast(dv, v.dtype)
+
+    def _causal_bias(self, length: int, keys: int) -> Array:
+        """``(L, S)`` float32: 0 where key ``j <= i``, -inf above the diagonal (aligned top-left)."""
+        f32 = np.dtype(np.float32)
+        rows = self.reshape(self.arange(0, length, 1, np.dtype(np.int64)), (length, 1))
+        cols = self.reshape(self.arange(0, keys, 1, np.dtype(np.int64)), (1, keys))
+        return self.where(self.le(cols, rows), self.full((), 0.0, f32), self.full((), float("-inf"), f32))
+
     def _conv_batch_last(self, x: Array, padding: Sequence[int]) -> Array:
         """``(N, C, *S)`` to the zero-padded batch-last ``(C, *S_padded, N)`` of ``conv_gemm``."""
         nd = x.ndim - 2

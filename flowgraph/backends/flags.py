@@ -17,11 +17,14 @@ the CPU and OpenCL always compute float32 exactly.
 ``"high"`` and ``"medium"`` are ``allow_tf32 = True`` (PyTorch's ``"medium"`` may also use bfloat16 internally;
 flowgraph uses TF32 for both).
 
-``cudnn``: flowgraph has no cuDNN (a convolution is im2col and one matmul), so these are accepted, kept and
-readable for scripts written for PyTorch, and change nothing: ``allow_tf32`` (default ``True``) does not
-enable TF32 for convolutions, whose matmul follows ``matmul.allow_tf32``; ``benchmark`` (default ``False``) has
-no algorithms to choose between; ``deterministic`` (default ``False``) is kept but does not change the CUDA
-``scatter_add`` (embedding and indexing backward), whose atomic float additions may sum in a varying order.
+``cudnn``: read by the CUDA backend's cuDNN path (``flowgraph/backends/cuda/cudnn.py``, NVIDIA's
+``nvidia-cudnn-frontend``, the ``cuda`` extra). ``enabled`` (default ``True``) sends convolutions and float16 /
+bfloat16 attention through cuDNN where it is installed; ``False`` runs flowgraph's own kernels. ``allow_tf32``
+(default ``True``, as PyTorch) lets float32 convolutions use TF32 tensor cores; ``False`` deselects the engines
+cuDNN marks as tensor-core ones for float32, as PyTorch does. ``benchmark`` (default ``False``) is kept for
+scripts written for PyTorch: cuDNN's heuristics pick the engine either way. ``deterministic`` (default ``False``)
+is kept but does not change the CUDA ``scatter_add`` (embedding and indexing backward), whose atomic float
+additions may sum in a varying order.
 """
 
 from __future__ import annotations
@@ -82,9 +85,9 @@ class CudaMatmulFlags:
 
 
 class CudnnFlags:
-    """``fg.backends.cudnn``: PyTorch's cuDNN flags, accepted and kept; flowgraph has no cuDNN, so they change
-    nothing (see the module docstring). ``allow_tf32`` defaults to ``True``, ``benchmark`` and
-    ``deterministic`` to ``False``, ``enabled`` to ``True``, as in PyTorch."""
+    """``fg.backends.cudnn``: PyTorch's cuDNN flags (see the module docstring for what each one changes).
+    ``allow_tf32`` defaults to ``True``, ``benchmark`` and ``deterministic`` to ``False``, ``enabled`` to
+    ``True``, as in PyTorch."""
 
     _DEFAULTS = {"allow_tf32": True, "benchmark": False, "deterministic": False, "enabled": True}
 
@@ -98,8 +101,18 @@ class CudnnFlags:
 
     @staticmethod
     def is_available() -> bool:
-        """``False``: flowgraph computes convolutions without cuDNN."""
-        return False
+        """Whether cuDNN's frontend and libraries load in this process (``torch.backends.cudnn.is_available``);
+        ``fg.backends.cudnn.unavailable_reason()`` says why not."""
+        from .cuda import cudnn as lib
+
+        return lib.is_available()
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """None when cuDNN is available, otherwise the import or library error that keeps it off."""
+        from .cuda import cudnn as lib
+
+        return lib.unavailable_reason()
 
     def __repr__(self) -> str:
         return "fg.backends.cudnn(" + ", ".join(f"{k}={self.__dict__[k]}" for k in self._DEFAULTS) + ")"

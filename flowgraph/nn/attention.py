@@ -22,8 +22,11 @@ import copy
 import math
 from collections.abc import Callable
 
+from ..autograd.functional import grad as autograd_grad
+from ..autograd.grad_mode import STATE, enable_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, arange, cat, empty, float32, gelu, pad, relu, where, zeros
+from ..tensor.tensor import _record, _wrap
 from . import init
 from .containers import ModuleList
 from .dropout import Dropout
@@ -78,6 +81,49 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dropout_p: flo
     return weights.matmul(v), weights
 
 
+def _native_sdpa_ok(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float,
+                    is_causal: bool) -> bool:
+    """Whether the backend's fused attention (``Backend.native_sdpa``) can run this call: no mask other than the
+    square causal one, no dropout, no autocast, one dtype and backend, matching leading dims and head sizes."""
+    bk = q._backend
+    return (attn_mask is None and dropout_p == 0.0 and STATE.autocast is None and q.ndim >= 3
+            and k._backend is bk and v._backend is bk and q.dtype is k.dtype and k.dtype is v.dtype
+            and tuple(q.shape[:-2]) == tuple(k.shape[:-2]) == tuple(v.shape[:-2])
+            and v.shape[-1] == q.shape[-1] and (not is_causal or q.shape[-2] == k.shape[-2])
+            and bk.native_sdpa(q.dtype.np, q.shape[-1]))
+
+
+def _native_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
+    """Attention through ``Backend.sdpa_forward`` / ``sdpa_backward``: one fused kernel each way, keeping the
+    inputs, the output and the per-row log-sum-exp (O(L)), never the ``L x S`` weights. Under ``create_graph``
+    the backward is the composed formula on tensors, so higher-order gradients still work."""
+    bk = q._backend
+    lead, length = tuple(q.shape[:-2]), q.shape[-2]
+
+    def four(t: Tensor):
+        d = t._data
+        return bk.contiguous(d if t.ndim == 4 else bk.reshape(d, (1, -1) + tuple(t.shape[-2:])))
+
+    o4, stats = bk.sdpa_forward(four(q), four(k), four(v), scale, causal)
+    out = _wrap(bk.reshape(o4, lead + (length, v.shape[-1])), bk)
+    if STATE.enabled and (q.requires_grad or k.requires_grad or v.requires_grad):
+        lse = _wrap(stats, bk)
+
+        def backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor):
+            if STATE.enabled:  # create_graph: the composed formula, differentiable again
+                with enable_grad():
+                    qs, ks, vs = (t if t.requires_grad else t.detach().requires_grad_(True) for t in (q, k, v))
+                    bias = _causal_mask(length, k.shape[-2], q.device, q.dtype) if causal else None
+                    y = _attend(qs, ks, vs, bias, 0.0, scale, safe=True)[0]
+                return autograd_grad(y, (qs, ks, vs), g, create_graph=True)
+            shape = lambda t: tuple(t.shape)  # noqa: E731
+            dq, dk, dv = bk.sdpa_backward(four(q), four(k), four(v), four(out), four(g), lse._data, scale, causal)
+            return tuple(_wrap(bk.reshape(d, shape(t)), bk) for d, t in ((dq, q), (dk, k), (dv, v)))
+
+        _record(out, "ScaledDotProductAttention", (q, k, v), (q, k, v, out, lse), backward)
+    return out
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Tensor:
@@ -105,6 +151,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         key = key.repeat_interleave(heads_q // heads_kv, -3)
         value = value.repeat_interleave(heads_q // heads_kv, -3)
     L, S = query.shape[-2], key.shape[-2]
+    if _native_sdpa_ok(query, key, value, attn_mask, dropout_p, is_causal):
+        return _native_sdpa(query, key, value, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale,
+                            is_causal)
     if is_causal:
         bias = _causal_mask(L, S, query.device, query.dtype)
     else:

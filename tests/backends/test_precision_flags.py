@@ -50,7 +50,7 @@ def test_flags_are_settable_like_torch_and_checked():
     fg.backends.cudnn.deterministic = True
     fg.backends.cudnn.allow_tf32 = False
     assert fg.backends.cudnn.benchmark and fg.backends.cudnn.deterministic and not fg.backends.cudnn.allow_tf32
-    assert fg.backends.cudnn.is_available() is False
+    assert fg.backends.cudnn.is_available() is (fg.backends.cudnn.unavailable_reason() is None)
     assert "benchmark=True" in repr(fg.backends.cudnn) and "allow_tf32=False" in repr(fg.backends.cuda.matmul)
     with pytest.raises(FlowError, match="must be True or False"):
         fg.backends.cuda.matmul.allow_tf32 = "yes"

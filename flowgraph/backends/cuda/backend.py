@@ -27,7 +27,7 @@ import cupy
 import numpy as np
 
 from ...errors import BackendError, FlowError, ShapeError
-from .. import fusion
+from .. import flags, fusion
 from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
 from ..fusion import (
@@ -45,6 +45,7 @@ from ..fusion import (
     sgd_update_scalars,
     split_reduction,
 )
+from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
 
@@ -202,6 +203,7 @@ class CupyBackend(ArrayBackend):
         self._rng_state: Any = None
         self._rng: Any = None
         self._blas: Cublas | None = None
+        self._cudnn: cudnn_lib.Cudnn | None = None
         #: Set by ``fg.capture`` while a CUDA graph is being recorded: host reads raise.
         self.capturing = False
         #: Sink host calls met while recording a graph: ``(fn, arrays)`` run after each launch.
@@ -955,6 +957,79 @@ class CupyBackend(ArrayBackend):
         if self._blas is None:
             self._blas = Cublas(cupy)
         return self._blas
+
+    # ----------------------------------------------------------------- cuDNN (convolutions, attention)
+    _CUDNN_TYPES = frozenset({np.dtype(np.float16), K.BF16, np.dtype(np.float32), np.dtype(np.float64)})
+
+    def cudnn(self) -> cudnn_lib.Cudnn | None:
+        """This device's cuDNN (see ``backends/cuda/cudnn.py``), or None when ``fg.backends.cudnn.enabled`` is
+        False or the frontend is not installed (said once on stderr, with how to install it)."""
+        if not flags.cudnn.enabled:
+            return None
+        if self._cudnn is None:
+            if not cudnn_lib.is_available():
+                cudnn_lib.note_once()
+                return None
+            self._use()
+            self._cudnn = cudnn_lib.Cudnn(cupy)
+        return self._cudnn
+
+    def native_conv(self, dtype: np.dtype, nd: int) -> bool:
+        """True where cuDNN is on and the dtype is a float one it computes (1-3 d)."""
+        return np.dtype(dtype) in self._CUDNN_TYPES and 1 <= nd <= 3 and self.cudnn() is not None
+
+    def _cudnn_conv(self, op: str, a: Any, b: Any, out_shape: tuple, stride, padding, dilation, fallback: Any) -> Any:
+        self._use()
+        a, b = cupy.ascontiguousarray(self._arr(a)), cupy.ascontiguousarray(self._arr(b))
+        try:
+            return self.cudnn().conv(op, a, b, tuple(out_shape), stride, padding, dilation, flags.cudnn.allow_tf32)
+        except BackendError:
+            if self.capturing:
+                raise
+            return fallback()  # a problem cuDNN has no engine for (float64 3-d, say): the generic composite
+
+    def conv_forward(self, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                     dilation: tuple[int, ...], groups: int) -> Array:
+        """cuDNN's ``conv_fprop`` (see ``Backend.conv_forward``)."""
+        out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                    for s, p, k, st, d in zip(x.shape[2:], padding, w.shape[2:], stride, dilation))
+        return self._cudnn_conv("fprop", x, w, (x.shape[0], w.shape[0]) + out, stride, padding, dilation,
+                                lambda: super(CupyBackend, self).conv_forward(x, w, stride, padding, dilation,
+                                                                              groups))
+
+    def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
+                        padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """cuDNN's ``conv_dgrad`` (see ``Backend.conv_input_grad``)."""
+        return self._cudnn_conv("dgrad", g, w, x_shape, stride, padding, dilation,
+                                lambda: super(CupyBackend, self).conv_input_grad(g, w, x_shape, stride, padding,
+                                                                                 dilation, groups))
+
+    def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """cuDNN's ``conv_wgrad`` (see ``Backend.conv_weight_grad``)."""
+        return self._cudnn_conv("wgrad", x, g, w_shape, stride, padding, dilation,
+                                lambda: super(CupyBackend, self).conv_weight_grad(x, g, w_shape, stride, padding,
+                                                                                  dilation, groups))
+
+    _SDPA_TYPES = frozenset({np.dtype(np.float16), K.BF16})
+
+    def native_sdpa(self, dtype: np.dtype, head_dim: int) -> bool:
+        """True for float16/bfloat16 with a head size cuDNN's fused attention takes (a multiple of 8, <= 128)."""
+        return (np.dtype(dtype) in self._SDPA_TYPES and head_dim % 8 == 0 and 8 <= head_dim <= 128
+                and self.cudnn() is not None)
+
+    def sdpa_forward(self, q: Array, k: Array, v: Array, scale: float, causal: bool) -> tuple[Array, Array]:
+        """cuDNN's fused attention forward (see ``Backend.sdpa_forward``)."""
+        self._use()
+        q, k, v = (cupy.ascontiguousarray(self._arr(a)) for a in (q, k, v))
+        return self.cudnn().sdpa_forward(q, k, v, None, scale, causal)
+
+    def sdpa_backward(self, q: Array, k: Array, v: Array, out: Array, dout: Array, stats: Array, scale: float,
+                      causal: bool) -> tuple[Array, Array, Array]:
+        """cuDNN's fused attention backward (see ``Backend.sdpa_backward``)."""
+        self._use()
+        q, k, v, out, dout, stats = (cupy.ascontiguousarray(self._arr(a)) for a in (q, k, v, out, dout, stats))
+        return self.cudnn().sdpa_backward(q, k, v, out, dout, stats, None, scale, causal)
 
     def matmul(self, a: Array, b: Array) -> Array:
         self._use()

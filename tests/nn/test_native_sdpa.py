@@ -1,0 +1,90 @@
+"""The fused-attention contract (``Backend.native_sdpa`` / ``sdpa_forward`` / ``sdpa_backward``) as
+``F.scaled_dot_product_attention`` uses it: a backend that says ``native_sdpa`` gets the call (no mask or the
+square causal one, no dropout) through the two ops, and results equal the composed path. The backend here is the
+cpu one saying ``native_sdpa`` for float32 with the protocol's generic defaults (the reference the fused cuDNN
+kernels are measured against on the GPU); cuDNN itself runs the ordinary attention tests against torch on
+``cuda``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgraph as fg
+from flowgraph.backends import get_backend
+from flowgraph.backends.base import Backend
+from flowgraph.nn import functional as F
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """Turn on ``native_sdpa`` (float32) on the cpu backend for one test; yields the call counts."""
+    cpu = get_backend("cpu")
+    calls = {"forward": 0, "backward": 0}
+
+    def forward(*args):
+        calls["forward"] += 1
+        return Backend.sdpa_forward(cpu, *args)
+
+    def backward(*args):
+        calls["backward"] += 1
+        return Backend.sdpa_backward(cpu, *args)
+
+    state = {"on": False}
+    monkeypatch.setattr(cpu, "native_sdpa", lambda dtype, head_dim: state["on"] and dtype == np.float32)
+    monkeypatch.setattr(cpu, "sdpa_forward", forward)
+    monkeypatch.setattr(cpu, "sdpa_backward", backward)
+    calls["state"] = state
+    return calls
+
+
+def _run(arrays, g, **kw):
+    ts = [fg.tensor(a.copy(), requires_grad=True) for a in arrays]
+    y = F.scaled_dot_product_attention(*ts, **kw)
+    y.backward(fg.tensor(g))
+    return [y.detach().numpy()] + [t.grad.numpy() for t in ts]
+
+
+@pytest.mark.parametrize("shape,causal", [((2, 3, 5, 4), False), ((2, 3, 6, 8), True), ((4, 7, 4), True),
+                                          ((1, 1, 1, 2), False)])
+def test_fused_path_matches_the_composed_one(fused, shape, causal):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    g = rng.standard_normal(shape).astype(np.float32)
+    plain = _run(arrays, g, is_causal=causal)
+    fused["state"]["on"] = True
+    native = _run(arrays, g, is_causal=causal)
+    for a, b in zip(native, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert (fused["forward"], fused["backward"]) == (1, 1)
+
+
+def test_masks_dropout_and_other_dtypes_keep_the_composed_path(fused):
+    fused["state"]["on"] = True
+    rng = np.random.default_rng(1)
+    q = fg.tensor(rng.standard_normal((1, 2, 4, 4)).astype(np.float32))
+    F.scaled_dot_product_attention(q, q, q, attn_mask=fg.tensor(np.tril(np.ones((4, 4), bool))))
+    F.scaled_dot_product_attention(q, q[..., :3, :], q[..., :3, :], is_causal=True)  # causal with L != S
+    F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    q64 = fg.tensor(rng.standard_normal((1, 2, 4, 4)))
+    F.scaled_dot_product_attention(q64, q64, q64)
+    assert fused["forward"] == 0
+    F.scaled_dot_product_attention(q, q, q)
+    assert fused["forward"] == 1
+
+
+def test_double_backward_through_the_fused_op(fused):
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3)]
+
+    def second():
+        q, k, v = (fg.tensor(a.copy(), requires_grad=True) for a in arrays)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (gq,) = fg.autograd.grad((y * y).sum(), (q,), create_graph=True)
+        return [t.numpy() for t in fg.autograd.grad((gq * gq).sum(), (q, k, v))]
+
+    plain = second()
+    fused["state"]["on"] = True
+    for a, b in zip(second(), plain):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert fused["forward"] == 1
