@@ -228,13 +228,19 @@ def loss_agreement(model_name: str, scale: float, device: str, steps: int = 20) 
     sp = spec(model_name, scale)
     rng = np.random.default_rng(2)
     worst = 0.0
-    # cuDNN convolutions default to TF32 on Ampere and newer (10-bit mantissa): compare against full float32.
+    # cuDNN convolutions default to TF32 on Ampere and newer (10-bit mantissa), in both frameworks: compare in
+    # full float32 (the rule: the loss check runs with both TF32 flags off).
+    import flowgraph as fg
+
     tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    fg_tf32 = fg.backends.cudnn.allow_tf32, fg.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    fg.backends.cudnn.allow_tf32 = fg.backends.cuda.matmul.allow_tf32 = False
     try:
         worst = _compare_losses(tm, fm, topt, fopt, sp, rng, steps, device, tdev)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+        fg.backends.cudnn.allow_tf32, fg.backends.cuda.matmul.allow_tf32 = fg_tf32
     return worst
 
 

@@ -186,3 +186,53 @@ def test_asymmetric_padding_and_other_padding_modes_keep_the_im2col_path():
     layer.bias = None
     layer(x)
     assert bk.calls["forward"] == 0
+
+
+def _cuda_or_skip():
+    from flowgraph.backends import available_devices
+
+    if not any(d.startswith("cuda") for d in available_devices()):
+        pytest.skip("no CUDA device: the cuDNN path runs on the GPU machine")
+    if not fg.backends.cudnn.is_available():
+        pytest.skip(f"cuDNN is not available: {fg.backends.cudnn.unavailable_reason()}")
+
+
+CUDNN_CONV = [  # (nd, C_in, C_out, size, kernel, stride, padding, dilation, groups, transposed)
+    (2, 3, 8, (9, 8), (3, 3), (1, 1), (1, 1), (1, 1), 1, False),
+    (2, 8, 8, (9, 9), (4, 4), (2, 2), (1, 1), (1, 1), 8, False),
+    (2, 4, 6, (8, 7), (3, 2), (2, 1), (0, 1), (2, 1), 2, False),
+    (1, 4, 6, (11,), (5,), (2,), (2,), (1,), 1, False),
+    (2, 6, 4, (5, 6), (4, 4), (2, 2), (1, 1), (1, 1), 2, True),
+]
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["cudnn", "no-cudnn"])
+@pytest.mark.parametrize("cfg", CUDNN_CONV, ids=lambda c: f"{c[0]}d-g{c[8]}{'-T' if c[9] else ''}")
+def test_cuda_convolutions_with_and_without_cudnn_match_torch(cfg, enabled):
+    """cuda only: cuDNN on (TF32 off, exact float32) and off give torch's forward and both gradients."""
+    _cuda_or_skip()
+    nd, c_in, c_out, size, kernel, stride, padding, dilation, groups, transposed = cfg
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, c_in) + size).astype(np.float32)
+    wshape = (c_in, c_out // groups) + kernel if transposed else (c_out, c_in // groups) + kernel
+    w = rng.standard_normal(wshape).astype(np.float32)
+    name = f"conv_transpose{nd}d" if transposed else f"conv{nd}d"
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ty = getattr(torch.nn.functional, name)(tx, tw, **kw)
+    g = rng.standard_normal(tuple(ty.shape)).astype(np.float32)
+    ty.backward(torch.tensor(g))
+    saved = fg.backends.cudnn.enabled, fg.backends.cudnn.allow_tf32
+    fg.backends.cudnn.enabled, fg.backends.cudnn.allow_tf32 = enabled, False
+    try:
+        fx = fg.tensor(x, device="cuda", requires_grad=True)
+        fw = fg.tensor(w, device="cuda", requires_grad=True)
+        fy = getattr(F, name)(fx, fw, **kw)
+        fy.backward(fg.tensor(g, device="cuda"))
+        if enabled:
+            assert fy.grad_fn is not None and "Convolution" in type(fy.grad_fn).__name__ + str(fy.grad_fn)
+    finally:
+        fg.backends.cudnn.enabled, fg.backends.cudnn.allow_tf32 = saved
+    np.testing.assert_allclose(fy.detach().cpu().numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fx.grad.cpu().numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fw.grad.cpu().numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)

@@ -88,3 +88,33 @@ def test_double_backward_through_the_fused_op(fused):
     for a, b in zip(second(), plain):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
     assert fused["forward"] == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_fused_attention_matches_torch(dtype, causal):
+    """cuda only: cuDNN's fused attention, forward and the three gradients, against torch's float32 math."""
+    from flowgraph.backends import available_devices
+
+    if not any(d.startswith("cuda") for d in available_devices()):
+        pytest.skip("no CUDA device: cuDNN's attention runs on the GPU machine")
+    if not fg.backends.cudnn.is_available():
+        pytest.skip(f"cuDNN is not available: {fg.backends.cudnn.unavailable_reason()}")
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    shape = (2, 4, 64, 32)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    g = rng.standard_normal(shape).astype(np.float32)
+    ts = [torch.tensor(a).to(getattr(torch, dtype)).float().requires_grad_(True) for a in arrays]
+    ty = torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=causal)
+    ty.backward(torch.tensor(g).to(getattr(torch, dtype)).float())
+    fdt = getattr(fg, dtype)
+    fs = [fg.tensor(a, device="cuda").to(fdt).requires_grad_(True) for a in arrays]
+    assert get_backend("cuda").native_sdpa(fs[0].dtype.np, shape[-1])
+    fy = F.scaled_dot_product_attention(*fs, is_causal=causal)
+    assert "ScaledDotProductAttention" in str(fy.grad_fn) + type(fy.grad_fn).__name__
+    fy.backward(fg.tensor(g, device="cuda").to(fdt))
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(rtol=5e-3, atol=5e-3)
+    np.testing.assert_allclose(fy.detach().float().cpu().numpy(), ty.detach().numpy(), **tol)
+    for f, t in zip(fs, ts):
+        np.testing.assert_allclose(f.grad.float().cpu().numpy(), t.grad.numpy(), **tol)
