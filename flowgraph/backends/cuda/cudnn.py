@@ -14,7 +14,8 @@ What runs here:
   bfloat16, with a causal mask or an additive bias.
 
 Each distinct problem (op, shapes, dtype, geometry, TF32 choice) builds one cuDNN graph once: validated, lowered,
-planned with heuristics A then FALLBACK, and a workspace from CuPy's pool kept with it. Executing binds device
+planned with heuristics A then FALLBACK; one workspace from CuPy's pool, grown to the largest need, serves
+every plan. Executing binds device
 pointers and runs on CuPy's current stream, so it is recorded by CUDA-graph capture like any other kernel (the
 graph and its workspace must exist before capture: ``fg.jit``'s first call is eager and builds them).
 
@@ -115,11 +116,11 @@ def _packed(shape: tuple[int, ...]) -> list[int]:
 
 
 class _Plan:
-    """One built cuDNN graph, its tensors by role, and its workspace."""
+    """One built cuDNN graph, its tensors by role, and the workspace bytes it needs."""
 
     __slots__ = ("graph", "tensors", "workspace")
 
-    def __init__(self, graph: Any, tensors: dict[str, Any], workspace: Any):
+    def __init__(self, graph: Any, tensors: dict[str, Any], workspace: int):
         self.graph, self.tensors, self.workspace = graph, tensors, workspace
 
 
@@ -133,6 +134,10 @@ class Cudnn:
         self.cupy = cupy
         self.handle = self.cudnn.create_handle()
         self.plans: dict[tuple, _Plan] = {}
+        # One workspace for every plan (all run in order on one stream), grown to the largest need. A grown-out
+        # buffer is kept, not freed: a CUDA graph recorded earlier may still point at it.
+        self._workspace: Any = None
+        self._retired: list[Any] = []
 
     # ------------------------------------------------------------------ building and running graphs
     def _build(self, key: tuple, dtype: np.dtype, make: Any, fp32_tf32: bool) -> _Plan:
@@ -154,15 +159,23 @@ class Cudnn:
             graph.build_plans()
         except Exception as exc:  # noqa: BLE001 - cuDNN refuses a problem: report it as ours
             raise BackendError(f"cuDNN cannot run {key[0]} for {key[1:]}: {exc}") from exc
-        size = int(graph.get_workspace_size())
-        workspace = self.cupy.empty(max(size, 1), dtype=self.cupy.uint8)
-        plan = self.plans[key] = _Plan(graph, tensors, workspace)
+        plan = self.plans[key] = _Plan(graph, tensors, int(graph.get_workspace_size()))
+        self._reserve(plan.workspace)
         return plan
+
+    def _reserve(self, size: int) -> Any:
+        """The shared workspace, grown to at least ``size`` bytes (growing only outside graph capture: the first,
+        eager call of a jitted step builds every plan it needs)."""
+        if self._workspace is None or self._workspace.nbytes < size:
+            if self._workspace is not None:
+                self._retired.append(self._workspace)
+            self._workspace = self.cupy.empty(max(size, 1), dtype=self.cupy.uint8)
+        return self._workspace
 
     def _execute(self, plan: _Plan, pointers: dict[str, int]) -> None:
         self.cudnn.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         pack = {plan.tensors[role]: ptr for role, ptr in pointers.items()}
-        plan.graph.execute(pack, plan.workspace, handle=self.handle)
+        plan.graph.execute(pack, self._reserve(plan.workspace), handle=self.handle)
 
     # ------------------------------------------------------------------ convolutions
     @staticmethod
