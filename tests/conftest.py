@@ -36,6 +36,19 @@ def _device_params():
 DEVICE_PARAMS = _device_params()
 
 
+@pytest.fixture(autouse=True)
+def _exact_float32_convolutions():
+    """Tests compare with torch's exact CPU float32: cuDNN's TF32 default (``fg.backends.cudnn.allow_tf32``,
+    True as in PyTorch) would put 1e-3 relative errors into CUDA convolutions, so each test starts with it off
+    (a test that wants it sets it) and the setting is put back after."""
+    import flowgraph as fg
+
+    saved = fg.backends.cudnn.allow_tf32
+    fg.backends.cudnn.allow_tf32 = False
+    yield
+    fg.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.fixture(params=DEVICE_PARAMS)
 def device(request) -> str:
     """A device string, one per available backend type."""

@@ -30,8 +30,9 @@ def test_defaults_and_mapping_match_torch():
         torch.set_float32_matmul_precision("highest")
         assert fg.backends.cuda.matmul.allow_tf32 is torch.backends.cuda.matmul.allow_tf32 is False
         assert fg.get_float32_matmul_precision() == torch.get_float32_matmul_precision() == "highest"
+        fresh = type(fg.backends.cudnn)()  # the defaults (the suite runs with cudnn.allow_tf32 off: conftest)
         for name in ("allow_tf32", "benchmark", "deterministic", "enabled"):
-            assert getattr(fg.backends.cudnn, name) == getattr(torch.backends.cudnn, name), name
+            assert getattr(fresh, name) == getattr(torch.backends.cudnn, name), name
         for precision in ("high", "medium", "highest"):
             fg.set_float32_matmul_precision(precision)
             torch.set_float32_matmul_precision(precision)

@@ -959,9 +959,7 @@ class CupyBackend(ArrayBackend):
         return self._blas
 
     # ----------------------------------------------------------------- cuDNN (convolutions, attention)
-    #: float64 and 3-d convolutions stay on the im2col path: cuDNN 9's graph engines gave wrong 3-d results in
-    #: the first GPU run of the conv3d tests against torch, and have no fast float64 engines.
-    _CUDNN_TYPES = frozenset({np.dtype(np.float16), K.BF16, np.dtype(np.float32)})
+    _CUDNN_TYPES = frozenset({np.dtype(np.float16), K.BF16, np.dtype(np.float32), np.dtype(np.float64)})
 
     def cudnn(self) -> cudnn_lib.Cudnn | None:
         """This device's cuDNN (see ``backends/cuda/cudnn.py``), or None when ``fg.backends.cudnn.enabled`` is
@@ -977,8 +975,8 @@ class CupyBackend(ArrayBackend):
         return self._cudnn
 
     def native_conv(self, dtype: np.dtype, nd: int) -> bool:
-        """True where cuDNN is on, for 1-d and 2-d float16 / bfloat16 / float32 convolutions."""
-        return np.dtype(dtype) in self._CUDNN_TYPES and 1 <= nd <= 2 and self.cudnn() is not None
+        """True where cuDNN is on, for 1-d to 3-d float16 / bfloat16 / float32 / float64 convolutions."""
+        return np.dtype(dtype) in self._CUDNN_TYPES and 1 <= nd <= 3 and self.cudnn() is not None
 
     def _cudnn_conv(self, op: str, a: Any, b: Any, out_shape: tuple, stride, padding, dilation, fallback: Any) -> Any:
         self._use()
