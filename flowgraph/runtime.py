@@ -73,9 +73,10 @@ _LR_HOOKS: list[Callable[[], None]] = []
 #: Backend methods that read device data on the host: forbidden while a step is recorded.
 _HOST_READS = frozenset({"to_host", "to_dlpack", "native", "from_dlpack", "dlpack_device"})
 #: Backend methods that are not computations and are never recorded (``is_contiguous`` answers from the layout,
-#: which a replay of the same calls reproduces).
+#: which a replay of the same calls reproduces; ``native_conv`` / ``native_sdpa`` from the dtype and the flags, which
+#: the signature and a replay of the same calls keep).
 _NOT_RECORDED = frozenset({"synchronize", "graph_session", "memory_stats", "list_devices", "is_available",
-                           "is_contiguous"})
+                           "is_contiguous", "native_conv", "native_sdpa", "cudnn"})
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -128,7 +129,10 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
             return ("id", id(x))
         return ("V", type(x).__name__, x)
 
-    return (one(args), one(kwargs), STATE.enabled, repr(STATE.autocast))
+    try:
+        return (one(args), one(kwargs), STATE.enabled, repr(STATE.autocast))
+    finally:
+        one = None  # a self-calling closure is a reference cycle: without this the step's inputs outlive it
 
 
 def _flat_inputs(args: tuple, kwargs: dict) -> list[Tensor]:
@@ -514,7 +518,10 @@ def _substitute(args: tuple, kwargs: dict, table: dict[int, Tensor]) -> tuple[tu
             return {k: sub(v) for k, v in x.items()}
         return x
 
-    return sub(args), sub(kwargs)
+    try:
+        return sub(args), sub(kwargs)
+    finally:
+        sub = None  # a self-calling closure is a reference cycle: without this the step's inputs outlive it
 
 
 # ---------------------------------------------------------------------------------------------- the decorator

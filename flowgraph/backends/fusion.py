@@ -240,7 +240,10 @@ def linearize(root: Any) -> FusedProgram:
             ref = memo[id(x)] = ("v", len(instrs) - 1)
         return ref
 
-    result = visit(root)
+    try:
+        result = visit(root)
+    finally:
+        visit = None  # a self-calling closure is a reference cycle that would keep the tree's arrays alive until gc
     return FusedProgram(leaves, scalars, instrs, result)
 
 

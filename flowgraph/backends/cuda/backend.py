@@ -156,7 +156,13 @@ def _flatten(root: LazyArray) -> tuple[tuple, list[LazyArray], list[Scalar]]:
             ref = memo[id(x)] = len(code) - 1  # values: 0, 1, ...
         return ref
 
-    visit(root)
+    try:
+        visit(root)
+    finally:
+        # A nested function that calls itself is a reference cycle (function -> closure cell -> function)
+        # holding every list it closes over, so every array this walk saw (forward activations, in backward)
+        # stayed alive until Python's cyclic GC ran: convnet kept ~1 GB of the last step between steps.
+        visit = None
     key = (tuple(code), tuple([leaf.dtype for leaf in leaves]), tuple([s.dtype for s in scalars]))
     return key, leaves, scalars
 

@@ -340,7 +340,10 @@ class OpenCLBackend(Backend):
                 memo[id(y)] = found
             return found
 
-        return clone(x)
+        try:
+            return clone(x)
+        finally:
+            clone = None  # a self-calling closure is a reference cycle that would keep the arrays alive until gc
 
     def _register_reads(self, out: CLArray, inputs: Sequence[CLArray | Scalar]) -> None:
         """Record that lazy ``out`` reads ``inputs``: under their buffers, or as a consumer of lazy ones."""
