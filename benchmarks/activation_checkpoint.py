@@ -25,6 +25,7 @@ PyTorch's ``torch.utils.checkpoint`` per block on the same model for comparison.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -66,6 +67,7 @@ class Meter:
         """``(bytes before, kept after forward, peak)`` of ``backward(forward())``; None without a counter."""
         if self.cuda:
             sync = fg.get_backend("cuda").synchronize
+            gc.collect()  # nothing of earlier steps left for the cyclic collector in "before"
             sync()
             fg.cuda.reset_peak_memory_stats()
             before = fg.cuda.memory_allocated()
@@ -171,6 +173,7 @@ def run_torch(mode: str, args, sp, xn, yn) -> dict | None:
         times.append(time.perf_counter() - start)
     for p in params:
         p.grad = None
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
