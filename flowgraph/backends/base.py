@@ -175,6 +175,12 @@ class Backend:
         """A row-major array with its own storage (``a`` itself if it already is one)."""
         raise _missing(self)
 
+    def realize(self, a: Array) -> Array:
+        """Compute ``a`` now where the backend defers elementwise work (CUDA and OpenCL build fused expressions
+        lazily), so that the arrays its pending expression reads can be freed; returns ``a``, realized in place.
+        A no-op for backends that compute at once."""
+        return a
+
     def is_contiguous(self, a: Array) -> bool:
         """Whether ``a`` is laid out row-major (``Tensor.is_contiguous``). Generic default from ``contiguous``'s
         contract (``a`` itself when already row-major): it may copy a strided array, so backends with a

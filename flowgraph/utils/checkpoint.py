@@ -203,7 +203,7 @@ class _CheckpointFunction(Function):
             for o, g in zip(outs, grads):
                 if g is not None and o.requires_grad:
                     roots.append(o)
-                    root_grads.append(g)
+                    root_grads.append(_realized(g))
         targets = [t for t in (*detached, *leaves) if t.requires_grad]
         known = {id(t) for t in targets}
         extra = [t for t in _leaves_of(roots, start) if id(t) not in known]
@@ -215,7 +215,17 @@ class _CheckpointFunction(Function):
             g = found.get(id(t))
             if g is not None:
                 t.grad = g.detach() if t.grad is None else t.grad + g.detach()
-        return (None, *(found.get(id(t)) for t in (*detached, *leaves)))
+        return (None, *(_realized(found.get(id(t))) for t in (*detached, *leaves)))
+
+
+def _realized(t: Tensor | None) -> Tensor | None:
+    """``t`` with its pending expression computed (``Backend.realize``): on the lazy backends a gradient
+    entering or leaving a checkpointed segment would otherwise be an unevaluated sum still reading the
+    buffers of earlier segments (a residual stream's gradient accumulates across every block), keeping
+    them alive and undoing what checkpointing saves."""
+    if t is not None:
+        t._backend.realize(t._data)
+    return t
 
 
 def _leaves_of(roots: Sequence[Tensor], start: int) -> list[Tensor]:

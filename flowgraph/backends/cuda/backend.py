@@ -258,8 +258,8 @@ class CupyBackend(ArrayBackend):
         return self._arr(x)
 
     def realize(self, x: LazyArray) -> LazyArray:
-        """Run ``x``'s pending expression into a fresh contiguous array (no-op when realized)."""
-        if x.lazy is None:
+        """Run ``x``'s pending expression into a fresh contiguous array (no-op when realized or not lazy)."""
+        if type(x) is not LazyArray or x.lazy is None:
             return x
         out = cupy.empty(x.shape, dtype=x.dtype)
         self._run(x, out, fresh=True)
