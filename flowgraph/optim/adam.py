@@ -112,7 +112,11 @@ class Adam(Optimizer):
         """The step of every prepared parameter, batched: the parameters of one group that share a dtype, a
         device and a step count go to one ``Backend.adam_step_multi`` call (one launch on CUDA, one per 8
         tensors on OpenCL), which gives each exactly what ``adam_step`` would. Device-scalar steps (inside
-        ``fg.capture``: per-parameter step tensors, a device ``lr``) take ``_update`` one by one."""
+        ``fg.capture``: per-parameter step tensors, a device ``lr``) take ``_update`` one by one, and so does
+        every parameter of a subclass that overrides ``_update`` (its own update must run)."""
+        if type(self)._update is not Adam._update:
+            super()._update_all(items)
+            return
         batches: dict[tuple, list] = {}
         for p, state, group in items:
             if isinstance(state["step"], Tensor) or isinstance(group["lr"], Tensor):

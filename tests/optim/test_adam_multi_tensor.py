@@ -76,3 +76,20 @@ def test_batches_follow_group_dtype_and_step(device, monkeypatch):
     assert sorted(n for n, _ in calls) == ([2, 2] if be.supports_float64 else [4])
     for p in params:  # first Adam step: p - lr * sign(g)
         np.testing.assert_allclose(p.detach().numpy(), np.full(3, 0.9), rtol=1e-6)
+
+
+def test_a_subclass_overriding_update_keeps_its_update(device):
+    seen = []
+
+    class Logged(optim.Adam):
+        def _update(self, p, grad, state, group):
+            seen.append(p.shape)
+            super()._update(p, grad, state, group)
+
+    params = [fg.ones(s, device=device, requires_grad=True) for s in ((2,), (3, 2))]
+    opt = Logged(params, lr=0.1)
+    for p in params:
+        p.grad = fg.ones(p.shape, device=device)
+    opt.step()
+    assert seen == [(2,), (3, 2)]
+    np.testing.assert_allclose(params[1].detach().numpy(), np.full((3, 2), 0.9), rtol=1e-6)
