@@ -1,10 +1,13 @@
-"""Kernel launches of one OpenCL training step of a benchmark model (the benchmark protocol: MSE, Adam lr 1e-3).
+"""Kernel launches of one training step of a benchmark model (the benchmark protocol: MSE, Adam lr 1e-3).
 
     python -m benchmarks.launches --models mlp,residual_tower --scale 0.25
     python -m benchmarks.launches --models mlp --generic     # LayerNorm and Adam on the generic defaults
+    python -m benchmarks.launches --device cuda --scale 1.0  # on an NVIDIA GPU (needs torch with CUDA)
 
-Every ``pyopencl.Kernel`` call is counted (elementwise, reductions, matmul, the row kernels, the optimizer;
-host copies are not kernels) during one eager step after two warm-up steps (the first creates Adam's state).
+On OpenCL every ``pyopencl.Kernel`` call is counted (elementwise, reductions, matmul, the row kernels, the
+optimizer; host copies are not kernels); on CUDA every kernel CUPTI sees (``torch.profiler``, as
+``benchmarks.gpu_profile`` reads them: CuPy's, cuBLAS's, the row kernels; not copies or memsets). One eager
+step is counted after two warm-up steps (the first creates Adam's state).
 ``--generic`` swaps the OpenCL backend's ``layer_norm``, ``layer_norm_backward`` and ``adam_step_multi`` for
 ``Backend``'s generic defaults: the composed LayerNorm (reductions and fused elementwise kernels, as before
 the row kernels) and one Adam launch per parameter, so the two runs show what the kernels save. Counts do not
@@ -22,7 +25,6 @@ from .models import MODELS
 def count_step(model_name: str, scale: float, device: str, generic: bool) -> dict[str, int]:
     """``{"step": launches of one eager training step, "forward": of its forward alone}``."""
     import numpy as np
-    import pyopencl as cl
 
     import flowgraph as fg
     from flowgraph import nn, optim
@@ -36,13 +38,6 @@ def count_step(model_name: str, scale: float, device: str, generic: bool) -> dic
         for name in ("layer_norm", "layer_norm_backward", "adam_step_multi"):
             saved[name] = type(be).__dict__.get(name)
             setattr(type(be), name, getattr(Backend, name))
-    calls = [0]
-    original = cl.Kernel.__call__
-
-    def counted(self, *args, **kwargs):
-        calls[0] += 1
-        return original(self, *args, **kwargs)
-
     try:
         fg.manual_seed(0)
         model = build_flowgraph(model_name, scale).to(device)
@@ -60,23 +55,52 @@ def count_step(model_name: str, scale: float, device: str, generic: bool) -> dic
             opt.step()
             loss.item()
 
+        def forward() -> None:
+            with fg.no_grad():
+                model(x).sum().item()
+
         for _ in range(2):
             step()
         be.synchronize()
-        cl.Kernel.__call__ = counted
-        with fg.no_grad():
-            model(x).sum().item()
-        forward = calls[0] - 1  # the sum that made the output readable
-        calls[0] = 0
-        step()
-        return {"step": calls[0], "forward": forward}
+        count = _count_cuda if device.startswith("cuda") else _count_opencl
+        return {"step": count(step), "forward": count(forward) - 1}  # less the sum that made the output readable
     finally:
-        cl.Kernel.__call__ = original
         for name, fn in saved.items():
             if fn is None:
                 delattr(type(be), name)
             else:
                 setattr(type(be), name, fn)
+
+
+def _count_opencl(fn) -> int:
+    """Kernel enqueues while ``fn()`` runs (every ``pyopencl.Kernel`` call)."""
+    import pyopencl as cl
+
+    calls = [0]
+    original = cl.Kernel.__call__
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return original(self, *args, **kwargs)
+
+    cl.Kernel.__call__ = counted
+    try:
+        fn()
+    finally:
+        cl.Kernel.__call__ = original
+    return calls[0]
+
+
+def _count_cuda(fn) -> int:
+    """CUDA kernels CUPTI records while ``fn()`` runs (copies and memsets left out)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA"
+               and not e.key.startswith(("Memcpy", "Memset")))
 
 
 def main() -> None:
