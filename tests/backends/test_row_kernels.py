@@ -105,6 +105,40 @@ def test_shared_source_is_dialect_neutral():
         assert macro in source
 
 
+ALL_SPECS = {
+    "layer_norm": row_kernels.layer_norm_forward(True, True),
+    "layer_norm_plain": row_kernels.layer_norm_forward(False, False),
+    "layer_norm_backward": row_kernels.layer_norm_backward(True),
+    "layer_norm_backward_plain": row_kernels.layer_norm_backward(False),
+    "param_grads": row_kernels.LAYER_NORM_PARAM_GRADS,
+    "adam_multi_table": row_kernels.ADAM_MULTI_TABLE,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_SPECS))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cuda_sources_compile_with_nvcc(tmp_path, name, dtype):
+    """The CUDA side of the shared sources, checked where no GPU is: compiled to PTX with nvcc when it is on the
+    PATH (the machine that runs cuda compiles them with NVRTC through CuPy)."""
+    import shutil
+    import subprocess
+
+    from flowgraph.backends.cuda import kernels as cuda_kernels
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on the PATH")
+    source = tmp_path / f"{name}.cu"
+    source.write_text(cuda_kernels.row_kernel_source(ALL_SPECS[name], np.dtype(dtype)))
+    done = subprocess.run([nvcc, "-ptx", "-arch=sm_80", str(source), "-o", str(tmp_path / f"{name}.ptx")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ptx = (tmp_path / f"{name}.ptx").read_text()
+    assert f".entry {ALL_SPECS[name].name}" in ptx  # extern "C": the name CuPy's RawKernel looks up
+    if "sqrt" in ptx:  # float32 stays float32 (no promotion to double), as in the per-tensor kernels
+        assert ("sqrt.rn.f32" in ptx) == (dtype == "float32")
+
+
 # ------------------------------------------------------------------------------------- CUDA only
 def _cuda_backend():
     be = get_backend("cuda:0") if "cuda:0" in _devices() else None
