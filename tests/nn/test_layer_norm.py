@@ -164,3 +164,20 @@ def test_layer_norm_trains_the_same_inside_jit(device):
     np.testing.assert_allclose(jitted, eager, **tol)
     for p, q in zip(jit_params, eager_params):
         np.testing.assert_allclose(p, q, **tol)
+
+
+def test_layer_norm_of_views_with_offsets(device):
+    """Row slices of the input and slices of one parameter as weight and bias (buffers read at an offset)."""
+    import torch
+
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((8, 20)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    fx, fw = (fg.tensor(a, device=device, requires_grad=True) for a in (x, w))
+    out = F.layer_norm(fx[3:6], (20,), fw[10:30], fw[20:40])
+    (out * out).sum().backward()
+    tx, tw = (torch.tensor(a, requires_grad=True) for a in (x, w))
+    ref = torch.nn.functional.layer_norm(tx[3:6], (20,), tw[10:30], tw[20:40])
+    (ref * ref).sum().backward()
+    np.testing.assert_allclose(out.detach().numpy(), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fx.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(fw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
