@@ -266,6 +266,49 @@ class Backend:
             gb = self._sum_to(g, b_shape)
         return gx, gw, gb
 
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
+        """LayerNorm's forward over the rows of a 2-d ``x`` ``(rows, cols)``: ``(y, mean, rstd)`` with
+        ``y = (x - mean) * rstd * weight + bias`` (``weight``/``bias`` ``(cols,)`` in ``x``'s dtype, or None),
+        ``rstd = 1 / sqrt(var + eps)`` (biased variance) and ``mean``/``rstd`` of shape ``(rows,)``.
+
+        16-bit inputs are normalised in float32, as PyTorch does: ``mean``/``rstd`` are float32 and ``y`` is
+        rounded back once. Generic default: ``standardize`` over the columns (so a backend's ``standardize``
+        serves here too); CUDA and OpenCL override it with one kernel (one work-group per row) for float32 and
+        float64 and reach the 16-bit case through this default.
+        """
+        if x.dtype.itemsize == 2 and x.dtype.kind in "fV":  # float16, bfloat16: compute in float32
+            f32 = np.dtype(np.float32)
+            w32, b32 = (None if t is None else self.cast(t, f32) for t in (weight, bias))
+            y, mean, rstd = self.layer_norm(self.cast(x, f32), w32, b32, eps)
+            return self.cast(y, x.dtype), mean, rstd
+        y, mean, _, _, rstd = self.standardize(x, (1,), eps, weight, bias)
+        rows = x.shape[0]
+        return y, self.reshape(mean, (rows,)), self.reshape(rstd, (rows,))
+
+    def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
+                            need_x: bool, need_w: bool, need_b: bool) -> tuple:
+        """The gradients ``(gx, gw, gb)`` of ``layer_norm`` from its output gradient ``g`` ``(rows, cols)``, its
+        input ``x``, and the ``mean``/``rstd`` it returned (None where not asked)::
+
+            xhat = (x - mean) * rstd;  gy = g * weight
+            gx = (gy - mean(gy) - xhat * mean(gy * xhat)) * rstd;  gw = sum_rows(g * xhat);  gb = sum_rows(g)
+
+        Generic default: ``xhat`` again from ``x`` (nothing input-sized beyond ``x`` is kept from the forward,
+        as in PyTorch), then ``standardize_backward``; 16-bit inputs in float32 as in the forward.
+        """
+        dtype = x.dtype
+        if mean.dtype != dtype:  # a 16-bit input whose statistics are float32
+            f32 = mean.dtype
+            w32 = None if weight is None else self.cast(weight, f32)
+            grads = self.layer_norm_backward(self.cast(g, f32), self.cast(x, f32), mean, rstd, w32, need_x,
+                                             need_w, need_b)
+            return tuple(None if a is None else self.cast(a, dtype) for a in grads)
+        rows, cols = x.shape
+        mean2, rstd2 = self.reshape(mean, (rows, 1)), self.reshape(rstd, (rows, 1))
+        xhat = self.mul(self.sub(x, mean2), rstd2)
+        return self.standardize_backward(g, xhat, rstd2, weight, (1,), need_x, (cols,) if need_w else None,
+                                         (cols,) if need_b else None)
+
     def _sum_to(self, a: Array, shape: tuple[int, ...]) -> Array:
         """``a`` summed over the axes broadcasting ``shape`` to ``a.shape`` expanded, reshaped to ``shape``."""
         lead = len(a.shape) - len(shape)
@@ -559,6 +602,27 @@ class Backend:
         update = self.div(self.mul(m, self._step_scalar(step_size, dtype)),
                           self.add(self.sqrt(second), self._step_scalar(eps_hat, dtype)))
         return self.assign(p, self.sub(p_base, update)), m, v, v_max
+
+    def adam_step_multi(self, params: Sequence[Array], grads: Sequence[Array], ms: Sequence[Array],
+                        vs: Sequence[Array], beta1: float, beta2: float, step_size: Any, eps_hat: Any,
+                        l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                        v_maxs: Sequence[Array] | None = None) -> tuple[list, list, list, list | None]:
+        """``adam_step`` on many parameters with the same scalars (one optimizer group's tensors of one dtype):
+        ``(params, ms, vs, v_maxs)`` as lists of the arrays now holding the new values.
+
+        Every tensor gets exactly what ``adam_step`` would give it (bit for bit). Generic default: a loop over
+        ``adam_step``; CUDA updates them in one launch over a device table of pointers, OpenCL in one launch
+        per 8 tensors.
+        """
+        out_p, out_m, out_v, out_vmax = [], [], [], []
+        for i, (p, g, m, v) in enumerate(zip(params, grads, ms, vs)):
+            p, m, v, v_max = self.adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize,
+                                            None if v_maxs is None else v_maxs[i])
+            out_p.append(p)
+            out_m.append(m)
+            out_v.append(v)
+            out_vmax.append(v_max)
+        return out_p, out_m, out_v, None if v_maxs is None else out_vmax
 
     def sgd_step(self, p: Array, g: Array, buf: Array | None, lr: Any, momentum: float, dampening: float,
                  weight_decay: float, nesterov: bool, maximize: bool) -> tuple[Array, Array | None]:

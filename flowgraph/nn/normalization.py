@@ -6,6 +6,10 @@ variance, one scale, the affine) and whose backward is the closed form
 ``rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with ``gy = g * weight`` (plus the weight and bias
 reductions), written in tensor ops. Under ``create_graph`` the backward rebuilds ``xhat`` from ``x`` with
 differentiable ops, so second derivatives are right too.
+
+Layer norm has a node of its own, ``_layer_norm``, on the backend's ``layer_norm``/``layer_norm_backward``
+(one kernel forward and one backward on CUDA and OpenCL): it saves only ``x``, the per-row ``mean``/``rstd``
+and the weight, as PyTorch does, and falls back to the same composed formula under ``create_graph``.
 """
 
 from __future__ import annotations
@@ -57,34 +61,23 @@ def _standardize(
         def bw(g: Tensor, x: Tensor, *rest: Tensor):
             weight = rest[0] if has_w else None
             if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
-                xh, rs = _standardize_composed(x, axes, eps)
-                w = weight
-            else:
-                xh, rs = rest[-2], rest[-1]
-                if keep_mean:  # xhat was the output: recompute it from the saved mean
-                    xh = _wrap(g._backend.mul(g._backend.sub(x._data, xh._data), rs._data), g._backend)
-                w = None if weight is None else weight.detach()
-                gbk = g._backend
-                wd = None if weight is None else (weight._data if weight._data.dtype == g._data.dtype
-                                                  else gbk.cast(weight._data, g._data.dtype))
-                grads = gbk.standardize_backward(g._data, xh._data, rs._data, wd, axes, need_x,
-                                                 w_shape if need_w else None, b_shape if need_b else None)
-                return tuple(None if a is None else _wrap(a, gbk) for a in grads)
-            gx = gw = gb = None
-            if need_x:
-                gy = g if w is None else g * w
-                gx = (gy - gy.mean(axes, keepdim=True) - xh * (gy * xh).mean(axes, keepdim=True)) * rs
-            if need_w:
-                gw = sum_to(g * xh, w_shape)
-            if need_b:
-                gb = sum_to(g, b_shape)
-            return gx, gw, gb
+                return _standardize_grads_composed(g, x, axes, eps, weight, need_x, w_shape if need_w else None,
+                                                   b_shape if need_b else None)
+            xh, rs = rest[-2], rest[-1]
+            if keep_mean:  # xhat was the output: recompute it from the saved mean
+                xh = _wrap(g._backend.mul(g._backend.sub(x._data, xh._data), rs._data), g._backend)
+            gbk = g._backend
+            wd = None if weight is None else (weight._data if weight._data.dtype == g._data.dtype
+                                              else gbk.cast(weight._data, g._data.dtype))
+            grads = gbk.standardize_backward(g._data, xh._data, rs._data, wd, axes, need_x,
+                                             w_shape if need_w else None, b_shape if need_b else None)
+            return tuple(None if a is None else _wrap(a, gbk) for a in grads)
 
         # Backward recomputes xhat from x and the saved mean where it would be a second input-sized tensor kept
         # until backward over a batch (batch norm, axes with 0: PyTorch keeps its input, mean and invstd only;
         # convnet's training peak 13.8 -> 9.9 MiB, no slower), and without an affine, where the output is xhat
         # itself, which an in-place op on the output (a following inplace ReLU) must not change under backward.
-        # Layer norm keeps xhat: its rows are short and the two passes saved count there.
+        # Group and instance norm keep xhat: their rows are short and the two passes saved count there.
         keep_mean = y is xhat or 0 in axes
         saved = (x,) + ((weight,) if has_w else ()) + (_wrap(mean if keep_mean else xhat, bk), _wrap(rstd, bk))
         _record(out, "Standardize", (x, weight, bias), saved, bw)
@@ -96,6 +89,78 @@ def _standardize_composed(x: Tensor, axes, eps: float) -> tuple[Tensor, Tensor]:
     centred = x - mean
     rstd = ((centred * centred).mean(axes, keepdim=True) + eps).rsqrt()
     return centred * rstd, rstd
+
+
+def _standardize_grads_composed(g: Tensor, x: Tensor, axes: tuple[int, ...], eps: float, weight: Tensor | None,
+                                need_x: bool, w_shape: tuple[int, ...] | None,
+                                b_shape: tuple[int, ...] | None) -> tuple:
+    """``(gx, gw, gb)`` of a standardization in differentiable tensor ops (the ``create_graph`` backward):
+    ``gx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with ``gy = g * weight``, ``gw = sum_to(g * xhat)``,
+    ``gb = sum_to(g)``, with ``xhat`` rebuilt from ``x`` (None where not asked)."""
+    xh, rs = _standardize_composed(x, axes, eps)
+    gx = gw = gb = None
+    if need_x:
+        gy = g if weight is None else g * weight
+        gx = (gy - gy.mean(axes, keepdim=True) - xh * (gy * xh).mean(axes, keepdim=True)) * rs
+    if w_shape is not None:
+        gw = sum_to(g * xh, w_shape)
+    if b_shape is not None:
+        gb = sum_to(g, b_shape)
+    return gx, gw, gb
+
+
+def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | None,
+                bias: Tensor | None) -> Tensor:
+    """Layer norm over the trailing dims ``shape`` as one graph node on ``Backend.layer_norm``.
+
+    ``x`` is viewed as ``(rows, cols)``; ``weight``/``bias`` (shaped ``shape``, or None) are used in ``x``'s
+    dtype. Backward reads ``x``, the per-row ``mean`` and ``rstd`` and the weight (``layer_norm_backward``);
+    under ``create_graph`` it is the composed formula in tensor ops, differentiable again.
+    """
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ShapeError(f"layer_norm: {name} has shape {tuple(t.shape)}; it must have the normalized_shape "
+                             f"{shape}")
+    cols = math.prod(shape)
+    if cols == 0:
+        raise ShapeError(f"layer_norm: normalized_shape {shape} has no elements; normalise over non-empty dims")
+    rows = math.prod(x.shape) // cols
+    x_shape = tuple(x.shape)
+    bk = x._backend
+
+    def flat(t: Tensor | None, backend, dtype, size: tuple[int, ...]):
+        if t is None:
+            return None
+        data = t._data if t._data.dtype == dtype else backend.cast(t._data, dtype)
+        return backend.reshape(data, size)
+
+    d = x._data
+    y, mean, rstd = bk.layer_norm(bk.reshape(d, (rows, cols)), flat(weight, bk, d.dtype, (cols,)),
+                                  flat(bias, bk, d.dtype, (cols,)), eps)
+    out = _wrap(bk.reshape(y, x_shape), bk)
+    if _needs_grad(x, weight, bias):
+        has_w = weight is not None
+        need_x, need_w = x.requires_grad, has_w and weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        axes = tuple(range(len(x_shape) - len(shape), len(x_shape)))
+
+        def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
+            weight = rest[0] if has_w else None
+            if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
+                return _standardize_grads_composed(g, x, axes, eps, weight, need_x, shape if need_w else None,
+                                                   shape if need_b else None)
+            gbk = g._backend
+            dtype = x._data.dtype
+            gx, gw, gb = gbk.layer_norm_backward(
+                flat(g, gbk, dtype, (rows, cols)), gbk.reshape(x._data, (rows, cols)), mean._data, rstd._data,
+                flat(weight, gbk, dtype, (cols,)), need_x, need_w, need_b)
+            return (None if gx is None else _wrap(gbk.reshape(gx, x_shape), gbk),
+                    None if gw is None else _wrap(gbk.reshape(gw, shape), gbk),
+                    None if gb is None else _wrap(gbk.reshape(gb, shape), gbk))
+
+        saved = (x, _wrap(mean, bk), _wrap(rstd, bk)) + ((weight,) if has_w else ())
+        _record(out, "LayerNorm", (x, weight, bias), saved, bw)
+    return out
 
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
@@ -185,8 +250,7 @@ def layer_norm(
         raise ShapeError(
             f"layer_norm: normalized_shape {shape} does not match the trailing dims of the input {input.shape}"
         )
-    y, _, _ = _standardize(input, tuple(range(input.ndim - k, input.ndim)), eps, weight, bias)
-    return y
+    return _layer_norm(input, shape, eps, weight, bias)
 
 
 def group_norm(

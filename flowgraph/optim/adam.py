@@ -99,20 +99,58 @@ class Adam(Optimizer):
         device tensors; their arrays are passed.
         """
         state["step"] += 1
-        step_size, eps_hat = adam_scalars(group, state["step"])
-        wd = group["weight_decay"]
-        decoupled = group.get("decoupled_weight_decay", False)
-        beta1, beta2 = group["betas"]
-        decay = 1 - group["lr"] * wd if decoupled and wd else 1.0
         buffers = (p, state["exp_avg"], state["exp_avg_sq"], state["max_exp_avg_sq"] if group["amsgrad"] else None)
-        new = p._backend.adam_step(
-            p._data, grad._data, buffers[1]._data, buffers[2]._data, beta1, beta2, _array(step_size),
-            _array(eps_hat), l2=0.0 if decoupled else wd, decay=_array(decay), maximize=group["maximize"],
-            v_max=None if buffers[3] is None else buffers[3]._data)
+        args, kwargs = _step_arguments(group, state["step"])
+        new = p._backend.adam_step(p._data, grad._data, buffers[1]._data, buffers[2]._data, *args, **kwargs,
+                                   v_max=None if buffers[3] is None else buffers[3]._data)
         for t, data in zip(buffers, new):
             if t is not None:
                 t._data = data
                 t._bump_version()
+
+    def _update_all(self, items: Any) -> None:
+        """The step of every prepared parameter, batched: the parameters of one group that share a dtype, a
+        device and a step count go to one ``Backend.adam_step_multi`` call (one launch on CUDA, one per 8
+        tensors on OpenCL), which gives each exactly what ``adam_step`` would. Device-scalar steps (inside
+        ``fg.capture``: per-parameter step tensors, a device ``lr``) take ``_update`` one by one, and so does
+        every parameter of a subclass that overrides ``_update`` (its own update must run)."""
+        if type(self)._update is not Adam._update:
+            super()._update_all(items)
+            return
+        batches: dict[tuple, list] = {}
+        for p, state, group in items:
+            if isinstance(state["step"], Tensor) or isinstance(group["lr"], Tensor):
+                self._update(p, p.grad, state, group)
+                continue
+            state["step"] += 1
+            key = (id(group), id(p._backend), p._data.dtype, state["step"])
+            batches.setdefault(key, []).append((p, state, group))
+        for batch in batches.values():
+            group = batch[0][2]
+            amsgrad = group["amsgrad"]
+            args, kwargs = _step_arguments(group, batch[0][1]["step"])
+            new = batch[0][0]._backend.adam_step_multi(
+                [p._data for p, _, _ in batch], [p.grad._data for p, _, _ in batch],
+                [s["exp_avg"]._data for _, s, _ in batch], [s["exp_avg_sq"]._data for _, s, _ in batch],
+                *args, **kwargs, v_maxs=[s["max_exp_avg_sq"]._data for _, s, _ in batch] if amsgrad else None)
+            for i, (p, s, _) in enumerate(batch):
+                buffers = (p, s["exp_avg"], s["exp_avg_sq"], s["max_exp_avg_sq"] if amsgrad else None)
+                for t, arrays in zip(buffers, new):
+                    if t is not None:
+                        t._data = arrays[i]
+                        t._bump_version()
+
+
+def _step_arguments(group: dict[str, Any], step: Any) -> tuple[tuple, dict[str, Any]]:
+    """``adam_step``'s scalar arguments for one step of ``group`` at step count ``step`` (after the increment):
+    ``(beta1, beta2, step_size, eps_hat)`` and the keywords ``l2``, ``decay``, ``maximize``."""
+    step_size, eps_hat = adam_scalars(group, step)
+    wd = group["weight_decay"]
+    decoupled = group.get("decoupled_weight_decay", False)
+    beta1, beta2 = group["betas"]
+    decay = 1 - group["lr"] * wd if decoupled and wd else 1.0
+    return ((beta1, beta2, _array(step_size), _array(eps_hat)),
+            dict(l2=0.0 if decoupled else wd, decay=_array(decay), maximize=group["maximize"]))
 
 
 def _array(x: Any) -> Any:

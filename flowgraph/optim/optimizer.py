@@ -356,9 +356,15 @@ class Optimizer:
             with enable_grad():
                 loss = closure()
         with no_grad():
-            for p, state, view in self._prepared():
-                self._update(p, p.grad, state, view)
+            self._update_all(self._prepared())
         return loss
+
+    def _update_all(self, items: Iterable[tuple[Tensor, dict[str, Any], dict[str, Any]]]) -> None:
+        """Make the step of every ``(parameter, state, group view)`` of ``_prepared()``: ``_update`` on each by
+        default; an optimizer whose backend updates many tensors in one launch (Adam's ``adam_step_multi``)
+        overrides this to batch them."""
+        for p, state, view in items:
+            self._update(p, p.grad, state, view)
 
     def _prepared(self):
         """``(parameter, state, group view)`` for every parameter the next step updates, state initialised;

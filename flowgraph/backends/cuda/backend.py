@@ -28,6 +28,7 @@ import numpy as np
 
 from ...errors import BackendError, FlowError, ShapeError
 from .. import flags, fusion
+from .. import row_kernels as R
 from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
 from ..fusion import (
@@ -210,6 +211,9 @@ class CupyBackend(ArrayBackend):
         self._rng: Any = None
         self._blas: Cublas | None = None
         self._cudnn: cudnn_lib.Cudnn | None = None
+        # Multi-tensor Adam's device tables of pointers and sizes, by (dtype, pointers and sizes); built
+        # outside CUDA-graph capture only (a host-to-device copy), a few kept.
+        self._adam_tables: dict[tuple, Any] = {}
         #: Set by ``fg.capture`` while a CUDA graph is being recorded: host reads raise.
         self.capturing = False
         #: Sink host calls met while recording a graph: ``(fn, arrays)`` run after each launch.
@@ -957,6 +961,124 @@ class CupyBackend(ArrayBackend):
             self._flush_readers(buffer, keep=None)
         kernel(g, *(steps if device else (t(x) for x in steps)), *(t(x) for x in scalars), p, *state)
         return True
+
+    #: Multi-tensor Adam tables kept (one per distinct set of parameter, gradient and state addresses).
+    ADAM_TABLES = 8
+
+    def adam_step_multi(self, params: Sequence[Array], grads: Sequence[Array], ms: Sequence[Array],
+                        vs: Sequence[Array], beta1: float, beta2: float, step_size: Any, eps_hat: Any,
+                        l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                        v_maxs: Sequence[Array] | None = None) -> tuple:
+        """Optional fused composite (see ``Backend.adam_step_multi``): one launch updates every tensor, each
+        thread block one chunk of one tensor found through a device table of pointers and sizes (PyTorch's
+        ``multi_tensor_apply``), with the statements of ``adam_step``'s kernel (bit for bit the same).
+
+        The table is cached by the tensors' addresses and built only outside CUDA-graph capture (it is a
+        host-to-device copy); inside a capture without a cached table, and with AMSGrad, device scalars, or
+        any ``p``, ``m``, ``v`` that is not a contiguous float32/float64 array of one dtype, the generic loop
+        over ``adam_step`` runs instead.
+        """
+        fits = v_maxs is None and all(is_host_scalar(s) for s in (step_size, eps_hat, decay))
+        operands = [self._optimizer_operands(p, g, (m, v)) for p, g, m, v in zip(params, grads, ms, vs)] \
+            if fits else [None]
+        if not operands or any(o is None for o in operands) or len({o[0].dtype for o in operands}) != 1:
+            return super().adam_step_multi(params, grads, ms, vs, beta1, beta2, step_size, eps_hat, l2, decay,
+                                           maximize, v_maxs)
+        operands = [(p, cupy.ascontiguousarray(g), state) for p, g, state in operands]
+        work = [o for o in operands if o[0].size]
+        dtype = operands[0][0].dtype
+        key = (dtype, tuple((a.data.ptr, a.size) for p, g, (m, v) in work for a in (p, g, m, v)))
+        table = self._adam_tables.get(key)
+        if table is None:
+            if self.capturing:
+                return super().adam_step_multi(params, grads, ms, vs, beta1, beta2, step_size, eps_hat, l2,
+                                               decay, maximize, v_maxs)
+            entries = [[a.data.ptr for a in (p, g, m, v)] + [p.size] for p, g, (m, v) in work]
+            blocks = [[k, start] for k, (p, _, _) in enumerate(work) for start in range(0, p.size, R.ADAM_CHUNK)]
+            host = np.array([w for row in entries + blocks for w in row] or [0], dtype=np.uint64).view(np.int64)
+            if len(self._adam_tables) >= self.ADAM_TABLES:
+                self._adam_tables.pop(next(iter(self._adam_tables)))
+            table = self._adam_tables[key] = (cupy.asarray(host), len(blocks))
+        for p, _, state in operands:  # pending expressions reading the old values run first
+            for buffer in (p, *state):
+                self._flush_readers(buffer, keep=None)
+        t = dtype.type
+        scalars = [t(step_size), t(eps_hat)] + [t(x) for x in adam_update_scalars(beta1, beta2, l2, decay, maximize)]
+        if work:
+            kernel = self._row_kernel(R.ADAM_MULTI_TABLE, dtype, ("adam_multi",))
+            kernel((table[1],), (256,), (table[0], np.int64(len(work)), *scalars))
+        return ([o[0] for o in operands], [o[2][0] for o in operands], [o[2][1] for o in operands], None)
+
+    # ----------------------------------------------------------------- LayerNorm (shared row kernels)
+    def _row_kernel(self, spec: R.RowKernel, dtype: np.dtype, key: tuple) -> Any:
+        """The compiled shared row kernel ``spec`` for ``dtype`` (cached by ``key``)."""
+        key = ("row", *key, dtype)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._kernels[key] = cupy.RawKernel(K.row_kernel_source(spec, dtype), spec.name)
+        return kernel
+
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
+        """Optional fused composite (see ``Backend.layer_norm``): one kernel, one thread block per row, for
+        float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise (16-bit
+        inputs come back here in float32)."""
+        self._use()
+        if x.dtype not in (K.F32, K.F64) or len(x.shape) != 2 or any(
+                t is not None and t.dtype != x.dtype for t in (weight, bias)):
+            return super().layer_norm(x, weight, bias, eps)
+        rows, cols = x.shape
+        x = cupy.ascontiguousarray(self._arr(x))
+        w, b = (None if t is None else cupy.ascontiguousarray(self._arr(t)) for t in (weight, bias))
+        y = cupy.empty((rows, cols), dtype=x.dtype)
+        mean, rstd = cupy.empty((rows,), dtype=x.dtype), cupy.empty((rows,), dtype=x.dtype)
+        if rows and cols:
+            zero = np.int64(0)
+            args: list[Any] = [np.int64(cols), x, zero]
+            for t in (w, b):
+                if t is not None:
+                    args += [t, zero]
+            args += [y, mean, rstd, x.dtype.type(eps)]
+            kernel = self._row_kernel(R.layer_norm_forward(w is not None, b is not None), x.dtype,
+                                      ("layer_norm", w is not None, b is not None))
+            kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), tuple(args))
+        return y, mean, rstd
+
+    def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
+                            need_x: bool, need_w: bool, need_b: bool) -> tuple:
+        """Optional fused composite (see ``Backend.layer_norm_backward``): ``gx`` in one kernel (one thread
+        block per row), ``gw``/``gb`` in one kernel of per-chunk column sums plus one sum of the chunks."""
+        self._use()
+        if x.dtype not in (K.F32, K.F64) or len(x.shape) != 2 or g.dtype != x.dtype or mean.dtype != x.dtype or (
+                weight is not None and weight.dtype != x.dtype):
+            return super().layer_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
+        rows, cols = x.shape
+        dtype = x.dtype
+        g, x, mean, rstd = (cupy.ascontiguousarray(self._arr(a)) for a in (g, x, mean, rstd))
+        zero = np.int64(0)
+        gx = gw = gb = None
+        if need_x:
+            gx = cupy.empty((rows, cols), dtype=dtype)
+            if rows and cols:
+                args: list[Any] = [np.int64(cols), g, zero, x, zero, mean, rstd]
+                if weight is not None:
+                    args += [cupy.ascontiguousarray(self._arr(weight)), zero]
+                kernel = self._row_kernel(R.layer_norm_backward(weight is not None), dtype,
+                                          ("layer_norm_backward", weight is not None))
+                kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), (*args, gx))
+        if need_w or need_b:
+            if rows == 0:
+                sums = cupy.zeros((2, cols), dtype=dtype)
+            else:
+                parts, chunk = R.param_grad_parts(rows, cols)
+                total = parts * cols
+                partial = cupy.empty((2, parts, cols), dtype=dtype)
+                kernel = self._row_kernel(R.LAYER_NORM_PARAM_GRADS, dtype, ("layer_norm_param_grads",))
+                kernel((-(-total // 256),), (256,), (np.int64(rows), np.int64(cols), np.int64(chunk),
+                                                     np.int64(total), g, zero, x, zero, mean, rstd, partial))
+                sums = partial.reshape(2, cols) if parts == 1 else partial.sum(axis=1)
+            gw = sums[0] if need_w else None
+            gb = sums[1] if need_b else None
+        return gx, gw, gb
 
     # ----------------------------------------------------------------- linear algebra
     def _blas_handle(self) -> Cublas:

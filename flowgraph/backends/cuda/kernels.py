@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from ..fusion import CEmitter, FusedProgram, UpdateKernel, decompose, offset_expr
+from ..row_kernels import MAX_GROUP, RowKernel, render
 
 F16 = np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -150,6 +151,30 @@ def update_spec(kernel: UpdateKernel, device_scalars: bool) -> tuple[str, str, s
     out_params = ", ".join(f"T {n}" for n in ("p", *kernel.state))
     loads = "".join(f"T {n} = (T){n}_d[0];\n" for n in kernel.step_scalars) if device_scalars else ""
     return in_params, out_params, loads + kernel.statements
+
+
+# ---------------------------------------------------------------------------------------- row kernels
+#: The CUDA C side of the dialect macros the shared row kernels use (``backends/row_kernels.py``).
+CUDA_DIALECT = """
+#define FG_KERNEL extern "C" __global__ void
+#define FG_DEVICE __device__ __forceinline__
+#define FG_GLOBAL
+#define FG_RESTRICT __restrict__
+#define FG_LOCAL __shared__
+#define FG_LOCAL_PTR
+#define FG_BARRIER __syncthreads()
+#define FG_LID ((int)threadIdx.x)
+#define FG_LSIZE ((int)blockDim.x)
+#define FG_GID ((long long)blockIdx.x)
+#define FG_GLOBAL_ID ((long long)blockIdx.x * blockDim.x + threadIdx.x)
+#define FG_LONG long long
+"""
+
+
+def row_kernel_source(kernel: RowKernel, dtype: np.dtype) -> str:
+    """A shared row kernel (``backends/row_kernels.py``) in CUDA C for ``dtype`` (float32 or float64)."""
+    return CUDA_DIALECT + f"typedef {CudaEmitter.CTYPES[np.dtype(dtype)]} T;\n" + render(
+        kernel, {"FG_MAX_GROUP": MAX_GROUP})
 
 
 # ---------------------------------------------------------------------------------------- reductions

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import BackendError, ShapeError
 from .. import fusion
+from .. import row_kernels as R
 from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
 from ..fusion import (
     ADAM_UPDATE,
@@ -869,6 +870,115 @@ class OpenCLBackend(Backend):
         if p.size:
             self._launch(kernel, p.size, args)
         return True
+
+    def adam_step_multi(self, params: Sequence[Array], grads: Sequence[Array], ms: Sequence[Array],
+                        vs: Sequence[Array], beta1: float, beta2: float, step_size: Any, eps_hat: Any,
+                        l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                        v_maxs: Sequence[Array] | None = None) -> tuple:
+        """Optional fused composite (see ``Backend.adam_step_multi``): one launch per 8 tensors, each element
+        updated by the same statements as ``adam_step``'s kernel (so bit for bit the same). The generic loop
+        runs instead with AMSGrad, device scalars, or unless every ``p``, ``m``, ``v`` is a contiguous
+        float32/float64 array of one dtype."""
+        fits = v_maxs is None and all(is_host_scalar(s) for s in (step_size, eps_hat, decay))
+        operands = [self._optimizer_operands(p, g, (m, v), "adam_step_multi") for p, g, m, v in
+                    zip(params, grads, ms, vs)] if fits else [None]
+        if not operands or any(o is None for o in operands) or len({o[0].dtype for o in operands}) != 1:
+            return super().adam_step_multi(params, grads, ms, vs, beta1, beta2, step_size, eps_hat, l2, decay,
+                                           maximize, v_maxs)
+        dtype = operands[0][0].dtype
+        t = dtype.type
+        scalars = [t(step_size), t(eps_hat)] + [t(x) for x in adam_update_scalars(beta1, beta2, l2, decay, maximize)]
+        for p, _, state in operands:  # pending expressions reading the old values run first
+            for x in (p, *state):
+                self._flush_readers(x.buffer, keep=None)
+        work = [o for o in operands if o[0].size]
+        for start in range(0, len(work), R.OPENCL_ADAM_TENSORS):
+            batch = work[start:start + R.OPENCL_ADAM_TENSORS]
+            count = len(batch)
+            kernel = self._kernel(("adam_multi", dtype.str, count),
+                                  lambda count=count: K.row_kernel_source(R.adam_multi_buffers(count), dtype))
+            args: list[Any] = [0]
+            end = 0
+            for p, g, (m, v) in batch:
+                end += p.size
+                args += [p.buffer, p.offset, g.buffer, g.offset, m.buffer, m.offset, v.buffer, v.offset, end]
+            args[0] = end
+            self._launch(kernel, end, args + scalars)
+        return ([o[0] for o in operands], [o[2][0] for o in operands], [o[2][1] for o in operands], None)
+
+    # ----------------------------------------------------------------- LayerNorm (shared row kernels)
+    def _row_operand(self, a: Array, where: str) -> CLArray:
+        """``a`` realized and row-major (an offset into its buffer is kept: the kernels take it)."""
+        a = self.realize(self._own(a, where))
+        return a if is_contiguous(a.shape, a.strides) else self.contiguous(a)
+
+    def _row_launch(self, spec: R.RowKernel, key: tuple, dtype: np.dtype, rows: int, cols: int,
+                    args: list[Any]) -> None:
+        """Run a row kernel with one work-group per row."""
+        kernel = self._kernel(key, lambda: K.row_kernel_source(spec, dtype))
+        group = R.row_group(cols, self._group_limit(kernel))
+        kernel(self.queue, (rows * group,), (group,), *args)
+
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
+        """Optional fused composite (see ``Backend.layer_norm``): one kernel, one work-group per row, for
+        float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise."""
+        x = self._own(x, "layer_norm")
+        if x.dtype not in (_F32, _F64) or x.ndim != 2 or any(
+                t is not None and t.dtype != x.dtype for t in (weight, bias)):
+            return super().layer_norm(x, weight, bias, eps)
+        rows, cols = x.shape
+        x = self._row_operand(x, "layer_norm")
+        w, b = (None if t is None else self._row_operand(t, "layer_norm") for t in (weight, bias))
+        y, mean, rstd = self.empty((rows, cols), x.dtype), self.empty((rows,), x.dtype), self.empty((rows,), x.dtype)
+        if rows and cols:
+            args: list[Any] = [cols, x.buffer, x.offset]
+            for t in (w, b):
+                if t is not None:
+                    args += [t.buffer, t.offset]
+            args += [y.buffer, mean.buffer, rstd.buffer, x.dtype.type(eps)]
+            spec = R.layer_norm_forward(w is not None, b is not None)
+            self._row_launch(spec, ("layer_norm", x.dtype.str, w is not None, b is not None), x.dtype, rows, cols,
+                             args)
+        return y, mean, rstd
+
+    def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
+                            need_x: bool, need_w: bool, need_b: bool) -> tuple:
+        """Optional fused composite (see ``Backend.layer_norm_backward``): ``gx`` in one kernel (one work-group
+        per row), ``gw``/``gb`` in one kernel of per-chunk column sums plus one sum of the chunks."""
+        x, g = self._own(x, "layer_norm_backward"), self._own(g, "layer_norm_backward")
+        if x.dtype not in (_F32, _F64) or x.ndim != 2 or g.dtype != x.dtype or mean.dtype != x.dtype or (
+                weight is not None and weight.dtype != x.dtype):
+            return super().layer_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
+        rows, cols = x.shape
+        dtype = x.dtype
+        x, g = self._row_operand(x, "layer_norm_backward"), self._row_operand(g, "layer_norm_backward")
+        mean, rstd = self._row_operand(mean, "layer_norm_backward"), self._row_operand(rstd, "layer_norm_backward")
+        gx = gw = gb = None
+        if need_x:
+            gx = self.empty((rows, cols), dtype)
+            if rows and cols:
+                w = None if weight is None else self._row_operand(weight, "layer_norm_backward")
+                args: list[Any] = [cols, g.buffer, g.offset, x.buffer, x.offset, mean.buffer, rstd.buffer]
+                args += [] if w is None else [w.buffer, w.offset]
+                self._row_launch(R.layer_norm_backward(w is not None), ("layer_norm_backward", dtype.str,
+                                 w is not None), dtype, rows, cols, args + [gx.buffer])
+        if need_w or need_b:
+            if rows == 0:
+                sums = self.full((2, cols), 0, dtype)
+            else:
+                parts, chunk = R.param_grad_parts(rows, cols)
+                partial = self.empty((2, parts, cols), dtype)
+                kernel = self._kernel(("layer_norm_param_grads", dtype.str),
+                                      lambda: K.row_kernel_source(R.LAYER_NORM_PARAM_GRADS, dtype))
+                total = parts * cols
+                self._launch(kernel, total, [rows, cols, chunk, total, g.buffer, g.offset, x.buffer, x.offset,
+                                             mean.buffer, rstd.buffer, partial.buffer])
+                sums = self.reshape(partial, (2, cols)) if parts == 1 else self.sum(partial, (1,), False)
+            if need_w:
+                gw = self.reshape(self.slice(sums, (slice(0, 1),)), (cols,))
+            if need_b:
+                gb = self.reshape(self.slice(sums, (slice(1, 2),)), (cols,))
+        return gx, gw, gb
 
     # ----------------------------------------------------------------- linear algebra
     def matmul(self, a: Array, b: Array) -> Array:

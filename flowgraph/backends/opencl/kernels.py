@@ -15,6 +15,7 @@ import numpy as np
 
 from ...errors import BackendError
 from ..fusion import CEmitter, FusedProgram, UpdateKernel, collapse, decompose, offset_expr  # noqa: F401
+from ..row_kernels import MAX_GROUP, RowKernel, render
 
 LONG = np.dtype(np.int64)
 BOOL = np.dtype(bool)
@@ -316,6 +317,34 @@ def update_source(kernel: UpdateKernel, dtype: np.dtype, device_scalars: bool) -
     lines += kernel.statements.splitlines()
     lines += [f"{name}_buf[{name}_off + i] = {name};" for name in written]
     return assemble(f"fg_{kernel.name}", emitter, {dtype}, params, lines)
+
+
+#: The OpenCL C side of the dialect macros the shared row kernels use (``backends/row_kernels.py``).
+OPENCL_DIALECT = """
+#define FG_KERNEL __kernel void
+#define FG_DEVICE inline
+#define FG_GLOBAL __global
+#define FG_RESTRICT restrict
+#define FG_LOCAL __local
+#define FG_LOCAL_PTR __local
+#define FG_BARRIER barrier(CLK_LOCAL_MEM_FENCE)
+#define FG_LID ((int)get_local_id(0))
+#define FG_LSIZE ((int)get_local_size(0))
+#define FG_GID ((long)get_group_id(0))
+#define FG_GLOBAL_ID ((long)get_global_id(0))
+#define FG_LONG long
+"""
+
+_ROW_ARG_DTYPES = {"long": LONG, "scalar": None, "in": None, "out": None, "index": None}
+
+
+def row_kernel_source(kernel: RowKernel, dtype: np.dtype) -> KernelSource:
+    """A shared row kernel (``backends/row_kernels.py``) in OpenCL C for element type ``dtype``."""
+    dtype = np.dtype(dtype)
+    prelude = OpenCLEmitter.pragmas({dtype}) + OPENCL_DIALECT + f"typedef {ctype(dtype)} T;\n"
+    source = prelude + render(kernel, {"FG_MAX_GROUP": MAX_GROUP})
+    arg_dtypes = [dtype if kind == "scalar" else _ROW_ARG_DTYPES[kind] for kind, _ in kernel.params]
+    return KernelSource(source, kernel.name, arg_dtypes)
 
 
 def cumsum_source(rank: int, dtype: np.dtype, acc_dtype: np.dtype) -> KernelSource:

@@ -1,0 +1,256 @@
+"""Row-wise kernels written once in dialect-neutral C: LayerNorm forward and backward, multi-tensor Adam.
+
+The CUDA backend (CuPy ``RawKernel``) and the OpenCL backend compile the same kernel bodies; each puts its
+own prelude of dialect macros in front (``cuda/kernels.py``'s ``CUDA_DIALECT``, ``opencl/kernels.py``'s
+``OPENCL_DIALECT``). The macros a body may use:
+
+=================  =====================================  ==========================================
+macro              OpenCL C                               CUDA C
+=================  =====================================  ==========================================
+``FG_KERNEL``      ``__kernel void``                      ``extern "C" __global__ void``
+``FG_DEVICE``      ``inline``                             ``__device__ __forceinline__``
+``FG_GLOBAL``      ``__global``                           (nothing)
+``FG_RESTRICT``    ``restrict``                           ``__restrict__``
+``FG_LOCAL``       ``__local`` (a group-shared array)     ``__shared__``
+``FG_LOCAL_PTR``   ``__local`` (a pointer parameter)      (nothing)
+``FG_BARRIER``     ``barrier(CLK_LOCAL_MEM_FENCE)``       ``__syncthreads()``
+``FG_LID``         ``get_local_id(0)``                    ``threadIdx.x``
+``FG_LSIZE``       ``get_local_size(0)``                  ``blockDim.x``
+``FG_GID``         ``get_group_id(0)``                    ``blockIdx.x``
+``FG_GLOBAL_ID``   ``get_global_id(0)``                   ``blockIdx.x * blockDim.x + threadIdx.x``
+``FG_LONG``        ``long``                               ``long long``
+=================  =====================================  ==========================================
+
+plus ``T``, the element type (``float`` or ``double``: 16-bit inputs are normalised in float32 by
+``Backend.layer_norm``'s generic default, as PyTorch computes them), and ``FG_MAX_GROUP``, the size of the
+group-shared scratch array (the launch's work-group size is a power of two no larger).
+
+A kernel is described by :class:`RowKernel`: its parameters (so each backend builds its argument list, and
+OpenCL its scalar-argument dtypes, from one place) and its body. :func:`render` writes the signature and body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .fusion import ADAM_UPDATE
+
+#: Work-group (thread-block) size cap of the row kernels and the size of their shared scratch array.
+MAX_GROUP = 256
+
+#: Elements of one tensor a thread block of the CUDA multi-tensor Adam updates (PyTorch's
+#: ``multi_tensor_apply`` uses 65,536 per chunk with 512 threads; 256 threads x 32 elements here).
+ADAM_CHUNK = 8192
+
+#: Tensors one OpenCL multi-tensor Adam launch takes (OpenCL 1.2 has no pointer tables: each is 4 buffers).
+OPENCL_ADAM_TENSORS = 8
+
+
+class RowKernel:
+    """One kernel: ``name``, ``params`` ``(kind, name)`` in order, and ``body`` (C statements).
+
+    Parameter kinds: ``"long"`` (a ``FG_LONG``), ``"scalar"`` (a ``T`` value), ``"in"`` (a read-only ``T``
+    buffer), ``"out"`` (a written ``T`` buffer), ``"index"`` (a read-only ``FG_LONG`` buffer).
+    """
+
+    __slots__ = ("name", "params", "body")
+
+    def __init__(self, name: str, params: Sequence[tuple[str, str]], body: str) -> None:
+        self.name = name
+        self.params = tuple(params)
+        self.body = body.strip("\n")
+
+
+_C_PARAM = {
+    "long": "FG_LONG {n}",
+    "scalar": "T {n}",
+    "in": "FG_GLOBAL const T* FG_RESTRICT {n}",
+    "out": "FG_GLOBAL T* FG_RESTRICT {n}",
+    "index": "FG_GLOBAL const FG_LONG* FG_RESTRICT {n}",
+}
+
+
+def render(kernel: RowKernel, defines: dict[str, str | int] | None = None) -> str:
+    """The kernel's dialect-neutral source: ``#define`` lines for ``defines``, the shared helpers, the kernel.
+
+    A backend puts its dialect prelude (and ``T``) in front of the result.
+    """
+    lines = [f"#define {k} {v}" for k, v in (defines or {}).items()]
+    signature = ", ".join(_C_PARAM[kind].format(n=name) for kind, name in kernel.params)
+    return "\n".join(lines) + "\n" + _HELPERS + f"FG_KERNEL {kernel.name}({signature}) {{\n{kernel.body}\n}}\n"
+
+
+_HELPERS = """
+// The sum of v over the work-group (L a power of two, at most FG_MAX_GROUP), in a fixed tree order, so every
+// backend and every run gives the same bits; s is group-shared scratch, free again on return.
+FG_DEVICE T fg_group_sum(FG_LOCAL_PTR T* s, T v, int t, int L) {
+  s[t] = v;
+  FG_BARRIER;
+  for (int k = L >> 1; k > 0; k >>= 1) {
+    if (t < k) s[t] += s[t + k];
+    FG_BARRIER;
+  }
+  T r = s[0];
+  FG_BARRIER;
+  return r;
+}
+"""
+
+
+def layer_norm_forward(has_w: bool, has_b: bool) -> RowKernel:
+    """``y = (x - mean) * rstd * w + b`` over each row of a contiguous ``(rows, cols)`` ``x``, one work-group
+    per row: the mean and the (biased) variance as two group sums (two passes over the row, as the generic
+    default), ``rstd = 1 / sqrt(var + eps)``; ``mean``/``rstd`` ``(rows,)`` are written for the backward."""
+    params = [("long", "cols"), ("in", "x"), ("long", "x_off")]
+    params += [("in", "w"), ("long", "w_off")] if has_w else []
+    params += [("in", "b"), ("long", "b_off")] if has_b else []
+    params += [("out", "y"), ("out", "mean_out"), ("out", "rstd_out"), ("scalar", "eps")]
+    affine = ("    v = v * w[w_off + j];\n" if has_w else "") + ("    v = v + b[b_off + j];\n" if has_b else "")
+    body = f"""
+  FG_LOCAL T scratch[FG_MAX_GROUP];
+  FG_LONG row = FG_GID;
+  int t = FG_LID, L = FG_LSIZE;
+  FG_GLOBAL const T* xr = x + x_off + row * cols;
+  FG_GLOBAL T* yr = y + row * cols;
+  T s = (T)0;
+  for (FG_LONG j = t; j < cols; j += L) s += xr[j];
+  T mean = fg_group_sum(scratch, s, t, L) * ((T)1 / (T)cols);
+  T q = (T)0;
+  for (FG_LONG j = t; j < cols; j += L) {{
+    T d = xr[j] - mean;
+    q += d * d;
+  }}
+  T var = fg_group_sum(scratch, q, t, L) * ((T)1 / (T)cols);
+  T rstd = (T)1 / sqrt(var + eps);
+  for (FG_LONG j = t; j < cols; j += L) {{
+    T v = (xr[j] - mean) * rstd;
+{affine}    yr[j] = v;
+  }}
+  if (t == 0) {{
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }}
+"""
+    return RowKernel("fg_layer_norm", params, body)
+
+
+def layer_norm_backward(has_w: bool) -> RowKernel:
+    """The input gradient, one work-group per row: ``gy = g * w``, ``xhat = (x - mean) * rstd``,
+    ``gx = (gy - mean(gy) - xhat * mean(gy * xhat)) * rstd`` (both means from one pass of two group sums)."""
+    params = [("long", "cols"), ("in", "g"), ("long", "g_off"), ("in", "x"), ("long", "x_off"), ("in", "mean"),
+              ("in", "rstd")]
+    params += [("in", "w"), ("long", "w_off")] if has_w else []
+    params += [("out", "gx")]
+    gy = "gr[j] * w[w_off + j]" if has_w else "gr[j]"
+    body = f"""
+  FG_LOCAL T scratch[FG_MAX_GROUP];
+  FG_LONG row = FG_GID;
+  int t = FG_LID, L = FG_LSIZE;
+  FG_GLOBAL const T* gr = g + g_off + row * cols;
+  FG_GLOBAL const T* xr = x + x_off + row * cols;
+  FG_GLOBAL T* out = gx + row * cols;
+  T mu = mean[row], rs = rstd[row];
+  T a = (T)0, c = (T)0;
+  for (FG_LONG j = t; j < cols; j += L) {{
+    T gy = {gy};
+    T xh = (xr[j] - mu) * rs;
+    a += gy;
+    c += gy * xh;
+  }}
+  T inv = (T)1 / (T)cols;
+  a = fg_group_sum(scratch, a, t, L) * inv;
+  c = fg_group_sum(scratch, c, t, L) * inv;
+  for (FG_LONG j = t; j < cols; j += L) {{
+    T gy = {gy};
+    T xh = (xr[j] - mu) * rs;
+    out[j] = (gy - a - xh * c) * rs;
+  }}
+"""
+    return RowKernel("fg_layer_norm_backward", params, body)
+
+
+#: The weight and bias gradients' partial sums: work-item ``i = part * cols + j`` adds rows
+#: ``[part * chunk, (part + 1) * chunk)`` of column ``j`` (adjacent work-items read adjacent columns), writing
+#: ``sum(g * xhat)`` to ``partial[i]`` and ``sum(g)`` to ``partial[total + i]``; the caller sums the parts.
+LAYER_NORM_PARAM_GRADS = RowKernel(
+    "fg_layer_norm_param_grads",
+    [("long", "rows"), ("long", "cols"), ("long", "chunk"), ("long", "total"), ("in", "g"), ("long", "g_off"),
+     ("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd"), ("out", "partial")],
+    """
+  FG_LONG i = FG_GLOBAL_ID;
+  if (i >= total) return;
+  FG_LONG part = i / cols, j = i - part * cols;
+  FG_LONG r0 = part * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+  T sw = (T)0, sb = (T)0;
+  for (FG_LONG r = r0; r < r1; ++r) {
+    T gv = g[g_off + r * cols + j];
+    sw += gv * ((x[x_off + r * cols + j] - mean[r]) * rstd[r]);
+    sb += gv;
+  }
+  partial[i] = sw;
+  partial[total + i] = sb;
+""",
+)
+
+_ADAM_SCALARS = tuple(("scalar", n) for n in (*ADAM_UPDATE.step_scalars, *ADAM_UPDATE.scalars))
+
+
+def _adam_element(p: str, g: str, m: str, v: str, i: str) -> str:
+    """One element's Adam update (``fusion.ADAM_UPDATE``'s statements) on buffers ``p g m v`` at ``i``."""
+    statements = "\n".join(f"    {line}" for line in ADAM_UPDATE.statements.splitlines())
+    return (f"  {{\n    T p = {p}[{i}], g = {g}[{i}], m = {m}[{i}], v = {v}[{i}];\n{statements}\n"
+            f"    {p}[{i}] = p; {m}[{i}] = m; {v}[{i}] = v;\n  }}\n")
+
+
+#: CUDA multi-tensor Adam over a device table of ``5 * n_tensors`` words (per tensor: the addresses of
+#: ``p, g, m, v`` and its size) then ``2 * blocks`` (per thread block: its tensor and its first element):
+#: each block updates one chunk of ``ADAM_CHUNK`` elements of one tensor (PyTorch's ``multi_tensor_apply``).
+ADAM_MULTI_TABLE = RowKernel(
+    "fg_adam_multi",
+    [("index", "table"), ("long", "n_tensors"), *_ADAM_SCALARS],
+    f"""
+  FG_GLOBAL const FG_LONG* entry = table + 5 * n_tensors + 2 * (FG_LONG)FG_GID;
+  FG_GLOBAL const FG_LONG* tensor = table + 5 * entry[0];
+  T* p_buf = (T*)tensor[0];
+  const T* g_buf = (const T*)tensor[1];
+  T* m_buf = (T*)tensor[2];
+  T* v_buf = (T*)tensor[3];
+  FG_LONG end = entry[1] + {ADAM_CHUNK} < tensor[4] ? entry[1] + {ADAM_CHUNK} : tensor[4];
+  for (FG_LONG i = entry[1] + FG_LID; i < end; i += FG_LSIZE)
+{_adam_element("p_buf", "g_buf", "m_buf", "v_buf", "i")}""",
+)
+
+
+def adam_multi_buffers(count: int) -> RowKernel:
+    """Multi-tensor Adam over ``count`` tensors passed as buffers (OpenCL 1.2 has no pointer tables): work-item
+    ``i`` of ``total`` finds its tensor by the running ends ``end0 < end1 < ...`` of the tensors' sizes."""
+    params: list[tuple[str, str]] = [("long", "total")]
+    for k in range(count):
+        params += [("out", f"p{k}"), ("long", f"p{k}_off"), ("in", f"g{k}"), ("long", f"g{k}_off"),
+                   ("out", f"m{k}"), ("long", f"m{k}_off"), ("out", f"v{k}"), ("long", f"v{k}_off"),
+                   ("long", f"end{k}")]
+    params += _ADAM_SCALARS
+    lines = ["  FG_LONG i = FG_GLOBAL_ID;", "  if (i >= total) return;"]
+    for k in range(count):
+        start = "0" if k == 0 else f"end{k - 1}"
+        test = f"if (i < end{k})" if k < count - 1 else ""
+        lines.append(f"  {'else ' if k else ''}{test} {{")
+        lines.append(f"  FG_LONG e = i - {start};")
+        lines.append(_adam_element(f"(p{k} + p{k}_off)", f"(g{k} + g{k}_off)", f"(m{k} + m{k}_off)",
+                                   f"(v{k} + v{k}_off)", "e"))
+        lines.append("  }")
+    return RowKernel(f"fg_adam_multi{count}", params, "\n".join(lines))
+
+
+def row_group(cols: int, limit: int) -> int:
+    """The power-of-two work-group size for rows of ``cols``: enough to cover a row, at most ``limit``."""
+    limit = 1 << (max(1, min(limit, MAX_GROUP)).bit_length() - 1)
+    return min(limit, 1 << max(0, (max(cols, 1) - 1).bit_length()))
+
+
+def param_grad_parts(rows: int, cols: int, target: int = 16384) -> tuple[int, int]:
+    """``(parts, chunk)``: the rows split into ``parts`` chunks of ``chunk`` rows, so the weight-gradient kernel
+    has about ``target`` work-items (``parts * cols``) when the rows allow it."""
+    parts = max(1, min(rows, target // max(cols, 1)))
+    chunk = -(-rows // parts)
+    return -(-rows // chunk), chunk

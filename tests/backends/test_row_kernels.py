@@ -1,0 +1,177 @@
+"""The shared row kernels (``flowgraph/backends/row_kernels.py``): LayerNorm and multi-tensor Adam.
+
+Each backend's override is checked against the generic default on every available device (cpu, opencl here;
+cuda on the GPU machine, where the CUDA-only tests at the end also run: the pointer-table cache and the
+fallback inside CUDA-graph capture). The multi-tensor Adam must equal the per-tensor ``adam_step`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowgraph.backends import get_backend, row_kernels
+from flowgraph.backends.base import Backend
+
+F32 = np.float32
+
+
+def _host(be, arrays):
+    return [None if a is None else be.to_host(a) for a in arrays]
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 5), (6, 33), (3, 600), (40, 7)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_override_matches_the_generic_default(device, rows, cols, affine):
+    be = get_backend(device)
+    rng = np.random.default_rng(rows * cols)
+    x = (rng.standard_normal((rows, cols)) * 2 + 3).astype(F32)
+    g = rng.standard_normal((rows, cols)).astype(F32)
+    w = rng.standard_normal(cols).astype(F32) if affine else None
+    b = rng.standard_normal(cols).astype(F32) if affine else None
+    results = []
+    for impl in (type(be), Backend):
+        ops = [None if a is None else be.from_host(a) for a in (x, w, b, g)]
+        y, mean, rstd = impl.layer_norm(be, ops[0], ops[1], ops[2], 1e-5)
+        assert tuple(mean.shape) == (rows,) and tuple(rstd.shape) == (rows,)
+        grads = impl.layer_norm_backward(be, ops[3], ops[0], mean, rstd, ops[1], True, affine, affine)
+        results.append(_host(be, [y, mean, rstd, *grads]))
+    for fast, generic in zip(*results):
+        if generic is None:
+            assert fast is None
+        else:
+            np.testing.assert_allclose(fast, generic, rtol=2e-5, atol=2e-5)
+
+
+# (p, g, m, v) sizes: more than one OpenCL launch (8 tensors each), a tensor over several CUDA chunks, an empty one
+SIZES = [(3, 4), (17,), (0,), (row_kernels.ADAM_CHUNK + 5,), (2, 3, 5), (1,), (64,), (9, 9), (33,), (4, 4)]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(l2=0.1, maximize=True),
+    dict(decay=0.99),
+    dict(amsgrad=True),
+], ids=["plain", "l2-maximize", "decoupled", "amsgrad"])
+def test_adam_step_multi_equals_adam_step_bit_for_bit(device, kw):
+    be = get_backend(device)
+    kw = dict(kw)
+    amsgrad = kw.pop("amsgrad", False)
+    rng = np.random.default_rng(7)
+    hosts = [[rng.standard_normal(s).astype(F32) for _ in range(3)] + [np.abs(rng.standard_normal(s)).astype(F32)]
+             for s in SIZES]
+    if amsgrad:
+        for h in hosts:
+            h.append(np.abs(rng.standard_normal(h[0].shape)).astype(F32))
+    scalars = (0.9, 0.999, 1e-2 * 0.7, 1e-8 * 0.3)
+
+    def arrays():
+        return [[be.from_host(a) for a in h] for h in hosts]
+
+    single = []
+    for p, g, m, v, *vmax in arrays():
+        single.append(_host(be, be.adam_step(p, g, m, v, *scalars, **kw, v_max=vmax[0] if vmax else None)))
+    ops = arrays()
+    ps, ms, vs, vmaxs = be.adam_step_multi([o[0] for o in ops], [o[1] for o in ops], [o[2] for o in ops],
+                                           [o[3] for o in ops], *scalars, **kw,
+                                           v_maxs=[o[4] for o in ops] if amsgrad else None)
+    assert (vmaxs is None) == (not amsgrad)
+    for i, one in enumerate(single):
+        multi = _host(be, [ps[i], ms[i], vs[i], None if vmaxs is None else vmaxs[i]])
+        for a, b in zip(one, multi):
+            if a is None:
+                assert b is None
+            else:
+                np.testing.assert_array_equal(a, b)
+
+
+def test_row_group_and_param_grad_parts():
+    assert row_kernels.row_group(5, 256) == 8
+    assert row_kernels.row_group(700, 256) == 256
+    assert row_kernels.row_group(700, 100) == 64  # a kernel limit that is not a power of two
+    assert row_kernels.row_group(1, 256) == 1
+    parts, chunk = row_kernels.param_grad_parts(4096, 64)
+    assert parts * chunk >= 4096 and (parts - 1) * chunk < 4096 and parts * 64 <= 16384
+    assert row_kernels.param_grad_parts(1, 1000) == (1, 1)
+
+
+def test_shared_source_is_dialect_neutral():
+    """One body for both backends: the shared module writes macros only, no OpenCL or CUDA keyword."""
+    spec = row_kernels.layer_norm_forward(True, True)
+    source = row_kernels.render(spec, {"FG_MAX_GROUP": 256})
+    for word in ("__kernel", "__global__", "__shared__", "__local", "get_local_id", "threadIdx", "__syncthreads"):
+        assert word not in source, word
+    for macro in ("FG_KERNEL", "FG_LOCAL", "FG_BARRIER", "FG_LID", "FG_GID"):
+        assert macro in source
+
+
+ALL_SPECS = {
+    "layer_norm": row_kernels.layer_norm_forward(True, True),
+    "layer_norm_plain": row_kernels.layer_norm_forward(False, False),
+    "layer_norm_backward": row_kernels.layer_norm_backward(True),
+    "layer_norm_backward_plain": row_kernels.layer_norm_backward(False),
+    "param_grads": row_kernels.LAYER_NORM_PARAM_GRADS,
+    "adam_multi_table": row_kernels.ADAM_MULTI_TABLE,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_SPECS))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cuda_sources_compile_with_nvcc(tmp_path, name, dtype):
+    """The CUDA side of the shared sources, checked where no GPU is: compiled to PTX with nvcc when it is on the
+    PATH (the machine that runs cuda compiles them with NVRTC through CuPy)."""
+    import shutil
+    import subprocess
+
+    from flowgraph.backends.cuda import kernels as cuda_kernels
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on the PATH")
+    source = tmp_path / f"{name}.cu"
+    source.write_text(cuda_kernels.row_kernel_source(ALL_SPECS[name], np.dtype(dtype)))
+    done = subprocess.run([nvcc, "-ptx", "-arch=sm_80", str(source), "-o", str(tmp_path / f"{name}.ptx")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ptx = (tmp_path / f"{name}.ptx").read_text()
+    assert f".entry {ALL_SPECS[name].name}" in ptx  # extern "C": the name CuPy's RawKernel looks up
+    if "sqrt" in ptx:  # float32 stays float32 (no promotion to double), as in the per-tensor kernels
+        assert ("sqrt.rn.f32" in ptx) == (dtype == "float32")
+
+
+# ------------------------------------------------------------------------------------- CUDA only
+def _cuda_backend():
+    be = get_backend("cuda:0") if "cuda:0" in _devices() else None
+    if be is None:
+        pytest.skip("no cuda device available here")
+    return be
+
+
+def _devices():
+    from flowgraph.backends import available_devices
+
+    return available_devices()
+
+
+def test_cuda_adam_table_is_cached_by_pointers_and_not_built_in_capture():
+    be = _cuda_backend()
+    rng = np.random.default_rng(1)
+    hosts = [[rng.standard_normal(s).astype(F32) for _ in range(3)] + [np.abs(rng.standard_normal(s)).astype(F32)]
+             for s in [(5, 3), (row_kernels.ADAM_CHUNK * 2 + 1,)]]
+    ops = [[be.from_host(a) for a in h] for h in hosts]
+    be._adam_tables.clear()
+    lists = [[o[k] for o in ops] for k in range(4)]
+    be.adam_step_multi(*lists, 0.9, 0.999, 1e-3, 1e-8)
+    be.adam_step_multi(*lists, 0.9, 0.999, 1e-3, 1e-8)
+    assert len(be._adam_tables) == 1  # the same addresses: the table is reused
+    fresh = [[be.from_host(a) for a in h] for h in hosts]
+    be.capturing = True  # as fg.capture sets it while a CUDA graph records: no table may be built
+    try:
+        out = be.adam_step_multi(*[[o[k] for o in fresh] for k in range(4)], 0.9, 0.999, 1e-3, 1e-8)
+    finally:
+        be.capturing = False
+    assert len(be._adam_tables) == 1
+    expected = [[be.from_host(a) for a in h] for h in hosts]
+    for i, (p, g, m, v) in enumerate(expected):
+        be.adam_step(p, g, m, v, 0.9, 0.999, 1e-3, 1e-8)
+        np.testing.assert_array_equal(be.to_host(out[0][i]), be.to_host(p))
