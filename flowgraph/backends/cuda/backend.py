@@ -1099,7 +1099,7 @@ class CupyBackend(ArrayBackend):
                 cudnn_lib.note_once()
                 return None
             self._use()
-            self._cudnn = cudnn_lib.Cudnn(cupy)
+            self._cudnn = cudnn_lib.Cudnn(cupy, lambda: self.capturing)
         return self._cudnn
 
     def native_conv(self, dtype: np.dtype, nd: int) -> bool:

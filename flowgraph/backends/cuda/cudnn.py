@@ -127,17 +127,19 @@ class _Plan:
 class Cudnn:
     """cuDNN on one device: a handle bound to CuPy's current stream and the built graphs, by problem."""
 
-    def __init__(self, cupy: Any):
+    def __init__(self, cupy: Any, capturing: Any = lambda: False):
         self.cudnn = _load()
+        self._capturing = capturing
         if self.cudnn is None:
             raise BackendError(f"cuDNN is not available: {unavailable_reason()}")
         self.cupy = cupy
         self.handle = self.cudnn.create_handle()
         self.plans: dict[tuple, _Plan] = {}
-        # One workspace for every plan (all run in order on one stream), grown to the largest need. A grown-out
-        # buffer is kept, not freed: a CUDA graph recorded earlier may still point at it.
+        # One workspace for every plan (all run in order on one stream), grown to the largest need. Once a CUDA
+        # graph has recorded a plan, a grown-out buffer is kept, not freed: the graph still points at it.
         self._workspace: Any = None
         self._retired: list[Any] = []
+        self._recorded = False
 
     # ------------------------------------------------------------------ building and running graphs
     def _build(self, key: tuple, dtype: np.dtype, make: Any, fp32_tf32: bool) -> _Plan:
@@ -167,12 +169,14 @@ class Cudnn:
         """The shared workspace, grown to at least ``size`` bytes (growing only outside graph capture: the first,
         eager call of a jitted step builds every plan it needs)."""
         if self._workspace is None or self._workspace.nbytes < size:
-            if self._workspace is not None:
+            if self._workspace is not None and self._recorded:
                 self._retired.append(self._workspace)
             self._workspace = self.cupy.empty(max(size, 1), dtype=self.cupy.uint8)
         return self._workspace
 
     def _execute(self, plan: _Plan, pointers: dict[str, int]) -> None:
+        if self._capturing():
+            self._recorded = True
         self.cudnn.set_stream(self.handle, self.cupy.cuda.get_current_stream().ptr)
         pack = {plan.tensors[role]: ptr for role, ptr in pointers.items()}
         plan.graph.execute(pack, self._reserve(plan.workspace), handle=self.handle)
