@@ -32,6 +32,7 @@ from ..fusion import (
     result_dtype,
     sgd_update_scalars,
 )
+from . import conv as CK
 from . import kernels as K
 from .array import CLArray, contiguous_strides, is_contiguous, nocopy_strides, shape_size
 from .runtime import build_program, cl, compile_stats, device_context, list_devices
@@ -40,6 +41,7 @@ _SCALAR_TYPES = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
 _I64 = np.dtype(np.int64)
 _INT64 = np.dtype(np.int64)
+_I32 = np.dtype(np.int32)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _F16 = np.dtype(np.float16)
@@ -926,6 +928,125 @@ class OpenCLBackend(Backend):
             shape = out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,))
             out = self._view(out, shape, contiguous_strides(shape), 0)
         return out
+
+    # ----------------------------------------------------------------- convolutions (implicit GEMM)
+    def native_conv(self, dtype: np.dtype, nd: int) -> bool:
+        """True for float32, float64 (with ``cl_khr_fp64``) and float16 (with ``cl_khr_fp16``) in 1-3 spatial
+        dims: ``conv_forward``, ``conv_input_grad`` and ``conv_weight_grad`` run as implicit-GEMM kernels
+        (``flowgraph/backends/opencl/conv.py``), with no im2col buffer."""
+        dtype = np.dtype(dtype)
+        supported = dtype == _F32 or (dtype == _F64 and self.supports_float64) or (
+            dtype == _F16 and self.supports_float16)
+        return supported and 1 <= nd <= 3
+
+    def conv_forward(self, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                     dilation: tuple[int, ...], groups: int) -> Array:
+        x, w = self._conv_operands("conv_forward", x, w)
+        geo = CK.ConvGeometry.of("conv_forward", tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups)
+        out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
+        self._conv_launch("forward", geo, out, (x, w), geo.c_out_g, geo.batch * geo.out_size,
+                          geo.c_in_g * geo.kernel_size)
+        return out
+
+    def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
+                        padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        g, w = self._conv_operands("conv_input_grad", g, w)
+        geo = CK.ConvGeometry.of("conv_input_grad", tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups)
+        geo.check_output("conv_input_grad", "g", tuple(g.shape))
+        out = self.empty(tuple(x_shape), g.dtype)
+        self._conv_launch("dgrad", geo, out, (g, w), geo.c_in_g, geo.batch * geo.in_size,
+                          geo.c_out_g * geo.kernel_size)
+        return out
+
+    def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        x, g = self._conv_operands("conv_weight_grad", x, g)
+        geo = CK.ConvGeometry.of("conv_weight_grad", tuple(x.shape), tuple(w_shape), stride, padding, dilation, groups)
+        geo.check_output("conv_weight_grad", "g", tuple(g.shape))
+        m, n, k = geo.c_out_g, geo.c_in_g * geo.kernel_size, geo.batch * geo.out_size
+        splits, chunk = self._conv_splits(m, n, k, groups, x.dtype)
+        if splits == 1:
+            out = self.empty(tuple(w_shape), x.dtype)
+            self._conv_launch("wgrad", geo, out, (x, g), m, n, k)
+            return out
+        # split-K: each split sums its slice of N * prod(out) into its own partial weight, then one reduction
+        partial = self.empty((splits,) + tuple(w_shape), x.dtype)
+        self._conv_launch("wgrad", geo, partial, (x, g), m, n, k, splits, chunk)
+        return self.sum(partial, (0,), False)
+
+    def _conv_operands(self, where: str, a: Array, b: Array) -> tuple[CLArray, CLArray]:
+        """Both operands realized and row-major (an offset into a buffer is fine), of one native-conv dtype."""
+        a = self.contiguous(self._own(a, where))
+        b = self.contiguous(self._own(b, where))
+        if a.dtype != b.dtype:
+            raise BackendError(f"{where}: operands have dtypes {a.dtype} and {b.dtype}; cast one first")
+        if not self.native_conv(a.dtype, a.ndim - 2):
+            raise BackendError(
+                f"{where}: no native convolution for {a.dtype} in {a.ndim - 2} spatial dims on {self.device}; "
+                "native_conv(dtype, nd) says which (float32/float64/float16 where the device has them, nd 1-3)")
+        return a, b
+
+    def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int) -> tuple:
+        """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, max work-group
+        size, local memory) and the problem height ``m``, shrunk once more if the built kernel's own
+        work-group limit (registers) is lower than the device's."""
+        acc = self._accumulator(dtype)
+        cached = self.__dict__.setdefault("_conv_choice", {})
+        row_class = 0 if m > 32 else 1 if m > 8 else 2
+        found = cached.get((op, nd, dtype, index_dtype, row_class))
+        if found is not None:
+            return found
+        is_gpu = bool(self.cl_device.type & cl.device_type.GPU)
+        max_group = self._max_group
+        local_mem = int(self.cl_device.local_mem_size)
+        while True:
+            tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, m)
+            kernel = self._kernel(("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles)),
+                                  lambda tiles=tiles: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles))
+            limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
+            if tiles.group <= limit or max_group <= 16:
+                break
+            max_group = _floor_pow2(limit)
+        found = cached[(op, nd, dtype, index_dtype, row_class)] = (kernel, tiles)
+        return found
+
+    def _conv_splits(self, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
+        """Split-K for the weight gradient: ``(splits, chunk)`` so that about a few work-groups per compute
+        unit run when the output tiles alone would leave the device idle and the reduction is long."""
+        _, tiles = self._conv_tiles("wgrad", 1, dtype, _I32, m)  # tile sizes do not depend on nd
+        blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
+        is_gpu = bool(self.cl_device.type & cl.device_type.GPU)
+        target = int(self.cl_device.max_compute_units) * (4 if is_gpu else 2)
+        if blocks >= target or k <= 8 * tiles.depth:
+            return 1, k
+        splits = min(-(-target // blocks), k // (4 * tiles.depth), self.MAX_CONV_SPLITS)
+        per_split = -(-k // max(splits, 1))
+        chunk = -(-per_split // tiles.depth) * tiles.depth  # a whole number of K steps
+        return -(-k // chunk), chunk
+
+    #: Most slices the weight gradient's reduction is split into (each one a partial weight in memory).
+    MAX_CONV_SPLITS = 64
+
+    def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
+                     n: int, k: int, splits: int = 1, chunk: int | None = None) -> None:
+        """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``) into ``out``."""
+        if out.size == 0:
+            return
+        if k == 0:
+            self._write(out, Scalar(0, out.dtype))
+            return
+        largest = max(out.size, *(a.size for a in inputs), m * n, n * k, m * k)
+        index_dtype = _I32 if largest < 2**31 - 1 else _INT64
+        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m)
+        it = index_dtype.type
+        sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
+                 geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,
+                 *geo.dilation]
+        args: list[Any] = [it(v) for v in sizes]
+        for a in (out, *inputs):
+            args += [a.buffer, a.offset]
+        gsize = (-(-n // tiles.tile_n) * tiles.tx, -(-m // tiles.tile_m) * tiles.ty, geo.groups * splits)
+        kernel(self.queue, gsize, (tiles.tx, tiles.ty, 1), *args)
 
     # ----------------------------------------------------------------- indexing
     def _index_operand(self, index: Array, where: str) -> CLArray:

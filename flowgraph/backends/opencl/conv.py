@@ -1,0 +1,377 @@
+"""Implicit-GEMM convolution kernels for the OpenCL backend: forward, input gradient, weight gradient.
+
+A convolution in PyTorch's layout (``x`` ``(N, C_in, *S)``, ``w`` ``(C_out, C_in / groups, *K)``, symmetric zero
+padding, stride, dilation, groups; 1-3 spatial dims) is three GEMMs per group, none of which needs an im2col
+buffer in global memory: the operand that im2col would materialise is gathered straight from the input while a
+tile of it is staged in local memory.
+
+=============  ========================  ===========================  ====================================
+op             rows (M)                  columns (N)                  reduction (K)
+=============  ========================  ===========================  ====================================
+``forward``    ``C_out/g`` (``co``)      ``N * prod(out)`` (n, o)     ``C_in/g * prod(K)`` (ci, k): ``x``
+``dgrad``      ``C_in/g`` (``ci``)       ``N * prod(S)`` (n, i)       ``C_out/g * prod(K)`` (co, k): ``g``
+``wgrad``      ``C_out/g`` (``co``)      ``C_in/g * prod(K)`` (ci, k) ``N * prod(out)`` (n, o): ``g``, ``x``
+=============  ========================  ===========================  ====================================
+
+* ``forward``: ``A = w`` (rows of the weight, read contiguously), ``B[(ci, k), (n, o)] = x[n, ci, o*s - p + k*d]``
+  (zero outside the input: that is the zero padding).
+* ``dgrad`` is the gather form of the transposed problem: ``B[(co, k), (n, i)] = g[n, co, (i + p - k*d) / s]``
+  where that division is exact and lands inside the output, else zero; ``A[ci, (co, k)] = w[co, ci, k]``. Every
+  input element is written by exactly one work-item, so no atomics and no zero-fill are needed.
+* ``wgrad`` reduces over ``N * prod(out)``, which is long while the weight is small: the reduction is split over
+  ``splits`` work-groups per output tile (split-K, the grid's z index carries ``group + groups * split``), each
+  writing its own slice of a partial buffer that the backend's reduction then sums.
+
+The tile scheme is the backend's register-blocked matmul's (``kernels.matmul_source``), made rectangular:
+a work-group of ``tx * ty`` work-items computes a ``(ty * wy) x (tx * wx)`` tile, each work-item ``wy * wx``
+accumulators; ``depth``-deep slices of A and B are staged in local memory (A padded by one column so the
+transposing store is free of bank conflicts). Each work-item loads the same B column at every K step, so the
+column's decomposition into (n, o) (or (ci, k)) is done once, outside the K loop. Tile sizes, the dtype, the
+spatial rank and the index type are the only things in the source; every size, stride, padding, dilation and
+the group count are kernel arguments, so one binary serves every shape of a rank.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ...errors import ShapeError
+from .kernels import KernelSource, OpenCLEmitter, Params, assemble, ctype
+
+#: The three implicit-GEMM problems of a convolution (see the module docstring).
+OPS = ("forward", "dgrad", "wgrad")
+_INT = np.dtype(np.int32)
+_LONG = np.dtype(np.int64)
+
+
+class ConvTiles(NamedTuple):
+    """One tile configuration: ``tx * ty`` work-items, each computing ``wy`` rows by ``wx`` columns, K staged
+    ``depth`` deep. ``tile_m = ty * wy`` rows and ``tile_n = tx * wx`` columns per work-group."""
+
+    tx: int
+    ty: int
+    wx: int
+    wy: int
+    depth: int
+
+    @property
+    def group(self) -> int:
+        """Work-items per work-group."""
+        return self.tx * self.ty
+
+    @property
+    def tile_m(self) -> int:
+        """Output rows per work-group."""
+        return self.ty * self.wy
+
+    @property
+    def tile_n(self) -> int:
+        """Output columns per work-group."""
+        return self.tx * self.wx
+
+    def local_bytes(self, itemsize: int) -> int:
+        """Local memory the two staged slices take."""
+        return self.depth * ((self.tile_m + 1) + self.tile_n) * itemsize
+
+    def valid(self) -> bool:
+        """Whether each work-item keeps one B column for the whole K loop (the kernel relies on it)."""
+        return self.group % self.tile_n == 0 and self.depth % (self.group // self.tile_n) == 0
+
+
+#: Candidate configurations, widest first, per device kind and problem height (M). GPUs: 256 work-items with
+#: 4x4 (or 2x4 for short M) outputs each, the classic register-blocked shape; the CPU (PoCL runs a work-group
+#: as loops over its work-items, vectorised across them) prefers fewer, wider work-items: measured on PoCL,
+#: see docs/opencl.md.
+GPU_TILES = {
+    "tall": ConvTiles(16, 16, 4, 4, 16),   # 64 x 64
+    "mid": ConvTiles(16, 8, 4, 4, 16),     # 32 x 64
+    "short": ConvTiles(32, 8, 4, 2, 16),   # 16 x 128
+}
+CPU_TILES = {
+    "tall": ConvTiles(8, 8, 4, 4, 16),     # 32 x 32
+    "mid": ConvTiles(8, 8, 4, 2, 16),      # 16 x 32
+    "short": ConvTiles(16, 4, 4, 1, 16),   # 4 x 64
+}
+
+
+def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, m: int) -> ConvTiles:
+    """The tile configuration for a problem of ``m`` rows on a device with these properties: the table of the
+    device kind, the row class of ``m``, shrunk (halving ``tx``/``ty``, then ``depth``) until the work-group
+    fits ``max_group`` and the staged slices fit ``local_mem``."""
+    table = GPU_TILES if is_gpu else CPU_TILES
+    tiles = table["tall"] if m > 32 else table["mid"] if m > 8 else table["short"]
+    while tiles.group > max_group or tiles.local_bytes(itemsize) > local_mem:
+        if tiles.group > max_group and tiles.ty > 1:
+            tiles = tiles._replace(ty=tiles.ty // 2)
+        elif tiles.group > max_group and tiles.tx > 1:
+            tiles = tiles._replace(tx=tiles.tx // 2)
+        elif tiles.depth > 1:
+            tiles = tiles._replace(depth=tiles.depth // 2)
+        else:
+            break
+    while not tiles.valid() and tiles.wx > 1:  # keep one B column per work-item
+        tiles = tiles._replace(wx=tiles.wx // 2)
+    while not tiles.valid() and tiles.depth < 64:
+        tiles = tiles._replace(depth=tiles.depth * 2)
+    return tiles
+
+
+def geometry_names(nd: int) -> list[str]:
+    """The per-dim geometry arguments, in order: input sizes, output sizes, kernel sizes, stride, padding,
+    dilation (``S0.. O0.. K0.. st0.. pd0.. dl0..``)."""
+    return [f"{name}{j}" for name in ("S", "O", "K", "st", "pd", "dl") for j in range(nd)]
+
+
+def _split(index: str, dims: str, coords: str, nd: int, itype: str) -> list[str]:
+    """C lines splitting the linear ``index`` over ``{dims}0..{dims}{nd-1}`` (row-major) into ``{coords}j``."""
+    if nd == 1:
+        return [f"{itype} {coords}0 = {index};"]
+    lines = [f"{itype} {coords}_r = {index};"]
+    for j in range(nd - 1, 0, -1):
+        lines.append(f"{itype} {coords}{j} = {coords}_r % {dims}{j}; {coords}_r /= {dims}{j};")
+    lines.append(f"{itype} {coords}0 = {coords}_r;")
+    return lines
+
+
+def _linear(coords: str, dims: str, nd: int) -> str:
+    """The row-major linear index of ``{coords}j`` over ``{dims}j``."""
+    text = f"{coords}0"
+    for j in range(1, nd):
+        text = f"({text}) * {dims}{j} + {coords}{j}"
+    return text
+
+
+def _inside(coords: str, dims: str, nd: int) -> str:
+    """``0 <= coords_j < dims_j`` for every j."""
+    return " && ".join(f"{coords}{j} >= 0 && {coords}{j} < {dims}{j}" for j in range(nd))
+
+
+def _operands(op: str) -> tuple[str, str, str]:
+    """(output, first input, second input) buffer names of ``op``, in argument order."""
+    return {"forward": ("y", "x", "w"), "dgrad": ("gx", "g", "w"), "wgrad": ("gw", "x", "g")}[op]
+
+
+def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str] | str]:
+    """The op-specific pieces of the GEMM template.
+
+    ``column``: lines run once per work-item for its B column ``gc`` (valid where ``col_ok``); ``load_a``: lines
+    setting ``va`` for A row ``gm``, reduction index ``gk`` (both in range); ``load_b``: lines setting ``vb``
+    for reduction index ``gk`` of the work-item's column; ``store``: lines writing ``v`` at row ``row``, column
+    ``col``.
+    """
+    if op == "forward":
+        return {
+            "column": [f"{itype} n = gc / P, p = gc - n * P;", *_split("p", "O", "o", nd, itype),
+                       *[f"{itype} b{j} = o{j} * st{j} - pd{j};" for j in range(nd)],
+                       "long xb = x_off + ((long)n * Cin + (long)grp * Cin_g) * SP;"],
+            "load_a": [f"va = ({acc_t})w[w_off + ((long)grp * Cout_g + gm) * (long)K + gk];"],
+            "load_b": [f"{itype} ci = gk / KP, kr = gk - ci * KP;", *_split("kr", "K", "k", nd, itype),
+                       *[f"{itype} i{j} = b{j} + k{j} * dl{j};" for j in range(nd)],
+                       f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[xb + (long)ci * SP + {_linear('i', 'S', nd)}];"],
+            "store": [f"{itype} n = col / P, p = col - n * P;",
+                      "y[y_off + ((long)n * Cout + (long)grp * Cout_g + row) * P + p] = STORE(v);"],
+        }
+    if op == "dgrad":
+        return {
+            "column": [f"{itype} n = gc / SP, q = gc - n * SP;", *_split("q", "S", "i", nd, itype),
+                       *[f"{itype} b{j} = i{j} + pd{j};" for j in range(nd)],
+                       "long gb = g_off + ((long)n * Cout + (long)grp * Cout_g) * P;"],
+            "load_a": [f"{itype} co = gk / KP, kr = gk - co * KP;",
+                       f"va = ({acc_t})w[w_off + (((long)grp * Cout_g + co) * Cin_g + gm) * KP + kr];"],
+            "load_b": [f"{itype} co = gk / KP, kr = gk - co * KP;", *_split("kr", "K", "k", nd, itype),
+                       *[f"{itype} t{j} = b{j} - k{j} * dl{j};" for j in range(nd)],
+                       *[f"{itype} o{j} = t{j} / st{j};" for j in range(nd)],
+                       "if (" + " && ".join(f"t{j} >= 0 && o{j} * st{j} == t{j} && o{j} < O{j}" for j in range(nd))
+                       + f") vb = ({acc_t})g[gb + (long)co * P + {_linear('o', 'O', nd)}];"],
+            "store": [f"{itype} n = col / SP, q = col - n * SP;",
+                      "gx[gx_off + ((long)n * Cin + (long)grp * Cin_g + row) * SP + q] = STORE(v);"],
+        }
+    return {  # wgrad
+        "column": [f"{itype} ci = gc / KP, kr = gc - ci * KP;", *_split("kr", "K", "k", nd, itype),
+                   *[f"{itype} b{j} = k{j} * dl{j} - pd{j};" for j in range(nd)],
+                   "long xb = x_off + ((long)grp * Cin_g + ci) * SP;"],
+        "load_a": [f"{itype} n = gk / P, p = gk - n * P;",
+                   f"va = ({acc_t})g[g_off + ((long)n * Cout + (long)grp * Cout_g + gm) * P + p];"],
+        "load_b": [f"{itype} n = gk / P, p = gk - n * P;", *_split("p", "O", "o", nd, itype),
+                   *[f"{itype} i{j} = o{j} * st{j} + b{j};" for j in range(nd)],
+                   f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[xb + (long)n * Cin * SP + {_linear('i', 'S', nd)}];"],
+        "store": ["gw[gw_off + (long)split * Cout * (long)N + ((long)grp * Cout_g + row) * (long)N + col] = STORE(v);"],
+    }
+
+
+def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
+                tiles: ConvTiles) -> KernelSource:
+    """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
+    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64).
+
+    Arguments, in order: ``M, N, K, kchunk, groups`` (the per-group GEMM and the reduction slice of one split),
+    ``Cin, Cout, Cin_g, Cout_g, P, SP, KP`` (channels, ``prod(out)``, ``prod(S)``, ``prod(K)``), the
+    :func:`geometry_names`, then the output buffer and the two inputs, each with its element offset. Launch:
+    global ``(ceil(N / tile_n) * tx, ceil(M / tile_m) * ty, groups * splits)``, local ``(tx, ty, 1)``.
+    """
+    emitter = OpenCLEmitter()
+    itype = ctype(index_dtype)
+    acc_t = ctype(acc_dtype)
+    tx, ty, wx, wy, depth = tiles
+    group, tm, tn = tiles.group, tiles.tile_m, tiles.tile_n
+    bstep = group // tn
+    params = Params()
+    for name in ("M", "N", "K", "kchunk", "groups", "Cin", "Cout", "Cin_g", "Cout_g", "P", "SP", "KP",
+                 *geometry_names(nd)):
+        params.scalar(index_dtype, name)
+    out_name, first, second = _operands(op)
+    params.buffer(dtype, out_name, const=False)
+    params.scalar(_LONG, f"{out_name}_off")
+    for name in (first, second):
+        params.buffer(dtype, name, const=True)
+        params.scalar(_LONG, f"{name}_off")
+    pieces = _problem(op, nd, itype, acc_t)
+    zero = f"({acc_t})0"
+    lines = [
+        "int tx = get_local_id(0), ty = get_local_id(1);",
+        f"int tid = ty * {tx} + tx;",
+        f"{itype} col0 = ({itype})get_group_id(0) * {tn};",
+        f"{itype} row0 = ({itype})get_group_id(1) * {tm};",
+        f"{itype} grp = ({itype})get_group_id(2) % groups, split = ({itype})get_group_id(2) / groups;",
+        f"{itype} kbeg = split * kchunk, kend = min(K, kbeg + kchunk);",
+        f"__local {acc_t} As[{depth}][{tm + 1}];",
+        f"__local {acc_t} Bs[{depth}][{tn}];",
+        f"{acc_t} acc[{wy}][{wx}];",
+        f"for (int i = 0; i < {wy}; i++) for (int j = 0; j < {wx}; j++) acc[i][j] = {zero};",
+        # this work-item's B column, fixed for the whole K loop
+        f"int bcol = tid % {tn}, brow = tid / {tn};",
+        f"{itype} gc = col0 + bcol;",
+        "bool col_ok = gc < N;",
+        "if (!col_ok) gc = 0;",
+        *pieces["column"],
+        f"for ({itype} t0 = kbeg; t0 < kend; t0 += {depth}) {{",
+        f"  for (int e = tid; e < {tm * depth}; e += {group}) {{",
+        f"    int am = e / {depth}, ak = e % {depth};",
+        f"    {itype} gm = row0 + am, gk = t0 + ak;",
+        f"    {acc_t} va = {zero};",
+        "    if (gm < M && gk < kend) {",
+        *[f"      {line}" for line in pieces["load_a"]],
+        "    }",
+        "    As[ak][am] = va;",
+        "  }",
+        f"  for (int bk = brow; bk < {depth}; bk += {bstep}) {{",
+        f"    {itype} gk = t0 + bk;",
+        f"    {acc_t} vb = {zero};",
+        "    if (col_ok && gk < kend) {",
+        *[f"      {line}" for line in pieces["load_b"]],
+        "    }",
+        "    Bs[bk][bcol] = vb;",
+        "  }",
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        f"  for (int k = 0; k < {depth}; k++) {{",
+        f"    {acc_t} bv[{wx}];",
+        f"    for (int j = 0; j < {wx}; j++) bv[j] = Bs[k][tx + j * {tx}];",
+        f"    for (int i = 0; i < {wy}; i++) {{",
+        f"      {acc_t} av = As[k][ty + i * {ty}];",
+        f"      for (int j = 0; j < {wx}; j++) acc[i][j] += av * bv[j];",
+        "    }",
+        "  }",
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        "}",
+        f"for (int i = 0; i < {wy}; i++) {{",
+        f"  {itype} row = row0 + ty + i * {ty};",
+        "  if (row >= M) break;",
+        f"  for (int j = 0; j < {wx}; j++) {{",
+        f"    {itype} col = col0 + tx + j * {tx};",
+        "    if (col >= N) break;",
+        f"    {acc_t} v = acc[i][j];",
+        *[f"    {line}" for line in pieces["store"]],
+        "  }",
+        "}",
+    ]
+    store = emitter.convert("(x)", acc_dtype, dtype)
+    preamble = f"#define STORE(x) {store}\n"
+    return assemble(f"fg_conv_{op}", emitter, {dtype, acc_dtype}, params, lines, preamble=preamble)
+
+
+class ConvGeometry(NamedTuple):
+    """The sizes of one convolution, checked: batch, channels, spatial sizes of input and output, kernel, stride,
+    padding, dilation and groups (per-dim tuples of ``nd`` ints)."""
+
+    nd: int
+    batch: int
+    c_in: int
+    c_out: int
+    groups: int
+    spatial: tuple[int, ...]
+    out: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    @property
+    def c_in_g(self) -> int:
+        """Input channels per group."""
+        return self.c_in // self.groups
+
+    @property
+    def c_out_g(self) -> int:
+        """Output channels per group."""
+        return self.c_out // self.groups
+
+    @property
+    def in_size(self) -> int:
+        """``prod(S)``."""
+        return _prod(self.spatial)
+
+    @property
+    def out_size(self) -> int:
+        """``prod(out)``."""
+        return _prod(self.out)
+
+    @property
+    def kernel_size(self) -> int:
+        """``prod(K)``."""
+        return _prod(self.kernel)
+
+    @classmethod
+    def of(cls, where: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
+           padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> ConvGeometry:
+        """The geometry of a convolution of an input of ``x_shape`` with a weight of ``w_shape``, or a
+        ShapeError naming what does not fit."""
+        nd = len(x_shape) - 2
+        if not 1 <= nd <= 3 or len(w_shape) != nd + 2:
+            raise ShapeError(f"{where}: input shape {x_shape} and weight shape {w_shape} must be (N, C_in, *S) and "
+                             "(C_out, C_in / groups, *K) with 1-3 spatial dims")
+        geometry = {"stride": stride, "padding": padding, "dilation": dilation}
+        for name, value in geometry.items():
+            if len(value) != nd:
+                raise ShapeError(f"{where}: {name} {tuple(value)} must have one entry per spatial dim ({nd})")
+        if any(s < 1 for s in stride) or any(d < 1 for d in dilation) or any(p < 0 for p in padding):
+            raise ShapeError(f"{where}: stride {tuple(stride)} and dilation {tuple(dilation)} must be >= 1 and "
+                             f"padding {tuple(padding)} >= 0")
+        batch, c_in = x_shape[:2]
+        c_out, c_in_g = w_shape[:2]
+        if groups < 1 or c_in % groups or c_out % groups or c_in_g * groups != c_in:
+            raise ShapeError(f"{where}: groups={groups} must divide C_in={c_in} and C_out={c_out}, and the weight "
+                             f"{w_shape} must have C_in / groups = {c_in // max(groups, 1)} input channels")
+        kernel, spatial = tuple(w_shape[2:]), tuple(x_shape[2:])
+        out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                    for s, p, d, k, st in zip(spatial, padding, dilation, kernel, stride))
+        if any(o <= 0 for o in out):
+            raise ShapeError(f"{where}: input of spatial size {spatial} (padding {tuple(padding)}) is smaller than "
+                             f"the kernel's extent (kernel {kernel}, dilation {tuple(dilation)})")
+        return cls(nd, batch, c_in, c_out, groups, spatial, out, kernel, tuple(stride), tuple(padding),
+                   tuple(dilation))
+
+    def check_output(self, where: str, name: str, shape: tuple[int, ...]) -> None:
+        """A ShapeError unless ``shape`` is this convolution's output shape ``(N, C_out, *out)``."""
+        expected = (self.batch, self.c_out) + self.out
+        if tuple(shape) != expected:
+            raise ShapeError(f"{where}: {name} has shape {tuple(shape)}; this convolution's output is {expected}")
+
+
+def _prod(values: tuple[int, ...]) -> int:
+    """Product of ints (1 for an empty tuple)."""
+    out = 1
+    for v in values:
+        out *= v
+    return out
