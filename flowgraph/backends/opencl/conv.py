@@ -80,19 +80,19 @@ class ConvTiles(NamedTuple):
         return self.group % self.tile_n == 0 and self.depth % (self.group // self.tile_n) == 0
 
 
-#: Candidate configurations, widest first, per device kind and problem height (M). GPUs: 256 work-items with
-#: 4x4 (or 2x4 for short M) outputs each, the classic register-blocked shape; the CPU (PoCL runs a work-group
-#: as loops over its work-items, vectorised across them) prefers fewer, wider work-items: measured on PoCL,
-#: see docs/opencl.md.
+#: Configurations per device kind and problem height (M > 32 tall, 9-32 mid, <= 8 short). GPUs: 256 (128)
+#: work-items with 4x4 (2x4) outputs each, the classic register-blocked shape. The CPU (PoCL runs a work-group
+#: as loops over its work-items, vectorised across ``tx``) wants much more work per work-item: 8x8 outputs ran
+#: 2-5x faster than 4x4 on PoCL (docs/opencl.md), and short problems keep the 128-wide column tile.
 GPU_TILES = {
     "tall": ConvTiles(16, 16, 4, 4, 16),   # 64 x 64
     "mid": ConvTiles(16, 8, 4, 4, 16),     # 32 x 64
     "short": ConvTiles(32, 8, 4, 2, 16),   # 16 x 128
 }
 CPU_TILES = {
-    "tall": ConvTiles(8, 8, 4, 4, 16),     # 32 x 32
-    "mid": ConvTiles(8, 8, 4, 2, 16),      # 16 x 32
-    "short": ConvTiles(16, 4, 4, 1, 16),   # 4 x 64
+    "tall": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
+    "mid": ConvTiles(16, 8, 8, 2, 16),     # 16 x 128
+    "short": ConvTiles(16, 8, 8, 1, 16),   # 8 x 128
 }
 
 
