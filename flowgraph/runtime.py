@@ -73,9 +73,9 @@ _LR_HOOKS: list[Callable[[], None]] = []
 #: Backend methods that read device data on the host: forbidden while a step is recorded.
 _HOST_READS = frozenset({"to_host", "to_dlpack", "native", "from_dlpack", "dlpack_device"})
 #: Backend methods that are not computations and are never recorded (``is_contiguous`` answers from the layout,
-#: which a replay of the same calls reproduces).
+#: which a replay of the same calls reproduces; ``native_conv`` from the dtype and rank, part of the signature).
 _NOT_RECORDED = frozenset({"synchronize", "graph_session", "memory_stats", "list_devices", "is_available",
-                           "is_contiguous"})
+                           "is_contiguous", "native_conv"})
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 

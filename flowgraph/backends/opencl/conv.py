@@ -33,6 +33,7 @@ the group count are kernel arguments, so one binary serves every shape of a rank
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -97,25 +98,18 @@ CPU_TILES = {
 
 
 def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, m: int) -> ConvTiles:
-    """The tile configuration for a problem of ``m`` rows on a device with these properties: the table of the
-    device kind, the row class of ``m``, shrunk (halving ``tx``/``ty``, then ``depth``) until the work-group
-    fits ``max_group`` and the staged slices fit ``local_mem``."""
+    """The tile configuration for a problem of ``m`` rows on a device with these properties: the entry of the
+    device kind's table for the row class of ``m`` where it fits ``max_group`` work-items and ``local_mem``
+    bytes, else the largest tile (then the deepest, then the widest work-group) among its halvings that does."""
     table = GPU_TILES if is_gpu else CPU_TILES
-    tiles = table["tall"] if m > 32 else table["mid"] if m > 8 else table["short"]
-    while tiles.group > max_group or tiles.local_bytes(itemsize) > local_mem:
-        if tiles.group > max_group and tiles.ty > 1:
-            tiles = tiles._replace(ty=tiles.ty // 2)
-        elif tiles.group > max_group and tiles.tx > 1:
-            tiles = tiles._replace(tx=tiles.tx // 2)
-        elif tiles.depth > 1:
-            tiles = tiles._replace(depth=tiles.depth // 2)
-        else:
-            break
-    while not tiles.valid() and tiles.wx > 1:  # keep one B column per work-item
-        tiles = tiles._replace(wx=tiles.wx // 2)
-    while not tiles.valid() and tiles.depth < 64:
-        tiles = tiles._replace(depth=tiles.depth * 2)
-    return tiles
+    base = table["tall"] if m > 32 else table["mid"] if m > 8 else table["short"]
+
+    def halvings(n: int) -> list[int]:
+        return [n >> i for i in range(n.bit_length())]
+
+    fitting = [t for t in map(ConvTiles._make, itertools.product(*(halvings(n) for n in base)))
+               if t.valid() and t.group <= max_group and t.local_bytes(itemsize) <= local_mem]
+    return max(fitting, key=lambda t: (t.tile_m * t.tile_n, t.depth, t.group))
 
 
 def geometry_names(nd: int) -> list[str]:
