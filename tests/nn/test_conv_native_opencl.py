@@ -224,15 +224,19 @@ def test_one_kernel_per_rank_serves_every_shape(device):
 
 
 def test_tile_choice_fits_the_device():
-    from flowgraph.backends.opencl.conv import choose_tiles
+    from flowgraph.backends.opencl.conv import choose_tiles, tile_class
 
     for is_gpu in (True, False):
-        for m in (1, 16, 100):
+        for row_class in ("huge", "tall", "mid", "short"):
             for max_group, local_mem in ((1024, 65536), (64, 65536), (256, 4096), (16, 2048)):
-                tiles = choose_tiles(is_gpu, max_group, local_mem, 8, m)
+                tiles = choose_tiles(is_gpu, max_group, local_mem, 8, row_class)
                 assert tiles.valid() and tiles.group <= max_group and tiles.local_bytes(8) <= local_mem, tiles
-    assert choose_tiles(True, 1024, 49152, 4, 256).tile_m == 64  # a tall problem on a GPU: 64 x 64 tiles
-    assert choose_tiles(True, 1024, 49152, 4, 3).tile_m <= 16  # a short one: short tiles
+    # a GPU with 132 compute units: large tiles only where there are enough of them to fill it
+    assert tile_class(True, 512, 128 * 32 * 32, 1, 132) == "huge"
+    assert tile_class(True, 512, 128 * 4 * 4, 1, 132) == "tall"
+    assert tile_class(True, 16, 10**6, 1, 132) == "mid" and tile_class(True, 3, 10**6, 1, 132) == "short"
+    assert choose_tiles(True, 1024, 49152, 4, "tall").tile_m == 64
+    assert choose_tiles(True, 1024, 49152, 4, "short").tile_m <= 16
 
 
 def test_convolution_step_under_jit_equals_eager(device):

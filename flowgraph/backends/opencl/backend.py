@@ -986,37 +986,45 @@ class OpenCLBackend(Backend):
                 "native_conv(dtype, nd) says which (float32/float64/float16 where the device has them, nd 1-3)")
         return a, b
 
-    def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int) -> tuple:
-        """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, max work-group
-        size, local memory) and the problem height ``m``, shrunk once more if the built kernel's own
-        work-group limit (registers) is lower than the device's."""
+    def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int, n: int, groups: int,
+                    unit_stride: bool = False) -> tuple:
+        """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, compute units, max
+        work-group size, local memory) and the problem's size (``m x n`` per group), shrunk once more if the
+        built kernel's own work-group limit (registers) is lower than the device's."""
         acc = self._accumulator(dtype)
+        is_gpu = bool(self.cl_device.type & cl.device_type.GPU)
+        row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
+        key = (op, nd, dtype, index_dtype, row_class, unit_stride)
         cached = self.__dict__.setdefault("_conv_choice", {})
-        row_class = 0 if m > 32 else 1 if m > 8 else 2
-        found = cached.get((op, nd, dtype, index_dtype, row_class))
+        found = cached.get(key)
         if found is not None:
             return found
-        is_gpu = bool(self.cl_device.type & cl.device_type.GPU)
         max_group = self._max_group
         local_mem = int(self.cl_device.local_mem_size)
         while True:
-            tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, m)
-            kernel = self._kernel(("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles)),
-                                  lambda tiles=tiles: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles))
+            tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, row_class)
+            kernel = self._kernel(
+                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), unit_stride),
+                lambda tiles=tiles: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, unit_stride))
             limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
             if tiles.group <= limit or max_group <= 16:
                 break
             max_group = _floor_pow2(limit)
-        found = cached[(op, nd, dtype, index_dtype, row_class)] = (kernel, tiles)
+        found = cached[key] = (kernel, tiles)
         return found
+
+    @property
+    def _compute_units(self) -> int:
+        return int(self.cl_device.max_compute_units)
 
     def _conv_splits(self, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
         """Split-K for the weight gradient: ``(splits, chunk)`` so that about a few work-groups per compute
         unit run when the output tiles alone would leave the device idle and the reduction is long."""
-        _, tiles = self._conv_tiles("wgrad", 1, dtype, _I32, m)  # tile sizes do not depend on nd
-        blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
         is_gpu = bool(self.cl_device.type & cl.device_type.GPU)
-        target = int(self.cl_device.max_compute_units) * (4 if is_gpu else 2)
+        tiles = CK.choose_tiles(is_gpu, self._max_group, int(self.cl_device.local_mem_size),
+                                self._accumulator(dtype).itemsize, CK.tile_class(is_gpu, m, n, groups, 1 << 30))
+        blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
+        target = self._compute_units * (4 if is_gpu else 2)
         if blocks >= target or k <= 8 * tiles.depth:
             return 1, k
         splits = min(-(-target // blocks), k // (4 * tiles.depth), self.MAX_CONV_SPLITS)
@@ -1037,7 +1045,8 @@ class OpenCLBackend(Backend):
             return
         largest = max(out.size, *(a.size for a in inputs), m * n, n * k, m * k)
         index_dtype = _I32 if largest < 2**31 - 1 else _INT64
-        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m)
+        unit_stride = op == "dgrad" and all(st == 1 for st in geo.stride)
+        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, unit_stride)
         it = index_dtype.type
         sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
                  geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,

@@ -73,8 +73,8 @@ class ConvTiles(NamedTuple):
         return self.tx * self.wx
 
     def local_bytes(self, itemsize: int) -> int:
-        """Local memory the two staged slices take."""
-        return self.depth * ((self.tile_m + 1) + self.tile_n) * itemsize
+        """Local memory the two staged slices and the per-row tables (at most 40 bytes a row) take."""
+        return self.depth * (((self.tile_m + 1) + self.tile_n) * itemsize + 40)
 
     def valid(self) -> bool:
         """Whether each work-item keeps one B column for the whole K loop (the kernel relies on it)."""
@@ -86,23 +86,33 @@ class ConvTiles(NamedTuple):
 #: as loops over its work-items, vectorised across ``tx``) wants much more work per work-item: 8x8 outputs ran
 #: 2-5x faster than 4x4 on PoCL (docs/opencl.md), and short problems keep the 128-wide column tile.
 GPU_TILES = {
+    "huge": ConvTiles(16, 16, 8, 8, 16),   # 128 x 128, where there are enough such tiles to fill the device
     "tall": ConvTiles(16, 16, 4, 4, 16),   # 64 x 64
     "mid": ConvTiles(16, 8, 4, 4, 16),     # 32 x 64
     "short": ConvTiles(32, 8, 4, 2, 16),   # 16 x 128
 }
 CPU_TILES = {
+    "huge": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
     "tall": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
     "mid": ConvTiles(16, 8, 8, 2, 16),     # 16 x 128
     "short": ConvTiles(16, 8, 8, 1, 16),   # 8 x 128
 }
 
 
-def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, m: int) -> ConvTiles:
-    """The tile configuration for a problem of ``m`` rows on a device with these properties: the entry of the
-    device kind's table for the row class of ``m`` where it fits ``max_group`` work-items and ``local_mem``
+def tile_class(is_gpu: bool, m: int, n: int, groups: int, compute_units: int) -> str:
+    """The row class of a problem of ``m`` rows and ``n`` columns per group: ``huge`` (large tiles, only where
+    they still give every compute unit two work-groups), ``tall`` (m > 32), ``mid`` (9-32) or ``short``."""
+    huge = (GPU_TILES if is_gpu else CPU_TILES)["huge"]
+    if m >= huge.tile_m and -(-m // huge.tile_m) * -(-n // huge.tile_n) * groups >= 2 * compute_units:
+        return "huge"
+    return "tall" if m > 32 else "mid" if m > 8 else "short"
+
+
+def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, row_class: str) -> ConvTiles:
+    """The tile configuration for a problem of ``row_class`` (see :func:`tile_class`) on a device with these
+    properties: the entry of the device kind's table where it fits ``max_group`` work-items and ``local_mem``
     bytes, else the largest tile (then the deepest, then the widest work-group) among its halvings that does."""
-    table = GPU_TILES if is_gpu else CPU_TILES
-    base = table["tall"] if m > 32 else table["mid"] if m > 8 else table["short"]
+    base = (GPU_TILES if is_gpu else CPU_TILES)[row_class]
 
     def halvings(n: int) -> list[int]:
         return [n >> i for i in range(n.bit_length())]
@@ -129,14 +139,6 @@ def _split(index: str, dims: str, coords: str, nd: int, itype: str) -> list[str]
     return lines
 
 
-def _linear(coords: str, dims: str, nd: int) -> str:
-    """The row-major linear index of ``{coords}j`` over ``{dims}j``."""
-    text = f"{coords}0"
-    for j in range(1, nd):
-        text = f"({text}) * {dims}{j} + {coords}{j}"
-    return text
-
-
 def _inside(coords: str, dims: str, nd: int) -> str:
     """``0 <= coords_j < dims_j`` for every j."""
     return " && ".join(f"{coords}{j} >= 0 && {coords}{j} < {dims}{j}" for j in range(nd))
@@ -147,58 +149,92 @@ def _operands(op: str) -> tuple[str, str, str]:
     return {"forward": ("y", "x", "w"), "dgrad": ("gx", "g", "w"), "wgrad": ("gw", "x", "g")}[op]
 
 
-def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str] | str]:
+def _strides(name: str, dims: str, nd: int) -> list[str]:
+    """C lines giving ``{name}j``, the row-major strides (in elements) of the sizes ``{dims}j``."""
+    lines = [f"long {name}{nd - 1} = 1;"]
+    for j in range(nd - 2, -1, -1):
+        lines.append(f"long {name}{j} = {name}{j + 1} * {dims}{j + 1};")
+    return lines
+
+
+def _dot(coords: str, strides: str, nd: int) -> str:
+    """``coords0 * strides0 + ...``."""
+    return " + ".join(f"{coords}{j} * {strides}{j}" for j in range(nd))
+
+
+def _problem(op: str, nd: int, itype: str, acc_t: str, unit_stride: bool) -> dict[str, list[str]]:
     """The op-specific pieces of the GEMM template.
 
-    ``column``: lines run once per work-item for its B column ``gc`` (valid where ``col_ok``); ``load_a``: lines
-    setting ``va`` for A row ``gm``, reduction index ``gk`` (both in range); ``load_b``: lines setting ``vb``
-    for reduction index ``gk`` of the work-item's column; ``store``: lines writing ``v`` at row ``row``, column
-    ``col``.
+    Every B element is ``src[colbase + Roff[bk]]`` where the per-dim coordinates ``b_j`` (the column's part)
+    plus ``Rk_j[bk]`` (the reduction row's part) fall inside the source (``Roff``/``Rk`` are per-row tables the
+    work-group builds in local memory once per K step, so the divisions that split a reduction index are paid
+    ``depth`` times per step, not once per element). ``column``: lines run once per work-item for its B column
+    ``gc``, setting ``colbase`` and ``b_j``; ``row``: lines for reduction index ``gk`` setting ``roff``, ``rk_j``
+    and (where A needs it) ``aoff``; ``load_a``/``load_b``: lines setting ``va`` (A row ``gm``, table slot ``ak``,
+    reduction index ``gk``) and ``vb`` (table slot ``bk``); ``store``: lines writing ``v`` at ``row``, ``col``.
+    The input gradient with a stride above 1 keeps a divisibility test per element (which kernel offsets hit
+    an input position depends on it); ``unit_stride`` compiles the variant without it.
     """
+    rk = [f"Rk{j}[bk]" for j in range(nd)]
     if op == "forward":
         return {
             "column": [f"{itype} n = gc / P, p = gc - n * P;", *_split("p", "O", "o", nd, itype),
                        *[f"{itype} b{j} = o{j} * st{j} - pd{j};" for j in range(nd)],
-                       "long xb = x_off + ((long)n * Cin + (long)grp * Cin_g) * SP;"],
+                       f"long colbase = x_off + ((long)n * Cin + (long)grp * Cin_g) * SP + {_dot('b', 'Ss', nd)};"],
+            "row": [f"{itype} ci = gk / KP, kr = gk - ci * KP;", *_split("kr", "K", "k", nd, itype),
+                    *[f"{itype} rk{j} = k{j} * dl{j};" for j in range(nd)],
+                    f"long roff = (long)ci * SP + {_dot('rk', 'Ss', nd)};"],
             "load_a": [f"va = ({acc_t})w[w_off + ((long)grp * Cout_g + gm) * (long)K + gk];"],
-            "load_b": [f"{itype} ci = gk / KP, kr = gk - ci * KP;", *_split("kr", "K", "k", nd, itype),
-                       *[f"{itype} i{j} = b{j} + k{j} * dl{j};" for j in range(nd)],
-                       f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[xb + (long)ci * SP + {_linear('i', 'S', nd)}];"],
+            "load_b": [*[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
+                       f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
             "store": [f"{itype} n = col / P, p = col - n * P;",
                       "y[y_off + ((long)n * Cout + (long)grp * Cout_g + row) * P + p] = STORE(v);"],
         }
     if op == "dgrad":
+        gbase = "g_off + ((long)n * Cout + (long)grp * Cout_g) * P"
+        if unit_stride:  # o = i + p - k*d: linear in both parts
+            column_base = f"long colbase = {gbase} + {_dot('b', 'Os', nd)};"
+            row_off = f"long roff = (long)co * P - ({_dot('rk', 'Os', nd)});"
+            load_b = [*[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
+                      f"if ({_inside('o', 'O', nd)}) vb = ({acc_t})g[colbase + Roff[bk]];"]
+        else:
+            column_base = f"long colbase = {gbase};"
+            row_off = "long roff = (long)co * P;"
+            load_b = [*[f"{itype} t{j} = b{j} - {rk[j]};" for j in range(nd)],
+                      *[f"{itype} o{j} = t{j} / st{j};" for j in range(nd)],
+                      "if (" + " && ".join(f"t{j} >= 0 && o{j} * st{j} == t{j} && o{j} < O{j}" for j in range(nd))
+                      + f") vb = ({acc_t})g[colbase + Roff[bk] + {_dot('o', 'Os', nd)}];"]
         return {
             "column": [f"{itype} n = gc / SP, q = gc - n * SP;", *_split("q", "S", "i", nd, itype),
-                       *[f"{itype} b{j} = i{j} + pd{j};" for j in range(nd)],
-                       "long gb = g_off + ((long)n * Cout + (long)grp * Cout_g) * P;"],
-            "load_a": [f"{itype} co = gk / KP, kr = gk - co * KP;",
-                       f"va = ({acc_t})w[w_off + (((long)grp * Cout_g + co) * Cin_g + gm) * KP + kr];"],
-            "load_b": [f"{itype} co = gk / KP, kr = gk - co * KP;", *_split("kr", "K", "k", nd, itype),
-                       *[f"{itype} t{j} = b{j} - k{j} * dl{j};" for j in range(nd)],
-                       *[f"{itype} o{j} = t{j} / st{j};" for j in range(nd)],
-                       "if (" + " && ".join(f"t{j} >= 0 && o{j} * st{j} == t{j} && o{j} < O{j}" for j in range(nd))
-                       + f") vb = ({acc_t})g[gb + (long)co * P + {_linear('o', 'O', nd)}];"],
+                       *[f"{itype} b{j} = i{j} + pd{j};" for j in range(nd)], column_base],
+            "row": [f"{itype} co = gk / KP, kr = gk - co * KP;", *_split("kr", "K", "k", nd, itype),
+                    *[f"{itype} rk{j} = k{j} * dl{j};" for j in range(nd)], row_off,
+                    "long aoff = (long)co * Cin_g * KP + kr;"],
+            "load_a": [f"va = ({acc_t})w[w_off + (long)grp * Cout_g * Cin_g * KP + (long)gm * KP + Aoff[ak]];"],
+            "load_b": load_b,
             "store": [f"{itype} n = col / SP, q = col - n * SP;",
                       "gx[gx_off + ((long)n * Cin + (long)grp * Cin_g + row) * SP + q] = STORE(v);"],
         }
     return {  # wgrad
         "column": [f"{itype} ci = gc / KP, kr = gc - ci * KP;", *_split("kr", "K", "k", nd, itype),
                    *[f"{itype} b{j} = k{j} * dl{j} - pd{j};" for j in range(nd)],
-                   "long xb = x_off + ((long)grp * Cin_g + ci) * SP;"],
-        "load_a": [f"{itype} n = gk / P, p = gk - n * P;",
-                   f"va = ({acc_t})g[g_off + ((long)n * Cout + (long)grp * Cout_g + gm) * P + p];"],
-        "load_b": [f"{itype} n = gk / P, p = gk - n * P;", *_split("p", "O", "o", nd, itype),
-                   *[f"{itype} i{j} = o{j} * st{j} + b{j};" for j in range(nd)],
-                   f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[xb + (long)n * Cin * SP + {_linear('i', 'S', nd)}];"],
+                   f"long colbase = x_off + ((long)grp * Cin_g + ci) * SP + {_dot('b', 'Ss', nd)};"],
+        "row": [f"{itype} n = gk / P, p = gk - n * P;", *_split("p", "O", "o", nd, itype),
+                *[f"{itype} rk{j} = o{j} * st{j};" for j in range(nd)],
+                f"long roff = (long)n * Cin * SP + {_dot('rk', 'Ss', nd)};",
+                "long aoff = (long)n * Cout * P + p;"],
+        "load_a": [f"va = ({acc_t})g[g_off + ((long)grp * Cout_g + gm) * P + Aoff[ak]];"],
+        "load_b": [*[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
+                   f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
         "store": ["gw[gw_off + (long)split * Cout * (long)N + ((long)grp * Cout_g + row) * (long)N + col] = STORE(v);"],
     }
 
 
 def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
-                tiles: ConvTiles) -> KernelSource:
+                tiles: ConvTiles, unit_stride: bool = False) -> KernelSource:
     """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
-    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64).
+    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64);
+    ``unit_stride`` (input gradient only) compiles the variant for stride 1 in every dim.
 
     Arguments, in order: ``M, N, K, kchunk, groups`` (the per-group GEMM and the reduction slice of one split),
     ``Cin, Cout, Cin_g, Cout_g, P, SP, KP`` (channels, ``prod(out)``, ``prod(S)``, ``prod(K)``), the
@@ -221,7 +257,8 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     for name in (first, second):
         params.buffer(dtype, name, const=True)
         params.scalar(_LONG, f"{name}_off")
-    pieces = _problem(op, nd, itype, acc_t)
+    pieces = _problem(op, nd, itype, acc_t, unit_stride and op == "dgrad")
+    has_aoff = any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
     lines = [
         "int tx = get_local_id(0), ty = get_local_id(1);",
@@ -230,8 +267,13 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"{itype} row0 = ({itype})get_group_id(1) * {tm};",
         f"{itype} grp = ({itype})get_group_id(2) % groups, split = ({itype})get_group_id(2) / groups;",
         f"{itype} kbeg = split * kchunk, kend = min(K, kbeg + kchunk);",
+        *_strides("Ss", "S", nd),
+        *_strides("Os", "O", nd),
         f"__local {acc_t} As[{depth}][{tm + 1}];",
         f"__local {acc_t} Bs[{depth}][{tn}];",
+        f"__local long Roff[{depth}];",
+        *([f"__local long Aoff[{depth}];"] if has_aoff else []),
+        *[f"__local {itype} Rk{j}[{depth}];" for j in range(nd)],
         f"{acc_t} acc[{wy}][{wx}];",
         f"for (int i = 0; i < {wy}; i++) for (int j = 0; j < {wx}; j++) acc[i][j] = {zero};",
         # this work-item's B column, fixed for the whole K loop
@@ -241,6 +283,17 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         "if (!col_ok) gc = 0;",
         *pieces["column"],
         f"for ({itype} t0 = kbeg; t0 < kend; t0 += {depth}) {{",
+        # the reduction rows of this step, split once for the whole work-group
+        f"  for (int r = tid; r < {depth}; r += {group}) {{",
+        f"    {itype} gk = t0 + r;",
+        "    if (gk < kend) {",
+        *[f"      {line}" for line in pieces["row"]],
+        "      Roff[r] = roff;",
+        *(["      Aoff[r] = aoff;"] if has_aoff else []),
+        *[f"      Rk{j}[r] = rk{j};" for j in range(nd)],
+        "    }",
+        "  }",
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
         f"  for (int e = tid; e < {tm * depth}; e += {group}) {{",
         f"    int am = e / {depth}, ak = e % {depth};",
         f"    {itype} gm = row0 + am, gk = t0 + ak;",
@@ -251,9 +304,8 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         "    As[ak][am] = va;",
         "  }",
         f"  for (int bk = brow; bk < {depth}; bk += {bstep}) {{",
-        f"    {itype} gk = t0 + bk;",
         f"    {acc_t} vb = {zero};",
-        "    if (col_ok && gk < kend) {",
+        "    if (col_ok && t0 + bk < kend) {",
         *[f"      {line}" for line in pieces["load_b"]],
         "    }",
         "    Bs[bk][bcol] = vb;",
