@@ -171,6 +171,41 @@ def test_backend_ops_take_lazy_and_offset_operands(device):
     np.testing.assert_allclose(gw, gw_ref, rtol=1e-9, atol=1e-9)
 
 
+def test_int64_indexing_and_empty_batch(device, monkeypatch):
+    """The int64-index variant (taken by convolutions past 2**31 elements) computes the same; an empty batch
+    gives an empty output and a zero weight gradient."""
+    be = _native_backend(device, F64, 2)
+    monkeypatch.setattr(be, "CONV_INT32_LIMIT", 16)
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((2, 4, 7, 6)), rng.standard_normal((6, 2, 3, 2))
+    g = rng.standard_normal((2, 6, 4, 5))
+    geometry = ((2, 1), (1, 0), (1, 1), 2)
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), *geometry))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None, *geometry).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
+    gx_ref, gw_ref = _torch_grads(x, w, g, *geometry)
+    gx = be.to_host(be.conv_input_grad(be.from_host(g), be.from_host(w), x.shape, *geometry))
+    gw = be.to_host(be.conv_weight_grad(be.from_host(x), be.from_host(g), w.shape, *geometry))
+    np.testing.assert_allclose(gx, gx_ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(gw, gw_ref, rtol=1e-9, atol=1e-9)
+    empty_x, empty_g = be.from_host(np.zeros((0, 4, 7, 6))), be.from_host(np.zeros((0, 6, 4, 5)))
+    assert be.to_host(be.conv_forward(empty_x, be.from_host(w), *geometry)).shape == (0, 6, 4, 5)
+    np.testing.assert_array_equal(be.to_host(be.conv_weight_grad(empty_x, empty_g, w.shape, *geometry)), 0)
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+def test_float16_where_the_device_has_it(device, nd):
+    be = _native_backend(device, np.float16, nd)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3) + (9,) * nd).astype(np.float16)
+    w = rng.standard_normal((4, 3) + (3,) * nd).astype(np.float16)
+    geometry = ((1,) * nd, (1,) * nd, (1,) * nd, 1)
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), *geometry))
+    conv = getattr(torch.nn.functional, f"conv{nd}d")
+    ref = conv(torch.tensor(x, dtype=torch.float32), torch.tensor(w, dtype=torch.float32), None, *geometry)
+    np.testing.assert_allclose(y.astype(np.float32), ref.numpy(), rtol=1e-2, atol=1e-2)
+
+
 def test_backend_op_errors_name_the_problem(device):
     be = _native_backend(device, F64, 2)
     x = be.from_host(np.zeros((1, 4, 5, 5)))

@@ -1034,6 +1034,9 @@ class OpenCLBackend(Backend):
 
     #: Most slices the weight gradient's reduction is split into (each one a partial weight in memory).
     MAX_CONV_SPLITS = 64
+    #: Convolutions whose buffers and GEMM sizes all stay within this many elements index in int32 (faster
+    #: division on GPUs); larger ones run the int64 variant of the kernels.
+    CONV_INT32_LIMIT = 2**31 - 1
 
     def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
                      n: int, k: int, splits: int = 1, chunk: int | None = None) -> None:
@@ -1044,7 +1047,7 @@ class OpenCLBackend(Backend):
             self._write(out, Scalar(0, out.dtype))
             return
         largest = max(out.size, *(a.size for a in inputs), m * n, n * k, m * k)
-        index_dtype = _I32 if largest < 2**31 - 1 else _INT64
+        index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
         unit_stride = op == "dgrad" and all(st == 1 for st in geo.stride)
         kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, unit_stride)
         it = index_dtype.type
