@@ -137,6 +137,32 @@ def _torch_grads(x, w, g, stride, padding, dilation, groups):
     return gx.numpy(), gw.numpy()
 
 
+@pytest.mark.parametrize("shape", ["huge", "tall", "mid", "short"])
+def test_gpu_tile_table_computes_the_same(device, shape, monkeypatch):
+    """The GPU tile configurations (128x128, 64x64, 32x64, 16x128) on whatever device this is: the tile
+    choice decides speed only, never results."""
+    be = _native_backend(device, F32, 2)
+    if not hasattr(type(be), "_conv_gpu_tiles"):
+        pytest.skip(f"{device} has no OpenCL tile tables")
+    monkeypatch.setattr(type(be), "_conv_gpu_tiles", property(lambda self: True))
+    monkeypatch.setattr(type(be), "_compute_units", property(lambda self: 1))
+    c_out = {"huge": 130, "tall": 40, "mid": 12, "short": 5}[shape]
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 6, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((c_out, 6, 3, 3)).astype(np.float32)
+    g = rng.standard_normal((2, c_out, 11, 9)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), (1, 1), 1)
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), *geometry))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None, *geometry).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    gx_ref, gw_ref = _torch_grads(x, w, g, *geometry)
+    np.testing.assert_allclose(be.to_host(be.conv_input_grad(be.from_host(g), be.from_host(w), x.shape, *geometry)),
+                               gx_ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(be.to_host(be.conv_weight_grad(be.from_host(x), be.from_host(g), w.shape, *geometry)),
+                               gw_ref, rtol=1e-4, atol=1e-4)
+    assert any(key[-1] for key in be._conv_choice)  # the GPU table was used
+
+
 def test_weight_gradient_split_k_matches_torch(device):
     """A small weight over a long reduction (batch x output positions) runs as split-K plus a sum."""
     be = _native_backend(device, F64, 2)

@@ -992,9 +992,9 @@ class OpenCLBackend(Backend):
         work-group size, local memory) and the problem's size (``m x n`` per group), shrunk once more if the
         built kernel's own work-group limit (registers) is lower than the device's."""
         acc = self._accumulator(dtype)
-        is_gpu = bool(self.cl_device.type & cl.device_type.GPU)
+        is_gpu = self._conv_gpu_tiles
         row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
-        key = (op, nd, dtype, index_dtype, row_class, unit_stride)
+        key = (op, nd, dtype, index_dtype, row_class, unit_stride, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
         if found is not None:
@@ -1017,10 +1017,15 @@ class OpenCLBackend(Backend):
     def _compute_units(self) -> int:
         return int(self.cl_device.max_compute_units)
 
+    @property
+    def _conv_gpu_tiles(self) -> bool:
+        """Whether convolutions use the GPU tile table (a GPU device) or the CPU one."""
+        return bool(self.cl_device.type & cl.device_type.GPU)
+
     def _conv_splits(self, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
         """Split-K for the weight gradient: ``(splits, chunk)`` so that about a few work-groups per compute
         unit run when the output tiles alone would leave the device idle and the reduction is long."""
-        is_gpu = bool(self.cl_device.type & cl.device_type.GPU)
+        is_gpu = self._conv_gpu_tiles
         tiles = CK.choose_tiles(is_gpu, self._max_group, int(self.cl_device.local_mem_size),
                                 self._accumulator(dtype).itemsize, CK.tile_class(is_gpu, m, n, groups, 1 << 30))
         blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
