@@ -26,7 +26,8 @@ The tile scheme is the backend's register-blocked matmul's (``kernels.matmul_sou
 a work-group of ``tx * ty`` work-items computes a ``(ty * wy) x (tx * wx)`` tile, each work-item ``wy * wx``
 accumulators; ``depth``-deep slices of A and B are staged in local memory (A padded by one column so the
 transposing store is free of bank conflicts). Each work-item loads the same B column at every K step, so the
-column's decomposition into (n, o) (or (ci, k)) is done once, outside the K loop. Tile sizes, the dtype, the
+column's decomposition into (n, o) (or (ci, k)) is done once, outside the K loop. The slices are read from global
+memory one step ahead into registers, so their latency overlaps the current step's arithmetic. Tile sizes, the dtype, the
 spatial rank and the index type are the only things in the source; every size, stride, padding, dilation and
 the group count are kernel arguments, so one binary serves every shape of a rank.
 """
@@ -137,6 +138,11 @@ def _split(index: str, dims: str, coords: str, nd: int, itype: str) -> list[str]
         lines.append(f"{itype} {coords}{j} = {coords}_r % {dims}{j}; {coords}_r /= {dims}{j};")
     lines.append(f"{itype} {coords}0 = {coords}_r;")
     return lines
+
+
+def _indent(lines: list[str], depth: int) -> list[str]:
+    """``lines`` indented by ``depth`` levels of two spaces."""
+    return [("  " * depth) + line for line in lines]
 
 
 def _inside(coords: str, dims: str, nd: int) -> str:
@@ -260,6 +266,53 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     pieces = _problem(op, nd, itype, acc_t, unit_stride and op == "dgrad")
     has_aoff = any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
+    n_a, n_b = -(-tm * depth // group), depth // bstep  # elements of A and B each work-item stages per step
+    a_partial = tm * depth % group != 0
+
+    def tables(t: str) -> list[str]:
+        """Split the reduction rows ``t .. t + depth`` into the local tables (``depth`` work-items)."""
+        return [
+            f"for (int r = tid; r < {depth}; r += {group}) {{",
+            f"  {itype} gk = {t} + r;",
+            "  if (gk < kend) {",
+            *_indent(pieces["row"], 2),
+            "    Roff[r] = roff;",
+            *(["    Aoff[r] = aoff;"] if has_aoff else []),
+            *[f"    Rk{j}[r] = rk{j};" for j in range(nd)],
+            "  }",
+            "}",
+        ]
+
+    def loads(t: str) -> list[str]:
+        """Read this work-item's share of the A and B slices at reduction step ``t`` into registers."""
+        return [
+            f"for (int l = 0; l < {n_a}; l++) {{",
+            f"  int e = tid + l * {group};",
+            f"  int am = e / {depth}, ak = e % {depth};",
+            f"  {itype} gm = row0 + am, gk = {t} + ak;",
+            f"  {acc_t} va = {zero};",
+            f"  if ({'e < ' + str(tm * depth) + ' && ' if a_partial else ''}gm < M && gk < kend) {{",
+            *_indent(pieces["load_a"], 2),
+            "  }",
+            "  ra[l] = va;",
+            "}",
+            f"for (int l = 0; l < {n_b}; l++) {{",
+            f"  int bk = brow + l * {bstep};",
+            f"  {acc_t} vb = {zero};",
+            f"  if (col_ok && {t} + bk < kend) {{",
+            *_indent(pieces["load_b"], 2),
+            "  }",
+            "  rb[l] = vb;",
+            "}",
+        ]
+
+    stores = [
+        f"for (int l = 0; l < {n_a}; l++) {{",
+        f"  int e = tid + l * {group};",
+        f"  {'if (e < ' + str(tm * depth) + ') ' if a_partial else ''}As[e % {depth}][e / {depth}] = ra[l];",
+        "}",
+        f"for (int l = 0; l < {n_b}; l++) Bs[brow + l * {bstep}][bcol] = rb[l];",
+    ]
     lines = [
         "int tx = get_local_id(0), ty = get_local_id(1);",
         f"int tid = ty * {tx} + tx;",
@@ -282,35 +335,25 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         "bool col_ok = gc < N;",
         "if (!col_ok) gc = 0;",
         *pieces["column"],
+        f"{acc_t} ra[{n_a}], rb[{n_b}];",
+        "if (kbeg < kend) {",
+        *_indent(tables("kbeg"), 1),
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        *_indent(loads("kbeg"), 1),
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        "}",
         f"for ({itype} t0 = kbeg; t0 < kend; t0 += {depth}) {{",
-        # the reduction rows of this step, split once for the whole work-group
-        f"  for (int r = tid; r < {depth}; r += {group}) {{",
-        f"    {itype} gk = t0 + r;",
-        "    if (gk < kend) {",
-        *[f"      {line}" for line in pieces["row"]],
-        "      Roff[r] = roff;",
-        *(["      Aoff[r] = aoff;"] if has_aoff else []),
-        *[f"      Rk{j}[r] = rk{j};" for j in range(nd)],
-        "    }",
+        # stage the slice loaded last step; split the next step's rows; load the next slice (its latency
+        # overlaps this step's arithmetic); multiply
+        *_indent(stores, 1),
+        f"  bool more = t0 + {depth} < kend;",
+        "  if (more) {",
+        *_indent(tables(f"t0 + {depth}"), 2),
         "  }",
         "  barrier(CLK_LOCAL_MEM_FENCE);",
-        f"  for (int e = tid; e < {tm * depth}; e += {group}) {{",
-        f"    int am = e / {depth}, ak = e % {depth};",
-        f"    {itype} gm = row0 + am, gk = t0 + ak;",
-        f"    {acc_t} va = {zero};",
-        "    if (gm < M && gk < kend) {",
-        *[f"      {line}" for line in pieces["load_a"]],
-        "    }",
-        "    As[ak][am] = va;",
+        "  if (more) {",
+        *_indent(loads(f"t0 + {depth}"), 2),
         "  }",
-        f"  for (int bk = brow; bk < {depth}; bk += {bstep}) {{",
-        f"    {acc_t} vb = {zero};",
-        "    if (col_ok && t0 + bk < kend) {",
-        *[f"      {line}" for line in pieces["load_b"]],
-        "    }",
-        "    Bs[bk][bcol] = vb;",
-        "  }",
-        "  barrier(CLK_LOCAL_MEM_FENCE);",
         f"  for (int k = 0; k < {depth}; k++) {{",
         f"    {acc_t} bv[{wx}];",
         f"    for (int j = 0; j < {wx}; j++) bv[j] = Bs[k][tx + j * {tx}];",
