@@ -27,9 +27,10 @@ a work-group of ``tx * ty`` work-items computes a ``(ty * wy) x (tx * wx)`` tile
 accumulators; ``depth``-deep slices of A and B are staged in local memory (A padded by one column so the
 transposing store is free of bank conflicts). Each work-item loads the same B column at every K step, so the
 column's decomposition into (n, o) (or (ci, k)) is done once, outside the K loop. The slices are read from global
-memory one step ahead into registers, so their latency overlaps the current step's arithmetic. Tile sizes, the dtype, the
-spatial rank and the index type are the only things in the source; every size, stride, padding, dilation and
-the group count are kernel arguments, so one binary serves every shape of a rank.
+memory one step ahead into registers, so their latency overlaps the current step's arithmetic. Tile sizes, the
+dtype, the spatial rank, the index type and (input gradient) the stride-1 flag are the only things in the source;
+every size, stride, padding, dilation and the group count are kernel arguments, so one binary serves every shape
+of a rank.
 """
 
 from __future__ import annotations
