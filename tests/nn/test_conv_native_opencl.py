@@ -56,6 +56,7 @@ CONV = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, dilation, 
     "2d-dilation": (2, 2, 2, 3, (9, 10), (3, 2), 1, (2, 1), (2, 3), 1),
     "2d-groups": (2, 2, 6, 4, (7, 7), (3, 3), 1, 1, 1, 2),
     "2d-depthwise": (2, 2, 4, 8, (8, 7), (3, 3), (2, 1), 1, 1, 4),
+    "2d-depthwise-multiplier1": (2, 3, 5, 5, (9, 7), (3, 3), 1, 1, 1, 5),
     "2d-batch1-odd": (2, 1, 3, 5, (13, 11), (5, 3), (3, 2), (2, 0), 1, 1),
     "2d-wide": (2, 2, 40, 36, (6, 6), (3, 3), 1, 1, 1, 1),
     "3d": (3, 2, 2, 3, (5, 4, 6), (2, 3, 3), (1, 2, 1), (1, 0, 1), (1, 1, 2), 1),
@@ -91,7 +92,8 @@ def test_convolution_matches_torch_float64(device, name, monkeypatch):
     _conv_case(device, CONV[name], F64, monkeypatch)
 
 
-@pytest.mark.parametrize("name", ["1d-stride-dilation-groups", "2d-depthwise", "2d-wide", "3d"])
+@pytest.mark.parametrize("name", ["1d-stride-dilation-groups", "2d-depthwise", "2d-depthwise-multiplier1", "2d-wide",
+                                  "3d"])
 def test_convolution_matches_torch_float32(device, name, monkeypatch):
     _conv_case(device, CONV[name], F32, monkeypatch)
 
@@ -137,7 +139,7 @@ def _torch_grads(x, w, g, stride, padding, dilation, groups):
     return gx.numpy(), gw.numpy()
 
 
-@pytest.mark.parametrize("shape", ["huge", "tall", "mid", "short"])
+@pytest.mark.parametrize("shape", ["huge", "tall", "mid", "short", "single"])
 def test_gpu_tile_table_computes_the_same(device, shape, monkeypatch):
     """The GPU tile configurations (128x128, 64x64, 32x64, 16x128) on whatever device this is: the tile
     choice decides speed only, never results."""
@@ -146,7 +148,7 @@ def test_gpu_tile_table_computes_the_same(device, shape, monkeypatch):
         pytest.skip(f"{device} has no OpenCL tile tables")
     monkeypatch.setattr(type(be), "_conv_gpu_tiles", property(lambda self: True))
     monkeypatch.setattr(type(be), "_compute_units", property(lambda self: 1))
-    c_out = {"huge": 130, "tall": 40, "mid": 12, "short": 5}[shape]
+    c_out = {"huge": 130, "tall": 40, "mid": 12, "short": 5, "single": 1}[shape]
     rng = np.random.default_rng(10)
     x = rng.standard_normal((2, 6, 11, 9)).astype(np.float32)
     w = rng.standard_normal((c_out, 6, 3, 3)).astype(np.float32)
@@ -288,7 +290,7 @@ def test_tile_choice_fits_the_device():
     from flowgraph.backends.opencl.conv import choose_tiles, tile_class
 
     for is_gpu in (True, False):
-        for row_class in ("huge", "tall", "mid", "short"):
+        for row_class in ("huge", "tall", "mid", "short", "single"):
             for max_group, local_mem in ((1024, 65536), (64, 65536), (256, 4096), (16, 2048)):
                 tiles = choose_tiles(is_gpu, max_group, local_mem, 8, row_class)
                 assert tiles.valid() and tiles.group <= max_group and tiles.local_bytes(8) <= local_mem, tiles
@@ -296,6 +298,7 @@ def test_tile_choice_fits_the_device():
     assert tile_class(True, 512, 128 * 32 * 32, 1, 132) == "huge"
     assert tile_class(True, 512, 128 * 4 * 4, 1, 132) == "tall"
     assert tile_class(True, 16, 10**6, 1, 132) == "mid" and tile_class(True, 3, 10**6, 1, 132) == "short"
+    assert tile_class(False, 1, 10**6, 64, 2) == "single"
     assert choose_tiles(True, 1024, 49152, 4, "tall").tile_m == 64
     assert choose_tiles(True, 1024, 49152, 4, "short").tile_m <= 16
 

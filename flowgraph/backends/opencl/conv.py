@@ -83,7 +83,7 @@ class ConvTiles(NamedTuple):
         return self.group % self.tile_n == 0 and self.depth % (self.group // self.tile_n) == 0
 
 
-#: Configurations per device kind and problem height (M > 32 tall, 9-32 mid, <= 8 short). GPUs: 256 (128)
+#: Configurations per device kind and problem height (M > 32 tall, 9-32 mid, 2-8 short, 1 single). GPUs: 256 (128)
 #: work-items with 4x4 (2x4) outputs each, the classic register-blocked shape. The CPU (PoCL runs a work-group
 #: as loops over its work-items, vectorised across ``tx``) wants much more work per work-item: 8x8 outputs ran
 #: 2-5x faster than 4x4 on PoCL (docs/opencl.md), and short problems keep the 128-wide column tile.
@@ -92,22 +92,25 @@ GPU_TILES = {
     "tall": ConvTiles(16, 16, 4, 4, 16),   # 64 x 64
     "mid": ConvTiles(16, 8, 4, 4, 16),     # 32 x 64
     "short": ConvTiles(32, 8, 4, 2, 16),   # 16 x 128
+    "single": ConvTiles(256, 1, 1, 1, 16),  # 1 x 256: one row (depthwise with multiplier 1)
 }
 CPU_TILES = {
     "huge": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
     "tall": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
     "mid": ConvTiles(16, 8, 8, 2, 16),     # 16 x 128
     "short": ConvTiles(16, 8, 8, 1, 16),   # 8 x 128
+    "single": ConvTiles(128, 1, 1, 1, 16),  # 1 x 128
 }
 
 
 def tile_class(is_gpu: bool, m: int, n: int, groups: int, compute_units: int) -> str:
     """The row class of a problem of ``m`` rows and ``n`` columns per group: ``huge`` (large tiles, only where
-    they still give every compute unit two work-groups), ``tall`` (m > 32), ``mid`` (9-32) or ``short``."""
+    they still give every compute unit two work-groups), ``tall`` (m > 32), ``mid`` (9-32), ``short`` (2-8) or
+    ``single`` (one row: a depthwise convolution's forward and input gradient)."""
     huge = (GPU_TILES if is_gpu else CPU_TILES)["huge"]
     if m >= huge.tile_m and -(-m // huge.tile_m) * -(-n // huge.tile_n) * groups >= 2 * compute_units:
         return "huge"
-    return "tall" if m > 32 else "mid" if m > 8 else "short"
+    return "tall" if m > 32 else "mid" if m > 8 else "short" if m > 1 else "single"
 
 
 def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, row_class: str) -> ConvTiles:
