@@ -165,6 +165,30 @@ def test_gpu_tile_table_computes_the_same(device, shape, monkeypatch):
     assert any(key[-1] for key in be._conv_choice)  # the GPU table was used
 
 
+PHASES = [  # (size, kernel, stride, padding, dilation): the input gradient's stride phases
+    ((10,), (1,), (3,), (0,), (1,)),         # positions no kernel offset reaches get zeros
+    ((11,), (2,), (4,), (1,), (1,)),         # stride above the kernel
+    ((12,), (3,), (2,), (2,), (2,)),         # stride and dilation share a factor: half the phases have no offsets
+    ((13,), (4,), (3,), (1,), (2,)),         # coprime stride and dilation
+    ((9, 10), (3, 4), (2, 3), (1, 2), (1, 1)),
+    ((7, 8), (2, 3), (3, 2), (0, 1), (2, 3)),
+]
+
+
+@pytest.mark.parametrize("cfg", PHASES, ids=lambda c: f"s{c[2]}-d{c[4]}-k{c[1]}")
+def test_input_gradient_stride_phases_match_torch(device, cfg):
+    size, kernel, stride, padding, dilation = cfg
+    be = _native_backend(device, F64, len(size))
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 4) + size)
+    w = rng.standard_normal((6, 2) + kernel)
+    out = getattr(torch.nn.functional, f"conv{len(size)}d")(torch.tensor(x), torch.tensor(w), None, stride, padding,
+                                                             dilation, 2)
+    g = rng.standard_normal(tuple(out.shape))
+    gx = be.to_host(be.conv_input_grad(be.from_host(g), be.from_host(w), x.shape, stride, padding, dilation, 2))
+    np.testing.assert_allclose(gx, _torch_grads(x, w, g, stride, padding, dilation, 2)[0], rtol=1e-9, atol=1e-9)
+
+
 def test_weight_gradient_split_k_matches_torch(device):
     """A small weight over a long reduction (batch x output positions) runs as split-K plus a sum."""
     be = _native_backend(device, F64, 2)

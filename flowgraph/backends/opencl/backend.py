@@ -954,8 +954,10 @@ class OpenCLBackend(Backend):
         geo = CK.ConvGeometry.of("conv_input_grad", tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups)
         geo.check_output("conv_input_grad", "g", tuple(g.shape))
         out = self.empty(tuple(x_shape), g.dtype)
-        self._conv_launch("dgrad", geo, out, (g, w), geo.c_in_g, geo.batch * geo.in_size,
-                          geo.c_out_g * geo.kernel_size)
+        # one launch per stride phase (one at stride 1): each input position is written by exactly one of them
+        for phase in CK.phase_args(geo):
+            self._conv_launch("dgrad", geo, out, (g, w), geo.c_in_g, geo.batch * phase[0], geo.c_out_g * phase[1],
+                              extra=phase)
         return out
 
     def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
@@ -986,15 +988,15 @@ class OpenCLBackend(Backend):
                 "native_conv(dtype, nd) says which (float32/float64/float16 where the device has them, nd 1-3)")
         return a, b
 
-    def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int, n: int, groups: int,
-                    unit_stride: bool = False) -> tuple:
+    def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int, n: int,
+                    groups: int) -> tuple:
         """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, compute units, max
         work-group size, local memory) and the problem's size (``m x n`` per group), shrunk once more if the
         built kernel's own work-group limit (registers) is lower than the device's."""
         acc = self._accumulator(dtype)
         is_gpu = self._conv_gpu_tiles
         row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
-        key = (op, nd, dtype, index_dtype, row_class, unit_stride, is_gpu)
+        key = (op, nd, dtype, index_dtype, row_class, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
         if found is not None:
@@ -1004,8 +1006,8 @@ class OpenCLBackend(Backend):
         while True:
             tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, row_class)
             kernel = self._kernel(
-                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), unit_stride),
-                lambda tiles=tiles: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, unit_stride))
+                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles)),
+                lambda tiles=tiles: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles))
             limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
             if tiles.group <= limit or max_group <= 16:
                 break
@@ -1044,21 +1046,21 @@ class OpenCLBackend(Backend):
     CONV_INT32_LIMIT = 2**31 - 1
 
     def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
-                     n: int, k: int, splits: int = 1, chunk: int | None = None) -> None:
-        """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``) into ``out``."""
-        if out.size == 0:
+                     n: int, k: int, splits: int = 1, chunk: int | None = None, extra: Sequence[int] = ()) -> None:
+        """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``, the kernel's
+        ``extra`` arguments after the geometry) into ``out``; ``k == 0`` writes zeros."""
+        if out.size == 0 or m * n == 0:
             return
-        if k == 0:
+        if k == 0 and op != "dgrad":  # the input gradient's phases write their zeros themselves
             self._write(out, Scalar(0, out.dtype))
             return
         largest = max(out.size, *(a.size for a in inputs), m * n, n * k, m * k)
         index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
-        unit_stride = op == "dgrad" and all(st == 1 for st in geo.stride)
-        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, unit_stride)
+        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups)
         it = index_dtype.type
         sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
                  geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,
-                 *geo.dilation]
+                 *geo.dilation, *extra]
         args: list[Any] = [it(v) for v in sizes]
         for a in (out, *inputs):
             args += [a.buffer, a.offset]

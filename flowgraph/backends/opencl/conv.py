@@ -16,8 +16,10 @@ op             rows (M)                  columns (N)                  reduction 
 * ``forward``: ``A = w`` (rows of the weight, read contiguously), ``B[(ci, k), (n, o)] = x[n, ci, o*s - p + k*d]``
   (zero outside the input: that is the zero padding).
 * ``dgrad`` is the gather form of the transposed problem: ``B[(co, k), (n, i)] = g[n, co, (i + p - k*d) / s]``
-  where that division is exact and lands inside the output, else zero; ``A[ci, (co, k)] = w[co, ci, k]``. Every
-  input element is written by exactly one work-item, so no atomics and no zero-fill are needed.
+  where that division is exact and lands inside the output, else zero; ``A[ci, (co, k)] = w[co, ci, k]``. It
+  runs once per stride phase (:func:`phase_args`), pairing the input positions of one residue class with only
+  the kernel offsets that reach them. Every input element is written by exactly one work-item, so no atomics and
+  no zero-fill are needed.
 * ``wgrad`` reduces over ``N * prod(out)``, which is long while the weight is small: the reduction is split over
   ``splits`` work-groups per output tile (split-K, the grid's z index carries ``group + groups * split``), each
   writing its own slice of a partial buffer that the backend's reduction then sums.
@@ -28,14 +30,15 @@ accumulators; ``depth``-deep slices of A and B are staged in local memory (A pad
 transposing store is free of bank conflicts). Each work-item loads the same B column at every K step, so the
 column's decomposition into (n, o) (or (ci, k)) is done once, outside the K loop. The slices are read from global
 memory one step ahead into registers, so their latency overlaps the current step's arithmetic. Tile sizes, the
-dtype, the spatial rank, the index type and (input gradient) the stride-1 flag are the only things in the source;
-every size, stride, padding, dilation and the group count are kernel arguments, so one binary serves every shape
-of a rank.
+dtype, the spatial rank, the index type and the tile configuration are the only things in the source; every
+size, stride, padding, dilation, stride phase and the group count are kernel arguments, so one binary serves
+every shape of a rank.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -133,6 +136,43 @@ def geometry_names(nd: int) -> list[str]:
     return [f"{name}{j}" for name in ("S", "O", "K", "st", "pd", "dl") for j in range(nd)]
 
 
+def phase_names(nd: int) -> list[str]:
+    """The input gradient's per-phase arguments, in order: ``UP`` (input positions of the phase per image),
+    ``KCP`` (kernel offsets of the phase), then per dim ``U`` (positions), ``kc`` (offsets), ``cb``, ``e``,
+    ``k0``, ``ks``, ``f`` (see :func:`phase_args`)."""
+    return ["UP", "KCP"] + [f"{name}{j}" for name in ("U", "kc", "cb", "e", "k0", "ks", "f") for j in range(nd)]
+
+
+def phase_args(geo: ConvGeometry) -> list[list[int]]:
+    """The input gradient's stride phases: per combination of residues ``r_j < stride_j``, the arguments of
+    :func:`phase_names` (phases without input positions are left out).
+
+    Input positions ``i = f + st*u`` (``u < U``) are those with ``(i + pd) % st == r``; the kernel offsets that
+    reach them are ``k = k0 + ks*m`` (``m < kc``), those with ``k*dl % st == r`` (an arithmetic progression of
+    step ``st / gcd(st, dl)``). For such a pair ``o = (i + pd - k*dl) / st = cb + u - m*e`` exactly, with
+    ``cb = (f + pd - k0*dl) / st`` and ``e = ks*dl / st``. A phase with no offsets (``kc = 0``) still runs: its
+    positions get a zero gradient. With stride 1 there is one phase: ``f = 0, U = S, k0 = 0, ks = 1, kc = K``.
+    """
+    per_dim = []
+    for s, k, st, pd, dl in zip(geo.spatial, geo.kernel, geo.stride, geo.padding, geo.dilation):
+        options = []
+        for r in range(st):
+            f = (r - pd) % st
+            u = max(0, -(-(s - f) // st))
+            offsets = [kk for kk in range(k) if (kk * dl - r) % st == 0]
+            k0 = offsets[0] if offsets else 0
+            ks = st // math.gcd(st, dl)
+            cb = (f + pd - k0 * dl) // st
+            options.append((u, len(offsets), cb, ks * dl // st, k0, ks, f))
+        per_dim.append(options)
+    phases = []
+    for combo in itertools.product(*per_dim):
+        if all(c[0] > 0 for c in combo):
+            fields = list(zip(*combo))  # U, kc, cb, e, k0, ks, f: one tuple of nd values each
+            phases.append([_prod(fields[0]), _prod(fields[1])] + [v for values in fields for v in values])
+    return phases
+
+
 def _split(index: str, dims: str, coords: str, nd: int, itype: str) -> list[str]:
     """C lines splitting the linear ``index`` over ``{dims}0..{dims}{nd-1}`` (row-major) into ``{coords}j``."""
     if nd == 1:
@@ -172,7 +212,7 @@ def _dot(coords: str, strides: str, nd: int) -> str:
     return " + ".join(f"{coords}{j} * {strides}{j}" for j in range(nd))
 
 
-def _problem(op: str, nd: int, itype: str, acc_t: str, unit_stride: bool) -> dict[str, list[str]]:
+def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
     """The op-specific pieces of the GEMM template.
 
     Every B element is ``src[colbase + Roff[bk]]`` where the per-dim coordinates ``b_j`` (the column's part)
@@ -182,8 +222,8 @@ def _problem(op: str, nd: int, itype: str, acc_t: str, unit_stride: bool) -> dic
     ``gc``, setting ``colbase`` and ``b_j``; ``row``: lines for reduction index ``gk`` setting ``roff``, ``rk_j``
     and (where A needs it) ``aoff``; ``load_a``/``load_b``: lines setting ``va`` (A row ``gm``, table slot ``ak``,
     reduction index ``gk``) and ``vb`` (table slot ``bk``); ``store``: lines writing ``v`` at ``row``, ``col``.
-    The input gradient with a stride above 1 keeps a divisibility test per element (which kernel offsets hit
-    an input position depends on it); ``unit_stride`` compiles the variant without it.
+    The input gradient runs once per stride phase (:func:`phase_args`), so it never visits a kernel offset that
+    cannot reach an input position, and needs no divisibility test.
     """
     rk = [f"Rk{j}[bk]" for j in range(nd)]
     if op == "forward":
@@ -201,29 +241,24 @@ def _problem(op: str, nd: int, itype: str, acc_t: str, unit_stride: bool) -> dic
                       "y[y_off + ((long)n * Cout + (long)grp * Cout_g + row) * P + p] = STORE(v);"],
         }
     if op == "dgrad":
-        gbase = "g_off + ((long)n * Cout + (long)grp * Cout_g) * P"
-        if unit_stride:  # o = i + p - k*d: linear in both parts
-            column_base = f"long colbase = {gbase} + {_dot('b', 'Os', nd)};"
-            row_off = f"long roff = (long)co * P - ({_dot('rk', 'Os', nd)});"
-            load_b = [*[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
-                      f"if ({_inside('o', 'O', nd)}) vb = ({acc_t})g[colbase + Roff[bk]];"]
-        else:
-            column_base = f"long colbase = {gbase};"
-            row_off = "long roff = (long)co * P;"
-            load_b = [*[f"{itype} t{j} = b{j} - {rk[j]};" for j in range(nd)],
-                      *[f"{itype} o{j} = t{j} / st{j};" for j in range(nd)],
-                      "if (" + " && ".join(f"t{j} >= 0 && o{j} * st{j} == t{j} && o{j} < O{j}" for j in range(nd))
-                      + f") vb = ({acc_t})g[colbase + Roff[bk] + {_dot('o', 'Os', nd)}];"]
+        # one stride phase: input positions i = f + st*u; kernel offsets k = k0 + ks*m, the ones whose
+        # i + pd - k*dl is a multiple of st; then o = cb + u - m*e with cb, e exact (see phase_args)
+        kernel_index = " + ".join(f"(k0{j} + m{j} * ks{j}) * Ks{j}" for j in range(nd))
         return {
-            "column": [f"{itype} n = gc / SP, q = gc - n * SP;", *_split("q", "S", "i", nd, itype),
-                       *[f"{itype} b{j} = i{j} + pd{j};" for j in range(nd)], column_base],
-            "row": [f"{itype} co = gk / KP, kr = gk - co * KP;", *_split("kr", "K", "k", nd, itype),
-                    *[f"{itype} rk{j} = k{j} * dl{j};" for j in range(nd)], row_off,
-                    "long aoff = (long)co * Cin_g * KP + kr;"],
+            "column": [f"{itype} n = gc / UP, q = gc - n * UP;", *_split("q", "U", "u", nd, itype),
+                       *[f"{itype} b{j} = cb{j} + u{j};" for j in range(nd)],
+                       f"long colbase = g_off + ((long)n * Cout + (long)grp * Cout_g) * P + {_dot('b', 'Os', nd)};"],
+            "row": [f"{itype} co = gk / KCP, kr = gk - co * KCP;", *_split("kr", "kc", "m", nd, itype),
+                    *[f"{itype} rk{j} = m{j} * e{j};" for j in range(nd)],
+                    f"long roff = (long)co * P - ({_dot('rk', 'Os', nd)});",
+                    f"long aoff = (long)co * Cin_g * KP + {kernel_index};"],
             "load_a": [f"va = ({acc_t})w[w_off + (long)grp * Cout_g * Cin_g * KP + (long)gm * KP + Aoff[ak]];"],
-            "load_b": load_b,
-            "store": [f"{itype} n = col / SP, q = col - n * SP;",
-                      "gx[gx_off + ((long)n * Cin + (long)grp * Cin_g + row) * SP + q] = STORE(v);"],
+            "load_b": [*[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
+                       f"if ({_inside('o', 'O', nd)}) vb = ({acc_t})g[colbase + Roff[bk]];"],
+            "store": [f"{itype} n = col / UP, q = col - n * UP;", *_split("q", "U", "u", nd, itype),
+                      *[f"{itype} i{j} = f{j} + st{j} * u{j};" for j in range(nd)],
+                      "gx[gx_off + ((long)n * Cin + (long)grp * Cin_g + row) * SP + "
+                      f"{_dot('i', 'Ss', nd)}] = STORE(v);"],
         }
     return {  # wgrad
         "column": [f"{itype} ci = gc / KP, kr = gc - ci * KP;", *_split("kr", "K", "k", nd, itype),
@@ -241,14 +276,14 @@ def _problem(op: str, nd: int, itype: str, acc_t: str, unit_stride: bool) -> dic
 
 
 def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
-                tiles: ConvTiles, unit_stride: bool = False) -> KernelSource:
+                tiles: ConvTiles) -> KernelSource:
     """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
-    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64);
-    ``unit_stride`` (input gradient only) compiles the variant for stride 1 in every dim.
+    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64).
 
     Arguments, in order: ``M, N, K, kchunk, groups`` (the per-group GEMM and the reduction slice of one split),
     ``Cin, Cout, Cin_g, Cout_g, P, SP, KP`` (channels, ``prod(out)``, ``prod(S)``, ``prod(K)``), the
-    :func:`geometry_names`, then the output buffer and the two inputs, each with its element offset. Launch:
+    :func:`geometry_names`, for ``dgrad`` the :func:`phase_names`, then the output buffer and the two inputs, each
+    with its element offset. Launch:
     global ``(ceil(N / tile_n) * tx, ceil(M / tile_m) * ty, groups * splits)``, local ``(tx, ty, 1)``.
     """
     emitter = OpenCLEmitter()
@@ -259,7 +294,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     bstep = group // tn
     params = Params()
     for name in ("M", "N", "K", "kchunk", "groups", "Cin", "Cout", "Cin_g", "Cout_g", "P", "SP", "KP",
-                 *geometry_names(nd)):
+                 *geometry_names(nd), *(phase_names(nd) if op == "dgrad" else ())):
         params.scalar(index_dtype, name)
     out_name, first, second = _operands(op)
     params.buffer(dtype, out_name, const=False)
@@ -267,7 +302,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     for name in (first, second):
         params.buffer(dtype, name, const=True)
         params.scalar(_LONG, f"{name}_off")
-    pieces = _problem(op, nd, itype, acc_t, unit_stride and op == "dgrad")
+    pieces = _problem(op, nd, itype, acc_t)
     has_aoff = any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
     n_a, n_b = -(-tm * depth // group), depth // bstep  # elements of A and B each work-item stages per step
@@ -326,6 +361,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"{itype} kbeg = split * kchunk, kend = min(K, kbeg + kchunk);",
         *_strides("Ss", "S", nd),
         *_strides("Os", "O", nd),
+        *(_strides("Ks", "K", nd) if op == "dgrad" else []),
         f"__local {acc_t} As[{depth}][{tm + 1}];",
         f"__local {acc_t} Bs[{depth}][{tn}];",
         f"__local long Roff[{depth}];",
