@@ -941,6 +941,7 @@ class OpenCLBackend(Backend):
 
     def conv_forward(self, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
                      dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_forward`` as one implicit-GEMM kernel (``conv.py``'s ``forward``)."""
         x, w = self._conv_operands("conv_forward", x, w)
         geo = CK.ConvGeometry.of("conv_forward", tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups)
         out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
@@ -950,6 +951,7 @@ class OpenCLBackend(Backend):
 
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_input_grad`` as the gather-form kernel ``dgrad``, one launch per stride phase."""
         g, w = self._conv_operands("conv_input_grad", g, w)
         geo = CK.ConvGeometry.of("conv_input_grad", tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups)
         geo.check_output("conv_input_grad", "g", tuple(g.shape))
@@ -962,6 +964,8 @@ class OpenCLBackend(Backend):
 
     def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
                          padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_weight_grad`` as the kernel ``wgrad``, split over the reduction (then summed) where
+        the weight alone would not fill the device."""
         x, g = self._conv_operands("conv_weight_grad", x, g)
         geo = CK.ConvGeometry.of("conv_weight_grad", tuple(x.shape), tuple(w_shape), stride, padding, dilation, groups)
         geo.check_output("conv_weight_grad", "g", tuple(g.shape))
@@ -1017,6 +1021,7 @@ class OpenCLBackend(Backend):
 
     @property
     def _compute_units(self) -> int:
+        """``CL_DEVICE_MAX_COMPUTE_UNITS``."""
         return int(self.cl_device.max_compute_units)
 
     @property
@@ -1028,6 +1033,7 @@ class OpenCLBackend(Backend):
         """Split-K for the weight gradient: ``(splits, chunk)`` so that about a few work-groups per compute
         unit run when the output tiles alone would leave the device idle and the reduction is long."""
         is_gpu = self._conv_gpu_tiles
+        # the smaller tiles of the problem's height (a split problem is too small for the large ones anyway)
         tiles = CK.choose_tiles(is_gpu, self._max_group, int(self.cl_device.local_mem_size),
                                 self._accumulator(dtype).itemsize, CK.tile_class(is_gpu, m, n, groups, 1 << 30))
         blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
