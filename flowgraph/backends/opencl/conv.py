@@ -78,8 +78,9 @@ class ConvTiles(NamedTuple):
         return self.tx * self.wx
 
     def local_bytes(self, itemsize: int) -> int:
-        """Local memory the two staged slices and the per-row tables (at most 40 bytes a row) take."""
-        return self.depth * (((self.tile_m + 1) + self.tile_n) * itemsize + 40)
+        """Local memory the two staged slices (each padded by a column), the per-row tables (at most 40 bytes a
+        row) and the per-column table (at most 20 bytes a column) take."""
+        return self.depth * (((self.tile_m + 1) + (self.tile_n + 1)) * itemsize + 40) + 20 * self.tile_n
 
     def valid(self) -> bool:
         """Whether each work-item keeps one B column for the whole K loop (the kernel relies on it)."""
@@ -269,8 +270,9 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
                 f"long roff = (long)n * Cin * SP + {_dot('rk', 'Ss', nd)};",
                 "long aoff = (long)n * Cout * P + p;"],
         "load_a": [f"va = ({acc_t})g[g_off + ((long)grp * Cout_g + gm) * P + Aoff[ak]];"],
-        "load_b": [*[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
-                   f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
+        # B is staged by rows here (see conv_source): the column's part comes from the column table
+        "load_b": [*[f"{itype} i{j} = Cb{j}[bn] + {rk[j]};" for j in range(nd)],
+                   f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[Cbase[bn] + Roff[bk]];"],
         "store": ["gw[gw_off + (long)split * Cout * (long)N + ((long)grp * Cout_g + row) * (long)N + col] = STORE(v);"],
     }
 
@@ -292,6 +294,11 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     tx, ty, wx, wy, depth = tiles
     group, tm, tn = tiles.group, tiles.tile_m, tiles.tile_n
     bstep = group // tn
+    # The weight gradient's B (the input, gathered at (ci, k) columns) is contiguous along the reduction, not
+    # along columns: it is staged by rows (consecutive work-items take consecutive reduction indices, so global
+    # reads coalesce), with every column's split kept in a local table built once; Bs is padded against bank
+    # conflicts of that transposing store. The other ops stage B by columns, one column per work-item.
+    b_rows = op == "wgrad"
     params = Params()
     for name in ("M", "N", "K", "kchunk", "groups", "Cin", "Cout", "Cin_g", "Cout_g", "P", "SP", "KP",
                  *geometry_names(nd), *(phase_names(nd) if op == "dgrad" else ())):
@@ -305,8 +312,9 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     pieces = _problem(op, nd, itype, acc_t)
     has_aoff = any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
-    n_a, n_b = -(-tm * depth // group), depth // bstep  # elements of A and B each work-item stages per step
-    a_partial = tm * depth % group != 0
+    # elements of A and B each work-item stages per step
+    n_a, n_b = -(-tm * depth // group), (-(-tn * depth // group) if b_rows else depth // bstep)
+    a_partial, b_partial = tm * depth % group != 0, b_rows and tn * depth % group != 0
 
     def tables(t: str) -> list[str]:
         """Split the reduction rows ``t .. t + depth`` into the local tables (``depth`` work-items)."""
@@ -336,21 +344,37 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
             "  ra[l] = va;",
             "}",
             f"for (int l = 0; l < {n_b}; l++) {{",
-            f"  int bk = brow + l * {bstep};",
+            *([f"  int e = tid + l * {group};", f"  int bk = e % {depth}, bn = e / {depth};"] if b_rows
+              else [f"  int bk = brow + l * {bstep};"]),
             f"  {acc_t} vb = {zero};",
-            f"  if (col_ok && {t} + bk < kend) {{",
+            (f"  if ({'e < ' + str(tn * depth) + ' && ' if b_partial else ''}col0 + bn < N && {t} + bk < kend) {{"
+             if b_rows else f"  if (col_ok && {t} + bk < kend) {{"),
             *_indent(pieces["load_b"], 2),
             "  }",
             "  rb[l] = vb;",
             "}",
         ]
 
+    column_table = [
+        f"for (int c = tid; c < {tn}; c += {group}) {{",
+        f"  {itype} gc = col0 + c;",
+        "  if (gc < N) {",
+        *_indent(pieces["column"], 2),
+        "    Cbase[c] = colbase;",
+        *[f"    Cb{j}[c] = b{j};" for j in range(nd)],
+        "  }",
+        "}",
+    ]
+
     stores = [
         f"for (int l = 0; l < {n_a}; l++) {{",
         f"  int e = tid + l * {group};",
         f"  {'if (e < ' + str(tm * depth) + ') ' if a_partial else ''}As[e % {depth}][e / {depth}] = ra[l];",
         "}",
-        f"for (int l = 0; l < {n_b}; l++) Bs[brow + l * {bstep}][bcol] = rb[l];",
+        *([f"for (int l = 0; l < {n_b}; l++) {{",
+           f"  int e = tid + l * {group};",
+           f"  {'if (e < ' + str(tn * depth) + ') ' if b_partial else ''}Bs[e % {depth}][e / {depth}] = rb[l];",
+           "}"] if b_rows else [f"for (int l = 0; l < {n_b}; l++) Bs[brow + l * {bstep}][bcol] = rb[l];"]),
     ]
     lines = [
         "int tx = get_local_id(0), ty = get_local_id(1);",
@@ -363,20 +387,24 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         *_strides("Os", "O", nd),
         *(_strides("Ks", "K", nd) if op == "dgrad" else []),
         f"__local {acc_t} As[{depth}][{tm + 1}];",
-        f"__local {acc_t} Bs[{depth}][{tn}];",
+        f"__local {acc_t} Bs[{depth}][{tn + 1 if b_rows else tn}];",
+        *([f"__local long Cbase[{tn}];", *[f"__local {itype} Cb{j}[{tn}];" for j in range(nd)]] if b_rows else []),
         f"__local long Roff[{depth}];",
         *([f"__local long Aoff[{depth}];"] if has_aoff else []),
         *[f"__local {itype} Rk{j}[{depth}];" for j in range(nd)],
         f"{acc_t} acc[{wy}][{wx}];",
         f"for (int i = 0; i < {wy}; i++) for (int j = 0; j < {wx}; j++) acc[i][j] = {zero};",
-        # this work-item's B column, fixed for the whole K loop
-        f"int bcol = tid % {tn}, brow = tid / {tn};",
-        f"{itype} gc = col0 + bcol;",
-        "bool col_ok = gc < N;",
-        "if (!col_ok) gc = 0;",
-        *pieces["column"],
+        # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
+        *([] if b_rows else [
+            f"int bcol = tid % {tn}, brow = tid / {tn};",
+            f"{itype} gc = col0 + bcol;",
+            "bool col_ok = gc < N;",
+            "if (!col_ok) gc = 0;",
+            *pieces["column"],
+        ]),
         f"{acc_t} ra[{n_a}], rb[{n_b}];",
         "if (kbeg < kend) {",
+        *(_indent(column_table, 1) if b_rows else []),
         *_indent(tables("kbeg"), 1),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         *_indent(loads("kbeg"), 1),
