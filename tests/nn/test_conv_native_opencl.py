@@ -203,6 +203,19 @@ def test_weight_gradient_split_k_matches_torch(device):
     np.testing.assert_allclose(gw, _torch_grads(x, w, g, *geometry)[1], rtol=1e-9, atol=1e-9)
 
 
+def test_forward_split_k_matches_torch(device):
+    """A small output (batch 1, a 2x2 map) over a long reduction (many channels) splits too."""
+    be = _native_backend(device, F64, 2)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 96, 4, 4))
+    w = rng.standard_normal((5, 96, 3, 3))
+    splits, _ = be._conv_splits(5, 4, 96 * 9, 1, F64)
+    assert splits > 1
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), (2, 2), (1, 1), (1, 1), 1))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None, 2, 1).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
+
+
 def test_backend_ops_take_lazy_and_offset_operands(device):
     be = _native_backend(device, F64, 2)
     rng = np.random.default_rng(4)

@@ -944,10 +944,9 @@ class OpenCLBackend(Backend):
         """``Backend.conv_forward`` as one implicit-GEMM kernel (``conv.py``'s ``forward``)."""
         x, w = self._conv_operands("conv_forward", x, w)
         geo = CK.ConvGeometry.of("conv_forward", tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups)
-        out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
-        self._conv_launch("forward", geo, out, (x, w), geo.c_out_g, geo.batch * geo.out_size,
-                          geo.c_in_g * geo.kernel_size)
-        return out
+        shape = (geo.batch, geo.c_out) + geo.out
+        m, n, k = geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size
+        return self._conv_split_launch("forward", geo, shape, (x, w), m, n, k)
 
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
@@ -970,14 +969,20 @@ class OpenCLBackend(Backend):
         geo = CK.ConvGeometry.of("conv_weight_grad", tuple(x.shape), tuple(w_shape), stride, padding, dilation, groups)
         geo.check_output("conv_weight_grad", "g", tuple(g.shape))
         m, n, k = geo.c_out_g, geo.c_in_g * geo.kernel_size, geo.batch * geo.out_size
-        splits, chunk = self._conv_splits(m, n, k, groups, x.dtype)
+        return self._conv_split_launch("wgrad", geo, tuple(w_shape), (x, g), m, n, k)
+
+    def _conv_split_launch(self, op: str, geo: CK.ConvGeometry, shape: tuple[int, ...],
+                           inputs: tuple[CLArray, CLArray], m: int, n: int, k: int) -> CLArray:
+        """``op``'s result of ``shape``, split-K where its tiles alone would leave the device idle: each split
+        sums its slice of the reduction into its own partial result, then one reduction adds them."""
+        dtype = inputs[0].dtype
+        splits, chunk = self._conv_splits(m, n, k, geo.groups, dtype)
         if splits == 1:
-            out = self.empty(tuple(w_shape), x.dtype)
-            self._conv_launch("wgrad", geo, out, (x, g), m, n, k)
+            out = self.empty(shape, dtype)
+            self._conv_launch(op, geo, out, inputs, m, n, k)
             return out
-        # split-K: each split sums its slice of N * prod(out) into its own partial weight, then one reduction
-        partial = self.empty((splits,) + tuple(w_shape), x.dtype)
-        self._conv_launch("wgrad", geo, partial, (x, g), m, n, k, splits, chunk)
+        partial = self.empty((splits,) + shape, dtype)
+        self._conv_launch(op, geo, partial, inputs, m, n, k, splits, chunk)
         return self.sum(partial, (0,), False)
 
     def _conv_operands(self, where: str, a: Array, b: Array) -> tuple[CLArray, CLArray]:
@@ -1030,8 +1035,9 @@ class OpenCLBackend(Backend):
         return bool(self.cl_device.type & cl.device_type.GPU)
 
     def _conv_splits(self, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
-        """Split-K for the weight gradient: ``(splits, chunk)`` so that about a few work-groups per compute
-        unit run when the output tiles alone would leave the device idle and the reduction is long."""
+        """Split-K for the forward and the weight gradient: ``(splits, chunk)`` so that about a few work-groups
+        per compute unit run when the output tiles alone would leave the device idle and the reduction is
+        long."""
         is_gpu = self._conv_gpu_tiles
         # the smaller tiles of the problem's height (a split problem is too small for the large ones anyway)
         tiles = CK.choose_tiles(is_gpu, self._max_group, int(self.cl_device.local_mem_size),
@@ -1045,7 +1051,7 @@ class OpenCLBackend(Backend):
         chunk = -(-per_split // tiles.depth) * tiles.depth  # a whole number of K steps
         return -(-k // chunk), chunk
 
-    #: Most slices the weight gradient's reduction is split into (each one a partial weight in memory).
+    #: Most slices a split reduction is split into (each one a partial result in memory).
     MAX_CONV_SPLITS = 64
     #: Convolutions whose buffers and GEMM sizes all stay within this many elements index in int32 (faster
     #: division on GPUs); larger ones run the int64 variant of the kernels.
@@ -1068,7 +1074,8 @@ class OpenCLBackend(Backend):
                  geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,
                  *geo.dilation, *extra]
         args: list[Any] = [it(v) for v in sizes]
-        for a in (out, *inputs):
+        args += [out.buffer, out.offset, out.size // splits]
+        for a in inputs:
             args += [a.buffer, a.offset]
         gsize = (-(-n // tiles.tile_n) * tiles.tx, -(-m // tiles.tile_m) * tiles.ty, geo.groups * splits)
         kernel(self.queue, gsize, (tiles.tx, tiles.ty, 1), *args)

@@ -22,7 +22,8 @@ op             rows (M)                  columns (N)                  reduction 
   no zero-fill are needed.
 * ``wgrad`` reduces over ``N * prod(out)``, which is long while the weight is small: the reduction is split over
   ``splits`` work-groups per output tile (split-K, the grid's z index carries ``group + groups * split``), each
-  writing its own slice of a partial buffer that the backend's reduction then sums.
+  writing its own slice of a partial buffer that the backend's reduction then sums. ``forward`` splits the same
+  way where its output is small (a small batch of small feature maps) and its reduction long.
 
 The tile scheme is the backend's register-blocked matmul's (``kernels.matmul_source``), made rectangular:
 a work-group of ``tx * ty`` work-items computes a ``(ty * wy) x (tx * wx)`` tile, each work-item ``wy * wx``
@@ -239,7 +240,8 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
             "load_b": [*[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
                        f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
             "store": [f"{itype} n = col / P, p = col - n * P;",
-                      "y[y_off + ((long)n * Cout + (long)grp * Cout_g + row) * P + p] = STORE(v);"],
+                      "y[y_off + (long)split * ssplit + ((long)n * Cout + (long)grp * Cout_g + row) * P + p] = "
+                      "STORE(v);"],
         }
     if op == "dgrad":
         # one stride phase: input positions i = f + st*u; kernel offsets k = k0 + ks*m, the ones whose
@@ -273,7 +275,7 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
         # B is staged by rows here (see conv_source): the column's part comes from the column table
         "load_b": [*[f"{itype} i{j} = Cb{j}[bn] + {rk[j]};" for j in range(nd)],
                    f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[Cbase[bn] + Roff[bk]];"],
-        "store": ["gw[gw_off + (long)split * Cout * (long)N + ((long)grp * Cout_g + row) * (long)N + col] = STORE(v);"],
+        "store": ["gw[gw_off + (long)split * ssplit + ((long)grp * Cout_g + row) * (long)N + col] = STORE(v);"],
     }
 
 
@@ -284,8 +286,9 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
 
     Arguments, in order: ``M, N, K, kchunk, groups`` (the per-group GEMM and the reduction slice of one split),
     ``Cin, Cout, Cin_g, Cout_g, P, SP, KP`` (channels, ``prod(out)``, ``prod(S)``, ``prod(K)``), the
-    :func:`geometry_names`, for ``dgrad`` the :func:`phase_names`, then the output buffer and the two inputs, each
-    with its element offset. Launch:
+    :func:`geometry_names`, for ``dgrad`` the :func:`phase_names`, then the output buffer with its element offset
+    and ``ssplit`` (the elements between the partial results of two splits; split-K runs write their own
+    slices of a partial buffer), then the two inputs, each with its element offset. Launch:
     global ``(ceil(N / tile_n) * tx, ceil(M / tile_m) * ty, groups * splits)``, local ``(tx, ty, 1)``.
     """
     emitter = OpenCLEmitter()
@@ -306,6 +309,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     out_name, first, second = _operands(op)
     params.buffer(dtype, out_name, const=False)
     params.scalar(_LONG, f"{out_name}_off")
+    params.scalar(_LONG, "ssplit")
     for name in (first, second):
         params.buffer(dtype, name, const=True)
         params.scalar(_LONG, f"{name}_off")
