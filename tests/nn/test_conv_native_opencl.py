@@ -103,6 +103,7 @@ TRANSPOSED = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, outp
     "2d-output-padding": (2, 2, 4, 3, (5, 4), (3, 3), 2, 1, 1, 1, 1),
     "2d-groups-dilation": (2, 1, 4, 6, (4, 5), (2, 3), (2, 1), (0, 1), (1, 0), (1, 2), 2),
     "3d": (3, 1, 2, 3, (3, 4, 3), (2, 2, 3), (2, 1, 2), (1, 0, 1), (1, 0, 0), 1, 1),
+    "2d-from-1x1": (2, 3, 5, 4, (1, 1), (4, 3), 1, 0, 0, 1, 1),  # one window: the input gradient is a matmul
 }
 
 

@@ -954,6 +954,12 @@ class OpenCLBackend(Backend):
         g, w = self._conv_operands("conv_input_grad", g, w)
         geo = CK.ConvGeometry.of("conv_input_grad", tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups)
         geo.check_output("conv_input_grad", "g", tuple(g.shape))
+        if geo.groups == 1 and geo.out_size == 1 and geo.spatial == geo.kernel and not any(geo.padding):
+            # One window covering the whole input (a transposed convolution of a 1x1 map, DCGAN's first layer):
+            # each input position meets exactly one kernel offset, so the gather form would multiply
+            # prod(K) - 1 zeros per term; it is the plain product g (N, C_out) @ w (C_out, C_in * K).
+            gx = self.matmul(self.reshape(g, (geo.batch, geo.c_out)), self.reshape(w, (geo.c_out, -1)))
+            return self.reshape(gx, tuple(x_shape))
         out = self.empty(tuple(x_shape), g.dtype)
         # one launch per stride phase (one at stride 1): each input position is written by exactly one of them
         for phase in CK.phase_args(geo):
