@@ -22,7 +22,8 @@ def _fg(shape, dtype, causal, device, repeats):
     from flowgraph.nn import functional as F
 
     rng = np.random.default_rng(0)
-    qkv = [fg.tensor(rng.standard_normal(shape).astype(np.float32), device=device).to(getattr(fg, dtype)).requires_grad_(True)
+    dt = getattr(fg, dtype)
+    qkv = [fg.tensor(rng.standard_normal(shape).astype(np.float32), device=device).to(dt).requires_grad_(True)
            for _ in range(3)]
     g = fg.tensor(rng.standard_normal(shape).astype(np.float32), device=device).to(getattr(fg, dtype))
     bk = qkv[0]._backend

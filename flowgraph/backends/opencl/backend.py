@@ -33,6 +33,7 @@ from ..fusion import (
     result_dtype,
     sgd_update_scalars,
 )
+from . import conv as CK
 from . import kernels as K
 from .array import CLArray, contiguous_strides, is_contiguous, nocopy_strides, shape_size
 from .runtime import build_program, cl, compile_stats, device_context, list_devices
@@ -41,6 +42,7 @@ _SCALAR_TYPES = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
 _I64 = np.dtype(np.int64)
 _INT64 = np.dtype(np.int64)
+_I32 = np.dtype(np.int32)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _F16 = np.dtype(np.float16)
@@ -1039,6 +1041,163 @@ class OpenCLBackend(Backend):
             shape = out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,))
             out = self._view(out, shape, contiguous_strides(shape), 0)
         return out
+
+    # ----------------------------------------------------------------- convolutions (implicit GEMM)
+    def native_conv(self, dtype: np.dtype, nd: int) -> bool:
+        """True for float32, float64 (with ``cl_khr_fp64``) and float16 (with ``cl_khr_fp16``) in 1-3 spatial
+        dims: ``conv_forward``, ``conv_input_grad`` and ``conv_weight_grad`` run as implicit-GEMM kernels
+        (``flowgraph/backends/opencl/conv.py``), with no im2col buffer."""
+        dtype = np.dtype(dtype)
+        supported = dtype == _F32 or (dtype == _F64 and self.supports_float64) or (
+            dtype == _F16 and self.supports_float16)
+        return supported and 1 <= nd <= 3
+
+    def conv_forward(self, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                     dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_forward`` as one implicit-GEMM kernel (``conv.py``'s ``forward``)."""
+        x, w = self._conv_operands("conv_forward", x, w)
+        geo = CK.ConvGeometry.of("conv_forward", tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups)
+        shape = (geo.batch, geo.c_out) + geo.out
+        m, n, k = geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size
+        return self._conv_split_launch("forward", geo, shape, (x, w), m, n, k)
+
+    def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
+                        padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_input_grad`` as the gather-form kernel ``dgrad``, one launch per stride phase."""
+        g, w = self._conv_operands("conv_input_grad", g, w)
+        geo = CK.ConvGeometry.of("conv_input_grad", tuple(x_shape), tuple(w.shape), stride, padding, dilation, groups)
+        geo.check_output("conv_input_grad", "g", tuple(g.shape))
+        if geo.groups == 1 and geo.out_size == 1 and geo.spatial == geo.kernel and not any(geo.padding):
+            # One window covering the whole input (a transposed convolution of a 1x1 map, DCGAN's first layer):
+            # each input position meets exactly one kernel offset, so the gather form would multiply
+            # prod(K) - 1 zeros per term; it is the plain product g (N, C_out) @ w (C_out, C_in * K).
+            gx = self.matmul(self.reshape(g, (geo.batch, geo.c_out)), self.reshape(w, (geo.c_out, -1)))
+            return self.reshape(gx, tuple(x_shape))
+        out = self.empty(tuple(x_shape), g.dtype)
+        # one launch per stride phase (one at stride 1): each input position is written by exactly one of them
+        for phase in CK.phase_args(geo):
+            self._conv_launch("dgrad", geo, out, (g, w), geo.c_in_g, geo.batch * phase[0], geo.c_out_g * phase[1],
+                              extra=phase)
+        return out
+
+    def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
+                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_weight_grad`` as the kernel ``wgrad``, split over the reduction (then summed) where
+        the weight alone would not fill the device."""
+        x, g = self._conv_operands("conv_weight_grad", x, g)
+        geo = CK.ConvGeometry.of("conv_weight_grad", tuple(x.shape), tuple(w_shape), stride, padding, dilation, groups)
+        geo.check_output("conv_weight_grad", "g", tuple(g.shape))
+        m, n, k = geo.c_out_g, geo.c_in_g * geo.kernel_size, geo.batch * geo.out_size
+        return self._conv_split_launch("wgrad", geo, tuple(w_shape), (x, g), m, n, k)
+
+    def _conv_split_launch(self, op: str, geo: CK.ConvGeometry, shape: tuple[int, ...],
+                           inputs: tuple[CLArray, CLArray], m: int, n: int, k: int) -> CLArray:
+        """``op``'s result of ``shape``, split-K where its tiles alone would leave the device idle: each split
+        sums its slice of the reduction into its own partial result, then one reduction adds them."""
+        dtype = inputs[0].dtype
+        splits, chunk = self._conv_splits(m, n, k, geo.groups, dtype)
+        if splits == 1:
+            out = self.empty(shape, dtype)
+            self._conv_launch(op, geo, out, inputs, m, n, k)
+            return out
+        partial = self.empty((splits,) + shape, dtype)
+        self._conv_launch(op, geo, partial, inputs, m, n, k, splits, chunk)
+        return self.sum(partial, (0,), False)
+
+    def _conv_operands(self, where: str, a: Array, b: Array) -> tuple[CLArray, CLArray]:
+        """Both operands realized and row-major (an offset into a buffer is fine), of one native-conv dtype."""
+        a = self.contiguous(self._own(a, where))
+        b = self.contiguous(self._own(b, where))
+        if a.dtype != b.dtype:
+            raise BackendError(f"{where}: operands have dtypes {a.dtype} and {b.dtype}; cast one first")
+        if not self.native_conv(a.dtype, a.ndim - 2):
+            raise BackendError(
+                f"{where}: no native convolution for {a.dtype} in {a.ndim - 2} spatial dims on {self.device}; "
+                "native_conv(dtype, nd) says which (float32/float64/float16 where the device has them, nd 1-3)")
+        return a, b
+
+    def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int, n: int,
+                    groups: int) -> tuple:
+        """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, compute units, max
+        work-group size, local memory) and the problem's size (``m x n`` per group), shrunk once more if the
+        built kernel's own work-group limit (registers) is lower than the device's."""
+        acc = self._accumulator(dtype)
+        is_gpu = self._conv_gpu_tiles
+        row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
+        key = (op, nd, dtype, index_dtype, row_class, is_gpu)
+        cached = self.__dict__.setdefault("_conv_choice", {})
+        found = cached.get(key)
+        if found is not None:
+            return found
+        max_group = self._max_group
+        local_mem = int(self.cl_device.local_mem_size)
+        while True:
+            tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, row_class)
+            kernel = self._kernel(
+                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles)),
+                lambda tiles=tiles: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles))
+            limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
+            if tiles.group <= limit or max_group <= 16:
+                break
+            max_group = _floor_pow2(limit)
+        found = cached[key] = (kernel, tiles)
+        return found
+
+    @property
+    def _compute_units(self) -> int:
+        """``CL_DEVICE_MAX_COMPUTE_UNITS``."""
+        return int(self.cl_device.max_compute_units)
+
+    @property
+    def _conv_gpu_tiles(self) -> bool:
+        """Whether convolutions use the GPU tile table (a GPU device) or the CPU one."""
+        return bool(self.cl_device.type & cl.device_type.GPU)
+
+    def _conv_splits(self, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
+        """Split-K for the forward and the weight gradient: ``(splits, chunk)`` so that about a few work-groups
+        per compute unit run when the output tiles alone would leave the device idle and the reduction is
+        long."""
+        is_gpu = self._conv_gpu_tiles
+        # the smaller tiles of the problem's height (a split problem is too small for the large ones anyway)
+        tiles = CK.choose_tiles(is_gpu, self._max_group, int(self.cl_device.local_mem_size),
+                                self._accumulator(dtype).itemsize, CK.tile_class(is_gpu, m, n, groups, 1 << 30))
+        blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
+        target = self._compute_units * (4 if is_gpu else 2)
+        if blocks >= target or k <= 8 * tiles.depth:
+            return 1, k
+        splits = min(-(-target // blocks), k // (4 * tiles.depth), self.MAX_CONV_SPLITS)
+        per_split = -(-k // max(splits, 1))
+        chunk = -(-per_split // tiles.depth) * tiles.depth  # a whole number of K steps
+        return -(-k // chunk), chunk
+
+    #: Most slices a split reduction is split into (each one a partial result in memory).
+    MAX_CONV_SPLITS = 64
+    #: Convolutions whose buffers and GEMM sizes all stay within this many elements index in int32 (faster
+    #: division on GPUs); larger ones run the int64 variant of the kernels.
+    CONV_INT32_LIMIT = 2**31 - 1
+
+    def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
+                     n: int, k: int, splits: int = 1, chunk: int | None = None, extra: Sequence[int] = ()) -> None:
+        """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``, the kernel's
+        ``extra`` arguments after the geometry) into ``out``; ``k == 0`` writes zeros."""
+        if out.size == 0 or m * n == 0:
+            return
+        if k == 0 and op != "dgrad":  # the input gradient's phases write their zeros themselves
+            self._write(out, Scalar(0, out.dtype))
+            return
+        largest = max(out.size, *(a.size for a in inputs), m * n, n * k, m * k)
+        index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
+        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups)
+        it = index_dtype.type
+        sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
+                 geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,
+                 *geo.dilation, *extra]
+        args: list[Any] = [it(v) for v in sizes]
+        args += [out.buffer, out.offset, out.size // splits]
+        for a in inputs:
+            args += [a.buffer, a.offset]
+        gsize = (-(-n // tiles.tile_n) * tiles.tx, -(-m // tiles.tile_m) * tiles.ty, geo.groups * splits)
+        kernel(self.queue, gsize, (tiles.tx, tiles.ty, 1), *args)
 
     # ----------------------------------------------------------------- indexing
     def _index_operand(self, index: Array, where: str) -> CLArray:

@@ -1,4 +1,5 @@
-"""Measure the OpenCL backend: kernel compile time, tiled matmul vs NumPy, fused vs unfused chains.
+"""Measure the OpenCL backend: kernel compile time, tiled matmul vs NumPy, fused vs unfused chains, the
+implicit-GEMM convolution kernels.
 
 Run ``python -m flowgraph.backends.opencl.bench [--device opencl:0] [--size 1024]``; it prints one line per
 figure. The numbers in ``docs/opencl.md`` come from this script. Nothing here is imported by the backend.
@@ -83,12 +84,38 @@ def chain_times(be: OpenCLBackend, n: int, repeat: int) -> tuple[float, float, f
     return fused * 1e3, unfused * 1e3, numpy * 1e3
 
 
+def conv_gflops(be: OpenCLBackend, batch: int, channels: int, side: int, repeat: int) -> dict[str, float]:
+    """GFLOP/s of the three native convolution kernels on a 3x3, padding-1 float32 layer of ``channels`` in and
+    out over ``batch`` images of ``side`` x ``side`` (the convnet benchmark's middle layers)."""
+    rng = np.random.default_rng(2)
+    x = be.from_host(rng.standard_normal((batch, channels, side, side), dtype=np.float32))
+    w = be.from_host(rng.standard_normal((channels, channels, 3, 3), dtype=np.float32))
+    geometry = ((1, 1), (1, 1), (1, 1), 1)
+    ops = {
+        "forward": lambda: be.conv_forward(x, w, *geometry),
+        "input_grad": lambda: be.conv_input_grad(x, w, tuple(x.shape), *geometry),
+        "weight_grad": lambda: be.conv_weight_grad(x, x, tuple(w.shape), *geometry),
+    }
+    flops = 2.0 * batch * side * side * channels * channels * 9
+    out = {}
+    for name, op in ops.items():
+        def run(op=op) -> None:
+            be.realize(op())
+            be.synchronize()
+
+        run()
+        out[name] = flops / _best(run, repeat) / 1e9
+    return out
+
+
 def main() -> None:
     """Print the measurements for one device."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="opencl:0")
     parser.add_argument("--size", type=int, default=1024, help="matmul edge")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--conv", type=int, nargs=3, default=(8, 64, 32), metavar=("BATCH", "CHANNELS", "SIDE"),
+                        help="convolution layer measured (3x3, padding 1)")
     args = parser.parse_args()
     be = OpenCLBackend(args.device)
     print(f"device: {be.device} {be.device_name} fp64={be.supports_float64} fp16={be.supports_float16}")
@@ -98,6 +125,11 @@ def main() -> None:
     for n in (1 << 10, 1 << 20):
         fused, unfused, ref = chain_times(be, n, args.repeat * 3)
         print(f"GELU chain n={n}: fused {fused:.3f} ms, unfused {unfused:.3f} ms, NumPy {ref:.3f} ms")
+    if be.native_conv(np.dtype(np.float32), 2):
+        batch, channels, side = args.conv
+        rates = conv_gflops(be, batch, channels, side, args.repeat)
+        print(f"conv 3x3 {channels}->{channels} ch, {batch}x{side}x{side} float32: "
+              + ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items()) + " GFLOP/s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,538 @@
+"""Implicit-GEMM convolution kernels for the OpenCL backend: forward, input gradient, weight gradient.
+
+A convolution in PyTorch's layout (``x`` ``(N, C_in, *S)``, ``w`` ``(C_out, C_in / groups, *K)``, symmetric zero
+padding, stride, dilation, groups; 1-3 spatial dims) is three GEMMs per group, none of which needs an im2col
+buffer in global memory: the operand that im2col would materialise is gathered straight from the input while a
+tile of it is staged in local memory.
+
+=============  ========================  ===========================  ====================================
+op             rows (M)                  columns (N)                  reduction (K)
+=============  ========================  ===========================  ====================================
+``forward``    ``C_out/g`` (``co``)      ``N * prod(out)`` (n, o)     ``C_in/g * prod(K)`` (ci, k): ``x``
+``dgrad``      ``C_in/g`` (``ci``)       ``N * prod(S)`` (n, i)       ``C_out/g * prod(K)`` (co, k): ``g``
+``wgrad``      ``C_out/g`` (``co``)      ``C_in/g * prod(K)`` (ci, k) ``N * prod(out)`` (n, o): ``g``, ``x``
+=============  ========================  ===========================  ====================================
+
+* ``forward``: ``A = w`` (rows of the weight, read contiguously), ``B[(ci, k), (n, o)] = x[n, ci, o*s - p + k*d]``
+  (zero outside the input: that is the zero padding).
+* ``dgrad`` is the gather form of the transposed problem: ``B[(co, k), (n, i)] = g[n, co, (i + p - k*d) / s]``
+  where that division is exact and lands inside the output, else zero; ``A[ci, (co, k)] = w[co, ci, k]``. It
+  runs once per stride phase (:func:`phase_args`), pairing the input positions of one residue class with only
+  the kernel offsets that reach them. Every input element is written by exactly one work-item, so no atomics and
+  no zero-fill are needed.
+* ``wgrad`` reduces over ``N * prod(out)``, which is long while the weight is small: the reduction is split over
+  ``splits`` work-groups per output tile (split-K, the grid's z index carries ``group + groups * split``), each
+  writing its own slice of a partial buffer that the backend's reduction then sums. ``forward`` splits the same
+  way where its output is small (a small batch of small feature maps) and its reduction long.
+
+The tile scheme is the backend's register-blocked matmul's (``kernels.matmul_source``), made rectangular:
+a work-group of ``tx * ty`` work-items computes a ``(ty * wy) x (tx * wx)`` tile, each work-item ``wy * wx``
+accumulators; ``depth``-deep slices of A and B are staged in local memory (A padded by one column so the
+transposing store is free of bank conflicts). Each work-item loads the same B column at every K step, so the
+column's decomposition into (n, o) (or (ci, k)) is done once, outside the K loop. The slices are read from global
+memory one step ahead into registers, so their latency overlaps the current step's arithmetic. Tile sizes, the
+dtype, the spatial rank, the index type and the tile configuration are the only things in the source; every
+size, stride, padding, dilation, stride phase and the group count are kernel arguments, so one binary serves
+every shape of a rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ...errors import ShapeError
+from .kernels import KernelSource, OpenCLEmitter, Params, assemble, ctype
+
+#: The three implicit-GEMM problems of a convolution (see the module docstring).
+OPS = ("forward", "dgrad", "wgrad")
+_INT = np.dtype(np.int32)
+_LONG = np.dtype(np.int64)
+
+
+class ConvTiles(NamedTuple):
+    """One tile configuration: ``tx * ty`` work-items, each computing ``wy`` rows by ``wx`` columns, K staged
+    ``depth`` deep. ``tile_m = ty * wy`` rows and ``tile_n = tx * wx`` columns per work-group."""
+
+    tx: int
+    ty: int
+    wx: int
+    wy: int
+    depth: int
+
+    @property
+    def group(self) -> int:
+        """Work-items per work-group."""
+        return self.tx * self.ty
+
+    @property
+    def tile_m(self) -> int:
+        """Output rows per work-group."""
+        return self.ty * self.wy
+
+    @property
+    def tile_n(self) -> int:
+        """Output columns per work-group."""
+        return self.tx * self.wx
+
+    def local_bytes(self, itemsize: int) -> int:
+        """Local memory the two staged slices (each padded by a column), the per-row tables (at most 40 bytes a
+        row) and the per-column table (at most 20 bytes a column) take."""
+        return self.depth * (((self.tile_m + 1) + (self.tile_n + 1)) * itemsize + 40) + 20 * self.tile_n
+
+    def valid(self) -> bool:
+        """Whether each work-item keeps one B column for the whole K loop (the kernel relies on it)."""
+        return self.group % self.tile_n == 0 and self.depth % (self.group // self.tile_n) == 0
+
+
+#: Configurations per device kind and problem height (M > 32 tall, 9-32 mid, 2-8 short, 1 single). GPUs: 256 (128)
+#: work-items with 4x4 (2x4) outputs each, the classic register-blocked shape. The CPU (PoCL runs a work-group
+#: as loops over its work-items, vectorised across ``tx``) wants much more work per work-item: 8x8 outputs ran
+#: 2-5x faster than 4x4 on PoCL (docs/opencl.md), and short problems keep the 128-wide column tile.
+GPU_TILES = {
+    "huge": ConvTiles(16, 16, 8, 8, 16),   # 128 x 128, where there are enough such tiles to fill the device
+    "tall": ConvTiles(16, 16, 4, 4, 16),   # 64 x 64
+    "mid": ConvTiles(16, 8, 4, 4, 16),     # 32 x 64
+    "short": ConvTiles(32, 8, 4, 2, 16),   # 16 x 128
+    "single": ConvTiles(256, 1, 1, 1, 16),  # 1 x 256: one row (depthwise with multiplier 1)
+}
+CPU_TILES = {
+    "huge": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
+    "tall": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
+    "mid": ConvTiles(16, 8, 8, 2, 16),     # 16 x 128
+    "short": ConvTiles(16, 8, 8, 1, 16),   # 8 x 128
+    "single": ConvTiles(128, 1, 1, 1, 16),  # 1 x 128
+}
+
+
+def tile_class(is_gpu: bool, m: int, n: int, groups: int, compute_units: int) -> str:
+    """The row class of a problem of ``m`` rows and ``n`` columns per group: ``huge`` (large tiles, only where
+    they still give every compute unit two work-groups), ``tall`` (m > 32), ``mid`` (9-32), ``short`` (2-8) or
+    ``single`` (one row: a depthwise convolution's forward and input gradient)."""
+    huge = (GPU_TILES if is_gpu else CPU_TILES)["huge"]
+    if m >= huge.tile_m and -(-m // huge.tile_m) * -(-n // huge.tile_n) * groups >= 2 * compute_units:
+        return "huge"
+    return "tall" if m > 32 else "mid" if m > 8 else "short" if m > 1 else "single"
+
+
+def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, row_class: str) -> ConvTiles:
+    """The tile configuration for a problem of ``row_class`` (see :func:`tile_class`) on a device with these
+    properties: the entry of the device kind's table where it fits ``max_group`` work-items and ``local_mem``
+    bytes, else the largest tile (then the deepest, then the widest work-group) among its halvings that does."""
+    base = (GPU_TILES if is_gpu else CPU_TILES)[row_class]
+
+    def halvings(n: int) -> list[int]:
+        return [n >> i for i in range(n.bit_length())]
+
+    fitting = [t for t in map(ConvTiles._make, itertools.product(*(halvings(n) for n in base)))
+               if t.valid() and t.group <= max_group and t.local_bytes(itemsize) <= local_mem]
+    return max(fitting, key=lambda t: (t.tile_m * t.tile_n, t.depth, t.group))
+
+
+def geometry_names(nd: int) -> list[str]:
+    """The per-dim geometry arguments, in order: input sizes, output sizes, kernel sizes, stride, padding,
+    dilation (``S0.. O0.. K0.. st0.. pd0.. dl0..``)."""
+    return [f"{name}{j}" for name in ("S", "O", "K", "st", "pd", "dl") for j in range(nd)]
+
+
+def phase_names(nd: int) -> list[str]:
+    """The input gradient's per-phase arguments, in order: ``UP`` (input positions of the phase per image),
+    ``KCP`` (kernel offsets of the phase), then per dim ``U`` (positions), ``kc`` (offsets), ``cb``, ``e``,
+    ``k0``, ``ks``, ``f`` (see :func:`phase_args`)."""
+    return ["UP", "KCP"] + [f"{name}{j}" for name in ("U", "kc", "cb", "e", "k0", "ks", "f") for j in range(nd)]
+
+
+def phase_args(geo: ConvGeometry) -> list[list[int]]:
+    """The input gradient's stride phases: per combination of residues ``r_j < stride_j``, the arguments of
+    :func:`phase_names` (phases without input positions are left out).
+
+    Input positions ``i = f + st*u`` (``u < U``) are those with ``(i + pd) % st == r``; the kernel offsets that
+    reach them are ``k = k0 + ks*m`` (``m < kc``), those with ``k*dl % st == r`` (an arithmetic progression of
+    step ``st / gcd(st, dl)``). For such a pair ``o = (i + pd - k*dl) / st = cb + u - m*e`` exactly, with
+    ``cb = (f + pd - k0*dl) / st`` and ``e = ks*dl / st``. A phase with no offsets (``kc = 0``) still runs: its
+    positions get a zero gradient. With stride 1 there is one phase: ``f = 0, U = S, k0 = 0, ks = 1, kc = K``.
+    """
+    per_dim = []
+    for s, k, st, pd, dl in zip(geo.spatial, geo.kernel, geo.stride, geo.padding, geo.dilation):
+        options = []
+        for r in range(st):
+            f = (r - pd) % st
+            u = max(0, -(-(s - f) // st))
+            offsets = [kk for kk in range(k) if (kk * dl - r) % st == 0]
+            k0 = offsets[0] if offsets else 0
+            ks = st // math.gcd(st, dl)
+            cb = (f + pd - k0 * dl) // st
+            options.append((u, len(offsets), cb, ks * dl // st, k0, ks, f))
+        per_dim.append(options)
+    phases = []
+    for combo in itertools.product(*per_dim):
+        if all(c[0] > 0 for c in combo):
+            fields = list(zip(*combo))  # U, kc, cb, e, k0, ks, f: one tuple of nd values each
+            phases.append([_prod(fields[0]), _prod(fields[1])] + [v for values in fields for v in values])
+    return phases
+
+
+def _split(index: str, dims: str, coords: str, nd: int, itype: str) -> list[str]:
+    """C lines splitting the linear ``index`` over ``{dims}0..{dims}{nd-1}`` (row-major) into ``{coords}j``."""
+    if nd == 1:
+        return [f"{itype} {coords}0 = {index};"]
+    lines = [f"{itype} {coords}_r = {index};"]
+    for j in range(nd - 1, 0, -1):
+        lines.append(f"{itype} {coords}{j} = {coords}_r % {dims}{j}; {coords}_r /= {dims}{j};")
+    lines.append(f"{itype} {coords}0 = {coords}_r;")
+    return lines
+
+
+def _indent(lines: list[str], depth: int) -> list[str]:
+    """``lines`` indented by ``depth`` levels of two spaces."""
+    return [("  " * depth) + line for line in lines]
+
+
+def _inside(coords: str, dims: str, nd: int) -> str:
+    """``0 <= coords_j < dims_j`` for every j."""
+    return " && ".join(f"{coords}{j} >= 0 && {coords}{j} < {dims}{j}" for j in range(nd))
+
+
+def _operands(op: str) -> tuple[str, str, str]:
+    """(output, first input, second input) buffer names of ``op``, in argument order."""
+    return {"forward": ("y", "x", "w"), "dgrad": ("gx", "g", "w"), "wgrad": ("gw", "x", "g")}[op]
+
+
+def _strides(name: str, dims: str, nd: int) -> list[str]:
+    """C lines giving ``{name}j``, the row-major strides (in elements) of the sizes ``{dims}j``."""
+    lines = [f"long {name}{nd - 1} = 1;"]
+    for j in range(nd - 2, -1, -1):
+        lines.append(f"long {name}{j} = {name}{j + 1} * {dims}{j + 1};")
+    return lines
+
+
+def _dot(coords: str, strides: str, nd: int) -> str:
+    """``coords0 * strides0 + ...``."""
+    return " + ".join(f"{coords}{j} * {strides}{j}" for j in range(nd))
+
+
+def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
+    """The op-specific pieces of the GEMM template.
+
+    Every B element is ``src[colbase + Roff[bk]]`` where the per-dim coordinates ``b_j`` (the column's part)
+    plus ``Rk_j[bk]`` (the reduction row's part) fall inside the source (``Roff``/``Rk`` are per-row tables the
+    work-group builds in local memory once per K step, so the divisions that split a reduction index are paid
+    ``depth`` times per step, not once per element). ``column``: lines run once per work-item for its B column
+    ``gc``, setting ``colbase`` and ``b_j``; ``row``: lines for reduction index ``gk`` setting ``roff``, ``rk_j``
+    and (where A needs it) ``aoff``; ``load_a``/``load_b``: lines setting ``va`` (A row ``gm``, table slot ``ak``,
+    reduction index ``gk``) and ``vb`` (table slot ``bk``); ``store``: lines writing ``v`` at ``row``, ``col``.
+    The input gradient runs once per stride phase (:func:`phase_args`), so it never visits a kernel offset that
+    cannot reach an input position, and needs no divisibility test.
+    """
+    rk = [f"Rk{j}[bk]" for j in range(nd)]
+    if op == "forward":
+        return {
+            "column": [f"{itype} n = gc / P, p = gc - n * P;", *_split("p", "O", "o", nd, itype),
+                       *[f"{itype} b{j} = o{j} * st{j} - pd{j};" for j in range(nd)],
+                       f"long colbase = x_off + ((long)n * Cin + (long)grp * Cin_g) * SP + {_dot('b', 'Ss', nd)};"],
+            "row": [f"{itype} ci = gk / KP, kr = gk - ci * KP;", *_split("kr", "K", "k", nd, itype),
+                    *[f"{itype} rk{j} = k{j} * dl{j};" for j in range(nd)],
+                    f"long roff = (long)ci * SP + {_dot('rk', 'Ss', nd)};"],
+            "load_a": [f"va = ({acc_t})w[w_off + ((long)grp * Cout_g + gm) * (long)K + gk];"],
+            "load_b": [*[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
+                       f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
+            "store": [f"{itype} n = col / P, p = col - n * P;",
+                      "y[y_off + (long)split * ssplit + ((long)n * Cout + (long)grp * Cout_g + row) * P + p] = "
+                      "STORE(v);"],
+        }
+    if op == "dgrad":
+        # one stride phase: input positions i = f + st*u; kernel offsets k = k0 + ks*m, the ones whose
+        # i + pd - k*dl is a multiple of st; then o = cb + u - m*e with cb, e exact (see phase_args)
+        kernel_index = " + ".join(f"(k0{j} + m{j} * ks{j}) * Ks{j}" for j in range(nd))
+        return {
+            "column": [f"{itype} n = gc / UP, q = gc - n * UP;", *_split("q", "U", "u", nd, itype),
+                       *[f"{itype} b{j} = cb{j} + u{j};" for j in range(nd)],
+                       f"long colbase = g_off + ((long)n * Cout + (long)grp * Cout_g) * P + {_dot('b', 'Os', nd)};"],
+            "row": [f"{itype} co = gk / KCP, kr = gk - co * KCP;", *_split("kr", "kc", "m", nd, itype),
+                    *[f"{itype} rk{j} = m{j} * e{j};" for j in range(nd)],
+                    f"long roff = (long)co * P - ({_dot('rk', 'Os', nd)});",
+                    f"long aoff = (long)co * Cin_g * KP + {kernel_index};"],
+            "load_a": [f"va = ({acc_t})w[w_off + (long)grp * Cout_g * Cin_g * KP + (long)gm * KP + Aoff[ak]];"],
+            "load_b": [*[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
+                       f"if ({_inside('o', 'O', nd)}) vb = ({acc_t})g[colbase + Roff[bk]];"],
+            "store": [f"{itype} n = col / UP, q = col - n * UP;", *_split("q", "U", "u", nd, itype),
+                      *[f"{itype} i{j} = f{j} + st{j} * u{j};" for j in range(nd)],
+                      "gx[gx_off + ((long)n * Cin + (long)grp * Cin_g + row) * SP + "
+                      f"{_dot('i', 'Ss', nd)}] = STORE(v);"],
+        }
+    return {  # wgrad
+        "column": [f"{itype} ci = gc / KP, kr = gc - ci * KP;", *_split("kr", "K", "k", nd, itype),
+                   *[f"{itype} b{j} = k{j} * dl{j} - pd{j};" for j in range(nd)],
+                   f"long colbase = x_off + ((long)grp * Cin_g + ci) * SP + {_dot('b', 'Ss', nd)};"],
+        "row": [f"{itype} n = gk / P, p = gk - n * P;", *_split("p", "O", "o", nd, itype),
+                *[f"{itype} rk{j} = o{j} * st{j};" for j in range(nd)],
+                f"long roff = (long)n * Cin * SP + {_dot('rk', 'Ss', nd)};",
+                "long aoff = (long)n * Cout * P + p;"],
+        "load_a": [f"va = ({acc_t})g[g_off + ((long)grp * Cout_g + gm) * P + Aoff[ak]];"],
+        # B is staged by rows here (see conv_source): the column's part comes from the column table
+        "load_b": [*[f"{itype} i{j} = Cb{j}[bn] + {rk[j]};" for j in range(nd)],
+                   f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[Cbase[bn] + Roff[bk]];"],
+        "store": ["gw[gw_off + (long)split * ssplit + ((long)grp * Cout_g + row) * (long)N + col] = STORE(v);"],
+    }
+
+
+def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
+                tiles: ConvTiles) -> KernelSource:
+    """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
+    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64).
+
+    Arguments, in order: ``M, N, K, kchunk, groups`` (the per-group GEMM and the reduction slice of one split),
+    ``Cin, Cout, Cin_g, Cout_g, P, SP, KP`` (channels, ``prod(out)``, ``prod(S)``, ``prod(K)``), the
+    :func:`geometry_names`, for ``dgrad`` the :func:`phase_names`, then the output buffer with its element offset
+    and ``ssplit`` (the elements between the partial results of two splits; split-K runs write their own
+    slices of a partial buffer), then the two inputs, each with its element offset. Launch:
+    global ``(ceil(N / tile_n) * tx, ceil(M / tile_m) * ty, groups * splits)``, local ``(tx, ty, 1)``.
+    """
+    emitter = OpenCLEmitter()
+    itype = ctype(index_dtype)
+    acc_t = ctype(acc_dtype)
+    tx, ty, wx, wy, depth = tiles
+    group, tm, tn = tiles.group, tiles.tile_m, tiles.tile_n
+    bstep = group // tn
+    # The weight gradient's B (the input, gathered at (ci, k) columns) is contiguous along the reduction, not
+    # along columns: it is staged by rows (consecutive work-items take consecutive reduction indices, so global
+    # reads coalesce), with every column's split kept in a local table built once; Bs is padded against bank
+    # conflicts of that transposing store. The other ops stage B by columns, one column per work-item.
+    b_rows = op == "wgrad"
+    params = Params()
+    for name in ("M", "N", "K", "kchunk", "groups", "Cin", "Cout", "Cin_g", "Cout_g", "P", "SP", "KP",
+                 *geometry_names(nd), *(phase_names(nd) if op == "dgrad" else ())):
+        params.scalar(index_dtype, name)
+    out_name, first, second = _operands(op)
+    params.buffer(dtype, out_name, const=False)
+    params.scalar(_LONG, f"{out_name}_off")
+    params.scalar(_LONG, "ssplit")
+    for name in (first, second):
+        params.buffer(dtype, name, const=True)
+        params.scalar(_LONG, f"{name}_off")
+    pieces = _problem(op, nd, itype, acc_t)
+    has_aoff = any("aoff" in line for line in pieces["row"])
+    zero = f"({acc_t})0"
+    # elements of A and B each work-item stages per step
+    n_a, n_b = -(-tm * depth // group), (-(-tn * depth // group) if b_rows else depth // bstep)
+    a_partial, b_partial = tm * depth % group != 0, b_rows and tn * depth % group != 0
+
+    def tables(t: str) -> list[str]:
+        """Split the reduction rows ``t .. t + depth`` into the local tables (``depth`` work-items)."""
+        return [
+            f"for (int r = tid; r < {depth}; r += {group}) {{",
+            f"  {itype} gk = {t} + r;",
+            "  if (gk < kend) {",
+            *_indent(pieces["row"], 2),
+            "    Roff[r] = roff;",
+            *(["    Aoff[r] = aoff;"] if has_aoff else []),
+            *[f"    Rk{j}[r] = rk{j};" for j in range(nd)],
+            "  }",
+            "}",
+        ]
+
+    def loads(t: str) -> list[str]:
+        """Read this work-item's share of the A and B slices at reduction step ``t`` into registers."""
+        return [
+            f"for (int l = 0; l < {n_a}; l++) {{",
+            f"  int e = tid + l * {group};",
+            f"  int am = e / {depth}, ak = e % {depth};",
+            f"  {itype} gm = row0 + am, gk = {t} + ak;",
+            f"  {acc_t} va = {zero};",
+            f"  if ({'e < ' + str(tm * depth) + ' && ' if a_partial else ''}gm < M && gk < kend) {{",
+            *_indent(pieces["load_a"], 2),
+            "  }",
+            "  ra[l] = va;",
+            "}",
+            f"for (int l = 0; l < {n_b}; l++) {{",
+            *([f"  int e = tid + l * {group};", f"  int bk = e % {depth}, bn = e / {depth};"] if b_rows
+              else [f"  int bk = brow + l * {bstep};"]),
+            f"  {acc_t} vb = {zero};",
+            (f"  if ({'e < ' + str(tn * depth) + ' && ' if b_partial else ''}col0 + bn < N && {t} + bk < kend) {{"
+             if b_rows else f"  if (col_ok && {t} + bk < kend) {{"),
+            *_indent(pieces["load_b"], 2),
+            "  }",
+            "  rb[l] = vb;",
+            "}",
+        ]
+
+    column_table = [
+        f"for (int c = tid; c < {tn}; c += {group}) {{",
+        f"  {itype} gc = col0 + c;",
+        "  if (gc < N) {",
+        *_indent(pieces["column"], 2),
+        "    Cbase[c] = colbase;",
+        *[f"    Cb{j}[c] = b{j};" for j in range(nd)],
+        "  }",
+        "}",
+    ]
+
+    stores = [
+        f"for (int l = 0; l < {n_a}; l++) {{",
+        f"  int e = tid + l * {group};",
+        f"  {'if (e < ' + str(tm * depth) + ') ' if a_partial else ''}As[e % {depth}][e / {depth}] = ra[l];",
+        "}",
+        *([f"for (int l = 0; l < {n_b}; l++) {{",
+           f"  int e = tid + l * {group};",
+           f"  {'if (e < ' + str(tn * depth) + ') ' if b_partial else ''}Bs[e % {depth}][e / {depth}] = rb[l];",
+           "}"] if b_rows else [f"for (int l = 0; l < {n_b}; l++) Bs[brow + l * {bstep}][bcol] = rb[l];"]),
+    ]
+    lines = [
+        "int tx = get_local_id(0), ty = get_local_id(1);",
+        f"int tid = ty * {tx} + tx;",
+        f"{itype} col0 = ({itype})get_group_id(0) * {tn};",
+        f"{itype} row0 = ({itype})get_group_id(1) * {tm};",
+        f"{itype} grp = ({itype})get_group_id(2) % groups, split = ({itype})get_group_id(2) / groups;",
+        f"{itype} kbeg = split * kchunk, kend = min(K, kbeg + kchunk);",
+        *_strides("Ss", "S", nd),
+        *_strides("Os", "O", nd),
+        *(_strides("Ks", "K", nd) if op == "dgrad" else []),
+        f"__local {acc_t} As[{depth}][{tm + 1}];",
+        f"__local {acc_t} Bs[{depth}][{tn + 1 if b_rows else tn}];",
+        *([f"__local long Cbase[{tn}];", *[f"__local {itype} Cb{j}[{tn}];" for j in range(nd)]] if b_rows else []),
+        f"__local long Roff[{depth}];",
+        *([f"__local long Aoff[{depth}];"] if has_aoff else []),
+        *[f"__local {itype} Rk{j}[{depth}];" for j in range(nd)],
+        f"{acc_t} acc[{wy}][{wx}];",
+        f"for (int i = 0; i < {wy}; i++) for (int j = 0; j < {wx}; j++) acc[i][j] = {zero};",
+        # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
+        *([] if b_rows else [
+            f"int bcol = tid % {tn}, brow = tid / {tn};",
+            f"{itype} gc = col0 + bcol;",
+            "bool col_ok = gc < N;",
+            "if (!col_ok) gc = 0;",
+            *pieces["column"],
+        ]),
+        f"{acc_t} ra[{n_a}], rb[{n_b}];",
+        "if (kbeg < kend) {",
+        *(_indent(column_table, 1) if b_rows else []),
+        *_indent(tables("kbeg"), 1),
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        *_indent(loads("kbeg"), 1),
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        "}",
+        f"for ({itype} t0 = kbeg; t0 < kend; t0 += {depth}) {{",
+        # stage the slice loaded last step; split the next step's rows; load the next slice (its latency
+        # overlaps this step's arithmetic); multiply
+        *_indent(stores, 1),
+        f"  bool more = t0 + {depth} < kend;",
+        "  if (more) {",
+        *_indent(tables(f"t0 + {depth}"), 2),
+        "  }",
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        "  if (more) {",
+        *_indent(loads(f"t0 + {depth}"), 2),
+        "  }",
+        f"  for (int k = 0; k < {depth}; k++) {{",
+        f"    {acc_t} bv[{wx}];",
+        f"    for (int j = 0; j < {wx}; j++) bv[j] = Bs[k][tx + j * {tx}];",
+        f"    for (int i = 0; i < {wy}; i++) {{",
+        f"      {acc_t} av = As[k][ty + i * {ty}];",
+        f"      for (int j = 0; j < {wx}; j++) acc[i][j] += av * bv[j];",
+        "    }",
+        "  }",
+        "  barrier(CLK_LOCAL_MEM_FENCE);",
+        "}",
+        f"for (int i = 0; i < {wy}; i++) {{",
+        f"  {itype} row = row0 + ty + i * {ty};",
+        "  if (row >= M) break;",
+        f"  for (int j = 0; j < {wx}; j++) {{",
+        f"    {itype} col = col0 + tx + j * {tx};",
+        "    if (col >= N) break;",
+        f"    {acc_t} v = acc[i][j];",
+        *[f"    {line}" for line in pieces["store"]],
+        "  }",
+        "}",
+    ]
+    store = emitter.convert("(x)", acc_dtype, dtype)
+    preamble = f"#define STORE(x) {store}\n"
+    return assemble(f"fg_conv_{op}", emitter, {dtype, acc_dtype}, params, lines, preamble=preamble)
+
+
+class ConvGeometry(NamedTuple):
+    """The sizes of one convolution, checked: batch, channels, spatial sizes of input and output, kernel, stride,
+    padding, dilation and groups (per-dim tuples of ``nd`` ints)."""
+
+    nd: int
+    batch: int
+    c_in: int
+    c_out: int
+    groups: int
+    spatial: tuple[int, ...]
+    out: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    @property
+    def c_in_g(self) -> int:
+        """Input channels per group."""
+        return self.c_in // self.groups
+
+    @property
+    def c_out_g(self) -> int:
+        """Output channels per group."""
+        return self.c_out // self.groups
+
+    @property
+    def in_size(self) -> int:
+        """``prod(S)``."""
+        return _prod(self.spatial)
+
+    @property
+    def out_size(self) -> int:
+        """``prod(out)``."""
+        return _prod(self.out)
+
+    @property
+    def kernel_size(self) -> int:
+        """``prod(K)``."""
+        return _prod(self.kernel)
+
+    @classmethod
+    def of(cls, where: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
+           padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> ConvGeometry:
+        """The geometry of a convolution of an input of ``x_shape`` with a weight of ``w_shape``, or a
+        ShapeError naming what does not fit."""
+        nd = len(x_shape) - 2
+        if not 1 <= nd <= 3 or len(w_shape) != nd + 2:
+            raise ShapeError(f"{where}: input shape {x_shape} and weight shape {w_shape} must be (N, C_in, *S) and "
+                             "(C_out, C_in / groups, *K) with 1-3 spatial dims")
+        geometry = {"stride": stride, "padding": padding, "dilation": dilation}
+        for name, value in geometry.items():
+            if len(value) != nd:
+                raise ShapeError(f"{where}: {name} {tuple(value)} must have one entry per spatial dim ({nd})")
+        if any(s < 1 for s in stride) or any(d < 1 for d in dilation) or any(p < 0 for p in padding):
+            raise ShapeError(f"{where}: stride {tuple(stride)} and dilation {tuple(dilation)} must be >= 1 and "
+                             f"padding {tuple(padding)} >= 0")
+        batch, c_in = x_shape[:2]
+        c_out, c_in_g = w_shape[:2]
+        if groups < 1 or c_in % groups or c_out % groups or c_in_g * groups != c_in:
+            raise ShapeError(f"{where}: groups={groups} must divide C_in={c_in} and C_out={c_out}, and the weight "
+                             f"{w_shape} must have C_in / groups = {c_in // max(groups, 1)} input channels")
+        kernel, spatial = tuple(w_shape[2:]), tuple(x_shape[2:])
+        out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                    for s, p, d, k, st in zip(spatial, padding, dilation, kernel, stride))
+        if any(o <= 0 for o in out):
+            raise ShapeError(f"{where}: input of spatial size {spatial} (padding {tuple(padding)}) is smaller than "
+                             f"the kernel's extent (kernel {kernel}, dilation {tuple(dilation)})")
+        return cls(nd, batch, c_in, c_out, groups, spatial, out, kernel, tuple(stride), tuple(padding),
+                   tuple(dilation))
+
+    def check_output(self, where: str, name: str, shape: tuple[int, ...]) -> None:
+        """A ShapeError unless ``shape`` is this convolution's output shape ``(N, C_out, *out)``."""
+        expected = (self.batch, self.c_out) + self.out
+        if tuple(shape) != expected:
+            raise ShapeError(f"{where}: {name} has shape {tuple(shape)}; this convolution's output is {expected}")
+
+
+def _prod(values: tuple[int, ...]) -> int:
+    """Product of ints (1 for an empty tuple)."""
+    out = 1
+    for v in values:
+        out *= v
+    return out

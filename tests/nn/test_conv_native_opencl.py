@@ -1,0 +1,372 @@
+"""Native convolutions on the backends that have them (the OpenCL implicit-GEMM kernels; cuDNN where a CUDA backend
+says ``native_conv``): every configuration of ``nn`` convolutions and transposed convolutions against PyTorch,
+forward and both gradients, in float64 and float32; the backend ops themselves on lazy and offset operands, the
+weight gradient's split-K path, their errors, the memory they keep (no im2col buffer), one compiled kernel per rank
+serving every shape, and a convolutional step under ``fg.jit``. Skipped on backends without native convolutions
+(NumPy: its im2col path is tested in test_conv_gemm.py and test_layers.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowgraph as fg
+from flowgraph import nn, optim
+from flowgraph.backends import get_backend
+from flowgraph.errors import BackendError, ShapeError
+from flowgraph.nn import functional as F
+
+torch = pytest.importorskip("torch")
+
+F64, F32 = np.dtype(np.float64), np.dtype(np.float32)
+
+
+def _native_backend(device, dtype, nd):
+    """The device's backend, or a skip where it has no native convolution of ``dtype`` in ``nd`` dims."""
+    be = get_backend(device)
+    if not be.native_conv(np.dtype(dtype), nd):
+        pytest.skip(f"{device} has no native {np.dtype(dtype)} {nd}-d convolution")
+    return be
+
+
+def _count_native_calls(be, monkeypatch):
+    """Count the backend's native-convolution calls (proof that the layer took the native path)."""
+    calls = {"forward": 0, "input_grad": 0, "weight_grad": 0}
+    for name in calls:
+        method = getattr(be, f"conv_{name}")
+
+        def counted(*args, _method=method, _name=name, **kwargs):
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(be, f"conv_{name}", counted)
+    return calls
+
+
+def _tol(dtype):
+    return dict(rtol=1e-9, atol=1e-9) if dtype == F64 else dict(rtol=2e-4, atol=2e-4)
+
+
+CONV = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, dilation, groups)
+    "1d": (1, 2, 3, 5, (11,), (3,), 1, 1, 1, 1),
+    "1d-stride-dilation-groups": (1, 2, 4, 6, (13,), (3,), 2, 2, 2, 2),
+    "2d": (2, 2, 3, 4, (7, 6), (3, 3), 1, 1, 1, 1),
+    "2d-1x1": (2, 3, 5, 7, (5, 4), (1, 1), 1, 0, 1, 1),
+    "2d-stride2-pad1": (2, 2, 3, 4, (9, 8), (3, 3), 2, 1, 1, 1),
+    "2d-dilation": (2, 2, 2, 3, (9, 10), (3, 2), 1, (2, 1), (2, 3), 1),
+    "2d-groups": (2, 2, 6, 4, (7, 7), (3, 3), 1, 1, 1, 2),
+    "2d-depthwise": (2, 2, 4, 8, (8, 7), (3, 3), (2, 1), 1, 1, 4),
+    "2d-depthwise-multiplier1": (2, 3, 5, 5, (9, 7), (3, 3), 1, 1, 1, 5),
+    "2d-batch1-odd": (2, 1, 3, 5, (13, 11), (5, 3), (3, 2), (2, 0), 1, 1),
+    "2d-wide": (2, 2, 40, 36, (6, 6), (3, 3), 1, 1, 1, 1),
+    "3d": (3, 2, 2, 3, (5, 4, 6), (2, 3, 3), (1, 2, 1), (1, 0, 1), (1, 1, 2), 1),
+    "3d-groups": (3, 1, 4, 2, (4, 5, 3), (3, 1, 2), 1, (1, 0, 1), 1, 2),
+}
+
+
+def _conv_case(device, cfg, dtype, monkeypatch):
+    nd, n, c_in, c_out, size, kernel, stride, padding, dilation, groups = cfg
+    be = _native_backend(device, dtype, nd)
+    calls = _count_native_calls(be, monkeypatch)
+    rng = np.random.default_rng(sum(size) + c_out)
+    x = rng.standard_normal((n, c_in) + size).astype(dtype)
+    w = rng.standard_normal((c_out, c_in // groups) + kernel).astype(dtype)
+    b = rng.standard_normal(c_out).astype(dtype)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ty = getattr(torch.nn.functional, f"conv{nd}d")(tx, tw, tb, **kw)
+    g = rng.standard_normal(tuple(ty.shape)).astype(dtype)
+    ty.backward(torch.tensor(g))
+    fx, fw, fb = (fg.tensor(a, device=device, requires_grad=True) for a in (x, w, b))
+    fy = getattr(F, f"conv{nd}d")(fx, fw, fb, **kw)
+    fy.backward(fg.tensor(g, device=device))
+    tol = _tol(dtype)
+    np.testing.assert_allclose(fy.detach().numpy(), ty.detach().numpy(), **tol)
+    for mine, ref in ((fx, tx), (fw, tw), (fb, tb)):
+        np.testing.assert_allclose(mine.grad.numpy(), ref.grad.numpy(), **tol)
+    assert calls == {"forward": 1, "input_grad": 1, "weight_grad": 1}
+
+
+@pytest.mark.parametrize("name", list(CONV))
+def test_convolution_matches_torch_float64(device, name, monkeypatch):
+    _conv_case(device, CONV[name], F64, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["1d-stride-dilation-groups", "2d-depthwise", "2d-depthwise-multiplier1", "2d-wide",
+                                  "3d"])
+def test_convolution_matches_torch_float32(device, name, monkeypatch):
+    _conv_case(device, CONV[name], F32, monkeypatch)
+
+
+TRANSPOSED = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, output_padding, dilation, groups)
+    "1d": (1, 2, 3, 4, (7,), (3,), 2, 1, 1, 1, 1),
+    "2d-output-padding": (2, 2, 4, 3, (5, 4), (3, 3), 2, 1, 1, 1, 1),
+    "2d-groups-dilation": (2, 1, 4, 6, (4, 5), (2, 3), (2, 1), (0, 1), (1, 0), (1, 2), 2),
+    "3d": (3, 1, 2, 3, (3, 4, 3), (2, 2, 3), (2, 1, 2), (1, 0, 1), (1, 0, 0), 1, 1),
+    "2d-from-1x1": (2, 3, 5, 4, (1, 1), (4, 3), 1, 0, 0, 1, 1),  # one window: the input gradient is a matmul
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSPOSED))
+def test_transposed_convolution_matches_torch(device, name, monkeypatch):
+    nd, n, c_in, c_out, size, kernel, stride, padding, output_padding, dilation, groups = TRANSPOSED[name]
+    be = _native_backend(device, F64, nd)
+    calls = _count_native_calls(be, monkeypatch)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((n, c_in) + size)
+    w = rng.standard_normal((c_in, c_out // groups) + kernel)
+    b = rng.standard_normal(c_out)
+    kw = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups, dilation=dilation)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ty = getattr(torch.nn.functional, f"conv_transpose{nd}d")(tx, tw, tb, **kw)
+    g = rng.standard_normal(tuple(ty.shape))
+    ty.backward(torch.tensor(g))
+    fx, fw, fb = (fg.tensor(a, device=device, requires_grad=True) for a in (x, w, b))
+    fy = getattr(F, f"conv_transpose{nd}d")(fx, fw, fb, **kw)
+    assert tuple(fy.shape) == tuple(ty.shape)
+    fy.backward(fg.tensor(g, device=device))
+    np.testing.assert_allclose(fy.detach().numpy(), ty.detach().numpy(), rtol=1e-9, atol=1e-9)
+    for mine, ref in ((fx, tx), (fw, tw), (fb, tb)):
+        np.testing.assert_allclose(mine.grad.numpy(), ref.grad.numpy(), rtol=1e-9, atol=1e-9)
+    # a transposed convolution is the input gradient; its backward is the forward and the weight gradient
+    assert calls == {"forward": 1, "input_grad": 1, "weight_grad": 1}
+
+
+def _torch_grads(x, w, g, stride, padding, dilation, groups):
+    nd = x.ndim - 2
+    tw, tg = torch.tensor(w), torch.tensor(g)
+    gx = getattr(torch.nn.grad, f"conv{nd}d_input")(x.shape, tw, tg, stride, padding, dilation, groups)
+    gw = getattr(torch.nn.grad, f"conv{nd}d_weight")(torch.tensor(x), w.shape, tg, stride, padding, dilation, groups)
+    return gx.numpy(), gw.numpy()
+
+
+@pytest.mark.parametrize("shape", ["huge", "tall", "mid", "short", "single"])
+def test_gpu_tile_table_computes_the_same(device, shape, monkeypatch):
+    """The GPU tile configurations (128x128, 64x64, 32x64, 16x128) on whatever device this is: the tile
+    choice decides speed only, never results."""
+    be = _native_backend(device, F32, 2)
+    if not hasattr(type(be), "_conv_gpu_tiles"):
+        pytest.skip(f"{device} has no OpenCL tile tables")
+    monkeypatch.setattr(type(be), "_conv_gpu_tiles", property(lambda self: True))
+    monkeypatch.setattr(type(be), "_compute_units", property(lambda self: 1))
+    c_out = {"huge": 130, "tall": 40, "mid": 12, "short": 5, "single": 1}[shape]
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 6, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((c_out, 6, 3, 3)).astype(np.float32)
+    g = rng.standard_normal((2, c_out, 11, 9)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), (1, 1), 1)
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), *geometry))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None, *geometry).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    gx_ref, gw_ref = _torch_grads(x, w, g, *geometry)
+    np.testing.assert_allclose(be.to_host(be.conv_input_grad(be.from_host(g), be.from_host(w), x.shape, *geometry)),
+                               gx_ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(be.to_host(be.conv_weight_grad(be.from_host(x), be.from_host(g), w.shape, *geometry)),
+                               gw_ref, rtol=1e-4, atol=1e-4)
+    assert any(key[-1] for key in be._conv_choice)  # the GPU table was used
+
+
+PHASES = [  # (size, kernel, stride, padding, dilation): the input gradient's stride phases
+    ((10,), (1,), (3,), (0,), (1,)),         # positions no kernel offset reaches get zeros
+    ((11,), (2,), (4,), (1,), (1,)),         # stride above the kernel
+    ((12,), (3,), (2,), (2,), (2,)),         # stride and dilation share a factor: half the phases have no offsets
+    ((13,), (4,), (3,), (1,), (2,)),         # coprime stride and dilation
+    ((9, 10), (3, 4), (2, 3), (1, 2), (1, 1)),
+    ((7, 8), (2, 3), (3, 2), (0, 1), (2, 3)),
+]
+
+
+@pytest.mark.parametrize("cfg", PHASES, ids=lambda c: f"s{c[2]}-d{c[4]}-k{c[1]}")
+def test_input_gradient_stride_phases_match_torch(device, cfg):
+    size, kernel, stride, padding, dilation = cfg
+    be = _native_backend(device, F64, len(size))
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 4) + size)
+    w = rng.standard_normal((6, 2) + kernel)
+    out = getattr(torch.nn.functional, f"conv{len(size)}d")(torch.tensor(x), torch.tensor(w), None, stride, padding,
+                                                             dilation, 2)
+    g = rng.standard_normal(tuple(out.shape))
+    gx = be.to_host(be.conv_input_grad(be.from_host(g), be.from_host(w), x.shape, stride, padding, dilation, 2))
+    np.testing.assert_allclose(gx, _torch_grads(x, w, g, stride, padding, dilation, 2)[0], rtol=1e-9, atol=1e-9)
+
+
+def test_weight_gradient_split_k_matches_torch(device):
+    """A small weight over a long reduction (batch x output positions) runs as split-K plus a sum."""
+    be = _native_backend(device, F64, 2)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 3, 24, 20))
+    w = rng.standard_normal((4, 3, 3, 3))
+    g = rng.standard_normal((6, 4, 24, 20))
+    splits, chunk = be._conv_splits(4, 27, 6 * 24 * 20, 1, F64)
+    assert splits > 1 and (splits - 1) * chunk < 6 * 24 * 20 <= splits * chunk
+    geometry = ((1, 1), (1, 1), (1, 1), 1)
+    gw = be.to_host(be.conv_weight_grad(be.from_host(x), be.from_host(g), w.shape, *geometry))
+    np.testing.assert_allclose(gw, _torch_grads(x, w, g, *geometry)[1], rtol=1e-9, atol=1e-9)
+
+
+def test_forward_split_k_matches_torch(device):
+    """A small output (batch 1, a 2x2 map) over a long reduction (many channels) splits too."""
+    be = _native_backend(device, F64, 2)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 96, 4, 4))
+    w = rng.standard_normal((5, 96, 3, 3))
+    splits, _ = be._conv_splits(5, 4, 96 * 9, 1, F64)
+    assert splits > 1
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), (2, 2), (1, 1), (1, 1), 1))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None, 2, 1).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_backend_ops_take_lazy_and_offset_operands(device):
+    be = _native_backend(device, F64, 2)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 2, 6, 5))
+    w = rng.standard_normal((4, 2, 3, 3))
+    g = rng.standard_normal((2, 4, 3, 3))
+    geometry = ((2, 2), (1, 1), (1, 1), 1)
+    lazy_x = be.mul(be.from_host(x), 2.0)  # a pending elementwise expression
+    offset_x = be.slice(be.from_host(x), (slice(1, 3),))  # a row-major view at an offset
+    lazy_w, lazy_g = be.add(be.from_host(w), 0.0), be.mul(be.from_host(g), 1.0)
+    y = be.to_host(be.conv_forward(lazy_x, lazy_w, *geometry))
+    ref = torch.nn.functional.conv2d(torch.tensor(2 * x), torch.tensor(w), None, *geometry).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
+    gx_ref, gw_ref = _torch_grads(x[1:3], w, g, *geometry)
+    gx = be.to_host(be.conv_input_grad(lazy_g, lazy_w, (2, 2, 6, 5), *geometry))
+    gw = be.to_host(be.conv_weight_grad(offset_x, lazy_g, w.shape, *geometry))
+    np.testing.assert_allclose(gx, gx_ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(gw, gw_ref, rtol=1e-9, atol=1e-9)
+
+
+def test_int64_indexing_and_empty_batch(device, monkeypatch):
+    """The int64-index variant (taken by convolutions past 2**31 elements) computes the same; an empty batch
+    gives an empty output and a zero weight gradient."""
+    be = _native_backend(device, F64, 2)
+    monkeypatch.setattr(be, "CONV_INT32_LIMIT", 16)
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((2, 4, 7, 6)), rng.standard_normal((6, 2, 3, 2))
+    g = rng.standard_normal((2, 6, 4, 5))
+    geometry = ((2, 1), (1, 0), (1, 1), 2)
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), *geometry))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None, *geometry).numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
+    gx_ref, gw_ref = _torch_grads(x, w, g, *geometry)
+    gx = be.to_host(be.conv_input_grad(be.from_host(g), be.from_host(w), x.shape, *geometry))
+    gw = be.to_host(be.conv_weight_grad(be.from_host(x), be.from_host(g), w.shape, *geometry))
+    np.testing.assert_allclose(gx, gx_ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(gw, gw_ref, rtol=1e-9, atol=1e-9)
+    empty_x, empty_g = be.from_host(np.zeros((0, 4, 7, 6))), be.from_host(np.zeros((0, 6, 4, 5)))
+    assert be.to_host(be.conv_forward(empty_x, be.from_host(w), *geometry)).shape == (0, 6, 4, 5)
+    np.testing.assert_array_equal(be.to_host(be.conv_weight_grad(empty_x, empty_g, w.shape, *geometry)), 0)
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+def test_float16_where_the_device_has_it(device, nd):
+    be = _native_backend(device, np.float16, nd)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3) + (9,) * nd).astype(np.float16)
+    w = rng.standard_normal((4, 3) + (3,) * nd).astype(np.float16)
+    geometry = ((1,) * nd, (1,) * nd, (1,) * nd, 1)
+    y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), *geometry))
+    conv = getattr(torch.nn.functional, f"conv{nd}d")
+    ref = conv(torch.tensor(x, dtype=torch.float32), torch.tensor(w, dtype=torch.float32), None, *geometry)
+    np.testing.assert_allclose(y.astype(np.float32), ref.numpy(), rtol=1e-2, atol=1e-2)
+
+
+def test_backend_op_errors_name_the_problem(device):
+    be = _native_backend(device, F64, 2)
+    x = be.from_host(np.zeros((1, 4, 5, 5)))
+    w = be.from_host(np.zeros((6, 4, 3, 3)))
+    with pytest.raises(ShapeError, match="groups=3 must divide C_in=4"):
+        be.conv_forward(x, w, (1, 1), (0, 0), (1, 1), 3)
+    with pytest.raises(ShapeError, match="stride .* must have one entry per spatial dim"):
+        be.conv_forward(x, w, (1,), (0, 0), (1, 1), 1)
+    with pytest.raises(ShapeError, match="smaller than the kernel's extent"):
+        be.conv_forward(x, w, (1, 1), (0, 0), (3, 3), 1)
+    with pytest.raises(ShapeError, match=r"g has shape \(1, 6, 2, 2\); this convolution's output is \(1, 6, 3, 3\)"):
+        be.conv_input_grad(be.from_host(np.zeros((1, 6, 2, 2))), w, (1, 4, 5, 5), (1, 1), (0, 0), (1, 1), 1)
+    with pytest.raises(BackendError, match="dtypes float64 and float32"):
+        be.conv_forward(x, be.from_host(np.zeros((6, 4, 3, 3), np.float32)), (1, 1), (0, 0), (1, 1), 1)
+    with pytest.raises(BackendError, match="no native convolution for int64"):
+        be.conv_forward(be.from_host(np.zeros((1, 4, 5, 5), np.int64)), be.from_host(np.zeros((6, 4, 3, 3),
+                        np.int64)), (1, 1), (0, 0), (1, 1), 1)
+
+
+def test_forward_allocates_its_output_only(device):
+    """No im2col buffer: the forward's peak allocation is its output (im2col would be 9x the input here)."""
+    be = _native_backend(device, F32, 2)
+    if "peak" not in be.memory_stats():
+        pytest.skip(f"{device} does not count allocations")
+    x = be.from_host(np.ones((4, 8, 16, 16), np.float32))
+    w = be.from_host(np.ones((8, 8, 3, 3), np.float32))
+    g = be.from_host(np.ones((4, 8, 16, 16), np.float32))
+    for op in (lambda: be.conv_forward(x, w, (1, 1), (1, 1), (1, 1), 1),
+               lambda: be.conv_input_grad(g, w, (4, 8, 16, 16), (1, 1), (1, 1), (1, 1), 1)):
+        be.synchronize()
+        before = be.memory_stats()["allocated"]
+        be.reset_peak_memory_stats()
+        out = be.realize(op())
+        assert be.memory_stats()["peak"] - before <= out.nbytes + 4096 < 9 * 4 * 8 * 16 * 16 * 4
+
+
+def test_one_kernel_per_rank_serves_every_shape(device):
+    be = _native_backend(device, F64, 2)
+    rng = np.random.default_rng(5)
+
+    def run(n, c, size, k, stride):
+        x = be.from_host(rng.standard_normal((n, c) + size))
+        w = be.from_host(rng.standard_normal((c + 1, c) + k))
+        be.to_host(be.conv_forward(x, w, stride, (1, 0), (1, 1), 1))
+
+    run(2, 3, (9, 7), (3, 3), (1, 1))
+    compiled = be.compile_stats()["compiled"]
+    run(3, 5, (12, 5), (2, 3), (2, 1))  # other sizes, kernel, stride: the same binary
+    run(1, 6, (6, 9), (3, 1), (1, 2))
+    assert be.compile_stats()["compiled"] == compiled
+
+
+def test_tile_choice_fits_the_device():
+    from flowgraph.backends.opencl.conv import choose_tiles, tile_class
+
+    for is_gpu in (True, False):
+        for row_class in ("huge", "tall", "mid", "short", "single"):
+            for max_group, local_mem in ((1024, 65536), (64, 65536), (256, 4096), (16, 2048)):
+                tiles = choose_tiles(is_gpu, max_group, local_mem, 8, row_class)
+                assert tiles.valid() and tiles.group <= max_group and tiles.local_bytes(8) <= local_mem, tiles
+    # a GPU with 132 compute units: large tiles only where there are enough of them to fill it
+    assert tile_class(True, 512, 128 * 32 * 32, 1, 132) == "huge"
+    assert tile_class(True, 512, 128 * 4 * 4, 1, 132) == "tall"
+    assert tile_class(True, 16, 10**6, 1, 132) == "mid" and tile_class(True, 3, 10**6, 1, 132) == "short"
+    assert tile_class(False, 1, 10**6, 64, 2) == "single"
+    assert choose_tiles(True, 1024, 49152, 4, "tall").tile_m == 64
+    assert choose_tiles(True, 1024, 49152, 4, "short").tile_m <= 16
+
+
+def test_convolution_step_under_jit_equals_eager(device):
+    _native_backend(device, F32, 2)
+
+    def train(jitted):
+        fg.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 4, 3, stride=2, groups=2),
+                              nn.Flatten(), nn.Linear(4 * 3 * 3, 2)).to(device)
+        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = fg.jit(step) if jitted else step
+        rng = np.random.default_rng(6)
+        losses = []
+        for _ in range(5):
+            x = fg.tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32), device=device)
+            y = fg.tensor(rng.standard_normal((4, 2)).astype(np.float32), device=device)
+            losses.append(run(x, y).item())
+        return np.array(losses), run
+
+    eager, _ = train(False)
+    jitted, step = train(True)
+    np.testing.assert_allclose(jitted, eager, rtol=0, atol=0)
+    assert step.recordings == 1 and eager[-1] < eager[0]
