@@ -21,6 +21,14 @@ torch = pytest.importorskip("torch")
 F64, F32 = np.dtype(np.float64), np.dtype(np.float32)
 
 
+def _opencl_backend(device, dtype, nd):
+    """The OpenCL backend with native ``dtype`` ``nd``-d convolutions, or a skip (the test reads the OpenCL
+    kernels' own splits, index widths, error texts or compile counters; cuDNN has its own tests)."""
+    if not str(device).startswith("opencl"):
+        pytest.skip(f"{device}: the test reads the OpenCL convolution kernels' internals")
+    return _native_backend(device, dtype, nd)
+
+
 def _native_backend(device, dtype, nd):
     """The device's backend, or a skip where it has no native convolution of ``dtype`` in ``nd`` dims."""
     be = get_backend(device)
@@ -192,7 +200,7 @@ def test_input_gradient_stride_phases_match_torch(device, cfg):
 
 def test_weight_gradient_split_k_matches_torch(device):
     """A small weight over a long reduction (batch x output positions) runs as split-K plus a sum."""
-    be = _native_backend(device, F64, 2)
+    be = _opencl_backend(device, F64, 2)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 3, 24, 20))
     w = rng.standard_normal((4, 3, 3, 3))
@@ -206,7 +214,7 @@ def test_weight_gradient_split_k_matches_torch(device):
 
 def test_forward_split_k_matches_torch(device):
     """A small output (batch 1, a 2x2 map) over a long reduction (many channels) splits too."""
-    be = _native_backend(device, F64, 2)
+    be = _opencl_backend(device, F64, 2)
     rng = np.random.default_rng(12)
     x = rng.standard_normal((1, 96, 4, 4))
     w = rng.standard_normal((5, 96, 3, 3))
@@ -240,7 +248,7 @@ def test_backend_ops_take_lazy_and_offset_operands(device):
 def test_int64_indexing_and_empty_batch(device, monkeypatch):
     """The int64-index variant (taken by convolutions past 2**31 elements) computes the same; an empty batch
     gives an empty output and a zero weight gradient."""
-    be = _native_backend(device, F64, 2)
+    be = _opencl_backend(device, F64, 2)
     monkeypatch.setattr(be, "CONV_INT32_LIMIT", 16)
     rng = np.random.default_rng(8)
     x, w = rng.standard_normal((2, 4, 7, 6)), rng.standard_normal((6, 2, 3, 2))
@@ -273,7 +281,7 @@ def test_float16_where_the_device_has_it(device, nd):
 
 
 def test_backend_op_errors_name_the_problem(device):
-    be = _native_backend(device, F64, 2)
+    be = _opencl_backend(device, F64, 2)
     x = be.from_host(np.zeros((1, 4, 5, 5)))
     w = be.from_host(np.zeros((6, 4, 3, 3)))
     with pytest.raises(ShapeError, match="groups=3 must divide C_in=4"):
@@ -309,7 +317,7 @@ def test_forward_allocates_its_output_only(device):
 
 
 def test_one_kernel_per_rank_serves_every_shape(device):
-    be = _native_backend(device, F64, 2)
+    be = _opencl_backend(device, F64, 2)
     rng = np.random.default_rng(5)
 
     def run(n, c, size, k, stride):
