@@ -16,6 +16,7 @@ CONFIGS = [  # (C_in, C_out, size, kernel, stride, dilation)
     (3, 4, (7, 6), (3, 3), (1, 1), (1, 1)),
     (2, 5, (9, 8), (4, 4), (2, 2), (1, 1)),
     (4, 3, (8, 9), (3, 2), (2, 1), (2, 1)),
+    (3, 4, (18, 17), (4, 2), (2, 2), (1, 1)),  # the NumPy input gradient by stride phases, cropped to 17
 ]
 
 
@@ -56,6 +57,37 @@ def test_conv_gemm_matches_torch(device, cfg, blocks, monkeypatch):
         only_w = backward(be, xa, wa, ga, kernel, stride, dilation, False, True)
         assert only_w[0] is None
         np.testing.assert_allclose(be.to_host(only_w[1]), gw_ref, rtol=1e-4, atol=1e-4)
+
+
+PHASE_CONFIGS = [  # (C_in, C_out, x spatial (padded), kernel, stride): kernels a multiple of the stride
+    (3, 4, (10,), (4,), (2,)),
+    (2, 5, (9, 8), (4, 4), (2, 2)),
+    (3, 2, (11, 12), (6, 2), (3, 2)),
+    (2, 3, (6, 7, 8), (2, 4, 2), (2, 2, 1)),
+    (4, 3, (8, 8), (2, 2), (2, 2)),
+]
+
+
+@pytest.mark.parametrize("cfg", PHASE_CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+def test_conv_phase_transpose_matches_scattered_adds(cfg, blocks, monkeypatch):
+    """The NumPy col2im by stride phases (one GEMM, one interleaving copy) against the generic default's
+    scattered adds, in 1-3 dims, with inputs longer than the windows cover (cropped) and in row blocks."""
+    c_in, c_out, size, kernel, stride = cfg
+    be = get_backend("cpu")
+    if blocks == "one_row":
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    rng = np.random.default_rng(2)
+    out = tuple((n - k) // s + 1 for n, k, s in zip(size, kernel, stride))
+    g = rng.standard_normal((c_out,) + out + (3,)).astype(np.float32)
+    w = rng.standard_normal((c_out, c_in * int(np.prod(kernel)))).astype(np.float32)
+    x_shape = (c_in,) + size + (3,)
+    ones = (1,) * len(kernel)
+    want = Backend.conv_gemm_transpose(be, g, w, kernel, stride, ones, x_shape)
+    got = be._conv_phase_transpose(g, w, kernel, stride, x_shape)
+    assert got.shape == x_shape and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _saved_by_graph(y) -> list:
