@@ -372,6 +372,33 @@ class NumpyBackend(ArrayBackend):
             np.matmul(w, buf, out=result[:, r0:r1].reshape(w.shape[0], -1))
         return result
 
+    def conv_gemm_transpose_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...],
+                                     stride: tuple[int, ...], dilation: tuple[int, ...], need_x: bool,
+                                     need_w: bool) -> tuple:
+        """``Backend.conv_gemm_transpose_backward`` a cache-sized block of rows at a time, each block of ``g``'s
+        im2col built once and read by both GEMMs: ``gx``'s rows (``w @ cols``) and ``gw += x_rows @ cols^T``
+        (dcgan_g's generator backward: one im2col per layer instead of two). The generic default unless
+        ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
+        if (type(x) is not np.ndarray or type(w) is not np.ndarray or type(g) is not np.ndarray
+                or not x.dtype == w.dtype == g.dtype or x.dtype.kind != "f"):
+            return super().conv_gemm_transpose_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
+        in_size = tuple(x.shape[1:-1])
+        x = np.ascontiguousarray(x)
+        rows = self._conv_rows(g, math.prod(kernel), in_size)
+        gx = np.empty((w.shape[0],) + in_size + (x.shape[-1],), dtype=x.dtype) if need_x else None
+        gw = np.zeros(w.shape, dtype=x.dtype) if need_w else None
+        buf = None
+        for r0 in range(0, in_size[0], rows):
+            r1 = min(in_size[0], r0 + rows)
+            buf = self._conv_cols_into(buf, g, kernel, stride, dilation, in_size, r0, r1)
+            if need_x:
+                np.matmul(w, buf, out=gx[:, r0:r1].reshape(w.shape[0], -1))
+            if need_w:
+                x2 = x[:, r0:r1].reshape(x.shape[0], -1)
+                # the orientation rule of conv_gemm_backward's weight gradient
+                gw += (buf @ x2.T).T if buf.shape[1] >= 4 * buf.shape[0] else x2 @ buf.T
+        return gx, gw
+
     def conv_gemm_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
                            dilation: tuple[int, ...], need_x: bool, need_w: bool) -> tuple:
         """``Backend.conv_gemm_backward`` a cache-sized block of output rows at a time: the block's im2col is

@@ -346,6 +346,21 @@ class Backend:
         self._conv_fold(gx, self.matmul(self.permute(w, (1, 0)), g2), kernel, stride, dilation, out, 0, out[0])
         return gx
 
+    def conv_gemm_transpose_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...],
+                                     stride: tuple[int, ...], dilation: tuple[int, ...], need_x: bool,
+                                     need_w: bool) -> tuple:
+        """The gradients ``(gx, gw)`` of ``conv_gemm_transpose(x, w, ...)`` (a transposed convolution's input
+        ``x`` ``(C_in, *in, N)`` and weight ``w`` ``(C_in, C_out * K)``) from its output gradient ``g``
+        ``(C_out, *full, N)``, None where not asked: ``gx = conv_gemm(g, w)`` and ``gw = x @ cols(g)^T``, both
+        reading the im2col of ``g``.
+
+        Generic default: ``conv_gemm`` and ``conv_gemm_backward``'s weight gradient, each building that im2col;
+        backends override it to build it once."""
+        in_size = tuple(x.shape[1:-1])
+        gx = self.conv_gemm(g, w, kernel, stride, dilation, in_size) if need_x else None
+        gw = self.conv_gemm_backward(g, w, x, kernel, stride, dilation, False, True)[1] if need_w else None
+        return gx, gw
+
     def _conv_offsets(self, x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
                       r1: int) -> list[tuple[slice, ...]]:
         """Per kernel offset, the slice of a batch-last ``x`` feeding output rows ``r0:r1`` (first spatial dim)."""

@@ -312,8 +312,9 @@ def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dil
     """A transposed convolution in the batch-last layout through ``Backend.conv_gemm_transpose``: ``x``
     ``(C_in, *in, N)``, ``w`` ``(C_in, C_out * K)``, the result ``(C_out, *full, N)`` with ``crop`` (left, right)
     taken off each spatial dim. Its input gradient is the convolution ``conv_gemm`` of the output gradient
-    (padded back to ``full`` batch-last, no relayout), its weight gradient that convolution's weight gradient;
-    only ``x`` and ``w`` are kept for backward."""
+    (padded back to ``full`` batch-last, no relayout), its weight gradient that convolution's weight gradient,
+    both from ``Backend.conv_gemm_transpose_backward`` (one im2col of the gradient for the two); only ``x`` and
+    ``w`` are kept for backward."""
     bk = x._backend
     n, k = x.shape[-1], math.prod(kernel)
     c_out = w.shape[1] // k
@@ -340,12 +341,9 @@ def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dil
                     gw = x.reshape(x.shape[0], -1).matmul(cols.transpose(0, 1))
                 return gx, gw
             bk = g._backend
-            gx = _wrap(bk.conv_gemm(g._data, w._data, kernel, stride, dilation, in_size), bk) if need_x else None
-            gw = None
-            if need_w:
-                gw = _wrap(bk.conv_gemm_backward(g._data, w._data, x._data, kernel, stride, dilation, False,
-                                                 True)[1], bk)
-            return gx, gw
+            gxd, gwd = bk.conv_gemm_transpose_backward(x._data, w._data, g._data, kernel, stride, dilation, need_x,
+                                                       need_w)
+            return None if gxd is None else _wrap(gxd, bk), None if gwd is None else _wrap(gwd, bk)
 
         _record(out, f"ConvTranspose{len(kernel)}dGemm", (x, w), (x, w), backward)
     return out
