@@ -298,6 +298,64 @@ class NumpyBackend(ArrayBackend):
         cdf *= 0.5
         return np.multiply(x, cdf), cdf
 
+    _TRANSPOSE_BLOCK = 128  # elements per run in the two-stage transposing copy (16-256 measured alike)
+    _TRANSPOSE_BLOCK_BYTES = 1 << 18  # the largest block transposed in one piece (L2-resident)
+
+    @classmethod
+    def _c_copy(cls, a: np.ndarray) -> np.ndarray:
+        """A C-contiguous copy of ``a`` (``a`` itself when it already is one).
+
+        Where ``a`` is a permuted view of a contiguous buffer whose copy amounts to a 2-d transpose (a batch-last
+        convolution layout ``(C, *S, N)`` read as ``(N, C, *S)`` or back), the copy runs in two stages: runs of
+        ``_TRANSPOSE_BLOCK`` contiguous elements moved as blocks, then each small block transposed while it sits
+        in L1. NumPy's one-stage copy reads the source with a large stride per element: a (32, 3*64*64) float32
+        transpose 0.69 -> 0.18 ms (torch: 0.26 ms). Other layouts: ``np.ascontiguousarray``."""
+        if a.flags.c_contiguous:
+            return a
+        frame = cls._frame(a)
+        nd = a.ndim
+        k = next((k for k in range(1, nd) if frame == tuple(range(k, nd)) + tuple(range(k))), None)
+        b = cls._TRANSPOSE_BLOCK
+        if k is None or a.size < 4 * b * b:
+            return np.ascontiguousarray(a)
+        rows, cols = math.prod(a.shape[:k]), math.prod(a.shape[k:])  # the copy is src (cols, rows) -> (rows, cols)
+        src = a.transpose(frame).reshape(cols, rows)
+        cache = cls._TRANSPOSE_BLOCK_BYTES // (b * a.itemsize)  # the small dim a block transpose keeps in cache
+        if rows % b == 0 and cols <= min(rows, cache):  # blocks of b destination rows: (cols, b) block transposes
+            staged = np.ascontiguousarray(src.reshape(cols, rows // b, b).transpose(1, 0, 2))
+            out = np.ascontiguousarray(staged.transpose(0, 2, 1))
+        elif cols % b == 0 and rows <= cache:  # blocks of b destination columns: (b, rows) block transposes
+            staged = np.ascontiguousarray(src.reshape(cols // b, b, rows).transpose(0, 2, 1))
+            out = np.ascontiguousarray(staged.transpose(1, 0, 2))
+        else:
+            return np.ascontiguousarray(a)
+        return out.reshape(a.shape)
+
+    def contiguous(self, a: Array) -> Array:
+        """``ArrayBackend.contiguous`` with the two-stage transposing copy (``_c_copy``) for NumPy arrays."""
+        if type(a) is np.ndarray and a.ndim >= 2:
+            return self._c_copy(a)
+        return super().contiguous(a)
+
+    def reshape(self, a: Array, shape: Shape) -> Array:
+        """A view where NumPy can make one; otherwise the copy is ``_c_copy``'s (a flatten of a batch-last
+        convolution output is a 2-d transpose)."""
+        if type(a) is np.ndarray and not a.flags.c_contiguous and a.ndim >= 2:
+            try:
+                return np.reshape(a, shape, copy=False)
+            except ValueError:  # not expressible as a view
+                return self._c_copy(a).reshape(shape)
+            except TypeError:  # NumPy < 2.1: no copy argument
+                return a.reshape(shape)
+        return a.reshape(shape)
+
+    def pad(self, a: Array, widths: Sequence[tuple[int, int]], value: float) -> Array:
+        """``ArrayBackend.pad`` of ``_c_copy(a)`` when ``a`` is a transposed layout (a convolution's NCHW input
+        read batch-last): the fill copy then reads contiguous runs."""
+        if type(a) is np.ndarray and not a.flags.c_contiguous and a.ndim >= 2:
+            a = self._c_copy(a)
+        return super().pad(a, widths, value)
+
     _WHERE_MIN = 1 << 14  # elements from which the bitwise select beats np.where's per-element branch
     _WHERE_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -383,7 +441,7 @@ class NumpyBackend(ArrayBackend):
                 or not x.dtype == w.dtype == g.dtype or x.dtype.kind != "f"):
             return super().conv_gemm_transpose_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
         in_size = tuple(x.shape[1:-1])
-        x = np.ascontiguousarray(x)
+        x = self._c_copy(x)
         rows = self._conv_rows(g, math.prod(kernel), in_size)
         gx = np.empty((w.shape[0],) + in_size + (x.shape[-1],), dtype=x.dtype) if need_x else None
         gw = np.zeros(w.shape, dtype=x.dtype) if need_w else None
@@ -410,7 +468,7 @@ class NumpyBackend(ArrayBackend):
                 or not x.dtype == w.dtype == g.dtype or x.dtype.kind != "f"):
             return super().conv_gemm_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
         out = tuple(g.shape[1:-1])
-        g = np.ascontiguousarray(g)
+        g = self._c_copy(g)
         k = math.prod(kernel)
         rows = self._conv_rows(x, k, out)
         gw = np.zeros(w.shape, dtype=x.dtype) if need_w else None
@@ -441,7 +499,7 @@ class NumpyBackend(ArrayBackend):
         if type(g) is not np.ndarray or type(w) is not np.ndarray or g.dtype != w.dtype or g.dtype.kind != "f":
             return super().conv_gemm_transpose(g, w, kernel, stride, dilation, x_shape)
         out = tuple(g.shape[1:-1])
-        g = np.ascontiguousarray(g)
+        g = self._c_copy(g)
         if self._conv_phases_apply(kernel, stride, dilation, out, x_shape):
             return self._conv_phase_transpose(g, w, kernel, stride, x_shape)
         rows = self._conv_rows_of(x_shape[0] * math.prod(kernel), out, x_shape[-1], g.itemsize)
@@ -788,7 +846,7 @@ class NumpyBackend(ArrayBackend):
         # A gradient laid out otherwise (a flatten's (N, C*H*W) after a batch-last convolution) is copied into
         # the frame once: the per-offset passes below on a transposed view ran 3x slower (mnist's pool: 11 ->
         # 3.8 ms, the copy included).
-        best, g = np.ascontiguousarray(best), np.ascontiguousarray(g)
+        best, g = self._c_copy(best), self._c_copy(g)
         blocks, k_axes = self._block_view(a, frame, kernel)
         gx = np.empty(a.shape, dtype=g.dtype)
         gblocks = gx.reshape(blocks.shape)

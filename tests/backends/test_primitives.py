@@ -451,6 +451,22 @@ def test_pad_concatenate_contiguous(device):
     assert_matches(be, be.contiguous(be.flip(be.from_host(host), (1,))), host[:, ::-1])
 
 
+@pytest.mark.parametrize("shape, perm", [((32, 3, 32, 32), (1, 2, 3, 0)), ((32, 3, 32, 32), (3, 0, 1, 2)),
+                                         ((64, 2048), (1, 0)), ((2048, 64), (1, 0)), ((16, 24, 40), (2, 0, 1))])
+def test_large_permuted_copies(device, shape, perm):
+    """contiguous, a flattening reshape and pad of permuted views large enough for the NumPy backend's
+    two-stage transposing copy (a batch-last convolution layout read batch-first, and back)."""
+    be = backend_for(device)
+    host = sample(np.random.default_rng(10), shape, F32)
+    view = be.permute(be.from_host(host), perm)
+    want = host.transpose(perm)
+    assert_matches(be, be.contiguous(view), want)
+    assert be.is_contiguous(be.contiguous(view))
+    assert_matches(be, be.reshape(view, (want.shape[0], -1)), want.reshape(want.shape[0], -1))
+    widths = [(1, 0)] + [(0, 0)] * (len(shape) - 2) + [(0, 2)]
+    assert_matches(be, be.pad(view, widths, 0.0), np.pad(want, widths))
+
+
 
 def test_is_contiguous(device):
     be = backend_for(device)
