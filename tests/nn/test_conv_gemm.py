@@ -17,6 +17,7 @@ CONFIGS = [  # (C_in, C_out, size, kernel, stride, dilation)
     (2, 5, (9, 8), (4, 4), (2, 2), (1, 1)),
     (4, 3, (8, 9), (3, 2), (2, 1), (2, 1)),
     (3, 4, (18, 17), (4, 2), (2, 2), (1, 1)),  # the NumPy input gradient by stride phases, cropped to 17
+    (2, 4, (34, 33), (3, 3), (1, 1), (1, 1)),  # a short reduction (18) over 2976 columns: NumPy's GEMM in pieces
 ]
 
 
