@@ -492,7 +492,7 @@ class NumpyBackend(ArrayBackend):
             need_x = False
         elif need_x:
             gx = np.zeros(x.shape, dtype=x.dtype)
-        wt = np.ascontiguousarray(w.T) if need_x else None
+        wt = w.T if need_x else None  # BLAS reads the transpose in place: no (C_in * K, C_out) copy per call
         buf = gbuf = None
         for r0 in range(0, out[0], rows):
             r1 = min(out[0], r0 + rows)
@@ -518,7 +518,7 @@ class NumpyBackend(ArrayBackend):
             return self._conv_phase_transpose(g, w, kernel, stride, x_shape)
         rows = self._conv_rows_of(x_shape[0] * math.prod(kernel), out, x_shape[-1], g.itemsize)
         gx = np.zeros(x_shape, dtype=g.dtype)
-        wt = np.ascontiguousarray(w.T)
+        wt = w.T  # BLAS reads the transpose in place (dcgan_g's 100 -> 128 layer: 0.73 -> 0.18 ms for w^T @ g)
         gbuf = None
         for r0 in range(0, out[0], rows):
             r1 = min(out[0], r0 + rows)
