@@ -1,6 +1,6 @@
 """CPU time per training step, flowgraph against torch, and the bytes each keeps for backward.
 
-    OPENBLAS_NUM_THREADS=1 python -m benchmarks.cpu_steps --models convnet,mnist_net,dcgan_g,dcgan_d
+    OPENBLAS_NUM_THREADS=1 python -m benchmarks.cpu_steps --models convnet,mnist_net,dcgan_g,dcgan_d [--jit]
 
 On a shared, loaded machine wall-clock epochs move by 2-4x between runs (``python -m benchmarks`` reports the
 spread); the process's CPU time with one BLAS thread (torch with one thread) moves by a few percent, so it is
@@ -9,6 +9,10 @@ both cores of a 2-thread run, NumPy's do not, so the wall-clock ratio at 2 threa
 
 "Saved for backward" is the distinct storage held by the graph after one forward: flowgraph's nodes' saved
 tensors, torch's through ``saved_tensors_hooks`` (parameters included on both sides).
+
+``--jit`` also times the same flowgraph step wrapped in ``fg.jit`` (on cpu: the step's backend calls recorded on
+its second call and replayed from then on, without Tensor, autograd or module code) and its ratio to torch's
+eager step.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 from .models import build_flowgraph, build_torch, spec
 
 
-def _flowgraph_step(name: str, scale: float):
+def _flowgraph_step(name: str, scale: float, jit: bool = False):
     import flowgraph as fg
     from flowgraph import nn, optim
 
@@ -35,12 +39,17 @@ def _flowgraph_step(name: str, scale: float):
     y = fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32))
     loss_fn = nn.MSELoss()
 
-    def step():
+    def train(x, y):
         loss = loss_fn(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        loss.item()
+        return loss
+
+    run = fg.jit(train) if jit else train
+
+    def step():
+        run(x, y).item()  # the host read after the (jitted) step, as a training loop's logging does
 
     return step
 
@@ -118,17 +127,25 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.25)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--jit", action="store_true", help="also time the flowgraph step wrapped in fg.jit")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(args.torch_threads)
-    print(f"{'model':<12}{'fg cpu ms':>11}{'torch cpu ms':>14}{'ratio':>7}{'fg saved MiB':>14}{'torch saved MiB':>17}")
+    jit_head = f"{'fg jit ms':>11}{'jit ratio':>11}" if args.jit else ""
+    print(f"{'model':<12}{'fg cpu ms':>11}{'torch cpu ms':>14}{'ratio':>7}{jit_head}{'fg saved MiB':>14}"
+          f"{'torch saved MiB':>17}")
     for name in args.models.split(","):
         name = name.strip()
         f = cpu_ms(_flowgraph_step(name, args.scale), args.repeats)
         t = cpu_ms(_torch_step(name, args.scale), args.repeats)
+        jit_cols = ""
+        if args.jit:
+            j = cpu_ms(_flowgraph_step(name, args.scale, jit=True), args.repeats)
+            jit_cols = f"{j:>11.1f}{j / t:>11.2f}"
         fs, ts = saved_bytes(name, args.scale)
-        print(f"{name:<12}{f:>11.1f}{t:>14.1f}{f / t:>7.2f}{fs / 2**20:>14.1f}{ts / 2**20:>17.1f}", flush=True)
+        print(f"{name:<12}{f:>11.1f}{t:>14.1f}{f / t:>7.2f}{jit_cols}{fs / 2**20:>14.1f}{ts / 2**20:>17.1f}",
+              flush=True)
 
 
 if __name__ == "__main__":

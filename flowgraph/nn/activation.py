@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
-from ..tensor import Tensor, rand, where
+from ..tensor import Tensor, maximum, rand, where
 from ..tensor import gelu as _gelu
 from ..tensor import log_softmax as _log_softmax
 from ..tensor import relu as _relu
@@ -69,11 +69,29 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = Fals
     """``x`` for ``x > 0``, ``negative_slope * x`` otherwise."""
 
     def fn(x: Tensor) -> Tensor:
-        return _pointwise(
-            x, lambda v: where(v > 0, v, v * negative_slope), lambda v: where(v > 0, 1.0, negative_slope), "LeakyRelu"
-        )
+        if negative_slope < 0:  # the sign of the output no longer tells the branch: the derivative reads x
+            return _pointwise(x, lambda v: where(v > 0, v, v * negative_slope),
+                              lambda v: where(v > 0, 1.0, negative_slope), "LeakyRelu")
+        return _leaky_relu(x, negative_slope)
 
     return _maybe_inplace(input, fn, inplace, "leaky_relu")
+
+
+def _leaky_relu(x: Tensor, slope: float) -> Tensor:
+    """Leaky ReLU for ``slope >= 0``, its backward reading the output (``y > 0`` exactly where ``x > 0``), as
+    PyTorch's does: the in-place form then keeps no copy of its input (dcgan_d: one input-sized copy fewer per
+    layer). For ``0 < slope <= 1`` the forward is ``maximum(x, slope * x)``, two passes instead of ``where``'s
+    three, with the same values: rounding is monotonic, so ``slope * x <= x`` for ``x > 0`` and ``>= x`` for
+    ``x <= 0`` (signed zeros, infinities and NaN included)."""
+    with no_grad():
+        out = maximum(x, x * slope) if 0 < slope <= 1 else where(x > 0, x, x * slope)
+    if x.requires_grad and STATE.enabled:
+
+        def bw(g: Tensor, y: Tensor):
+            return (g * where(y > 0, 1.0, slope),)
+
+        _record(out, "LeakyRelu", (x,), (out,), bw)
+    return out
 
 
 def _elu_like(x: Tensor, alpha: float, scale: float, input_scale: float, name: str) -> Tensor:

@@ -256,9 +256,14 @@ def _weight_gemm(w: Tensor, cols: Tensor) -> Tensor:
     return out
 
 
-def _conv_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tuple, widths, where: str) -> Tensor:
+def _conv_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tuple, widths, where: str,
+               batch_first: bool = False) -> Tensor:
     """One convolution in the batch-last layout through ``Backend.conv_gemm``: ``x`` ``(C_in, *S, N)``
-    (unpadded; ``widths`` are its zero padding), ``w`` ``(C_out, C_in * K)``, the result ``(C_out, *out, N)``.
+    (unpadded; ``widths`` are its zero padding), ``w`` ``(C_out, C_in * K)``, the result ``(C_out, *out, N)``,
+    or with ``batch_first`` that array seen as ``(N, C_out, *out)`` by the node itself. The layer's output is
+    then not a view of another tensor, so an in-place op on it (DCGAN's ``LeakyReLU(0.2, inplace=True)``
+    right after a convolution) writes it directly instead of rebasing a base through ``CopySlices`` (a full-size
+    mask, a ``where`` of zeros for the base and a gradient sum: dcgan_d's first layer, ~1 ms per step).
 
     Backward keeps only ``x`` and ``w``, as PyTorch does: ``Backend.conv_gemm_backward`` pads ``x`` again and
     rebuilds the im2col, so no ``K``-times input-sized buffer lives from the forward to the backward (the
@@ -275,13 +280,17 @@ def _conv_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tup
             f"{where}: input of spatial size {tuple(x.shape[1:-1])} (padded {tuple(xd.shape[1:-1])}) is "
             f"smaller than the kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
         )
-    out = _wrap(bk.conv_gemm(xd, w._data, kernel, stride, dilation, out_size), bk)
+    y = bk.conv_gemm(xd, w._data, kernel, stride, dilation, out_size)
+    to_first, to_last = (nd + 1, 0) + tuple(range(1, nd + 1)), tuple(range(1, nd + 2)) + (0,)
+    out = _wrap(bk.permute(y, to_first) if batch_first else y, bk)
     need_x, need_w = x.requires_grad, w.requires_grad
     if STATE.enabled and (need_x or need_w):
         inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, x.shape[1:-1])) + (
             slice(None),)
 
         def backward(g: Tensor, x: Tensor, w: Tensor):
+            if batch_first:
+                g = g.permute(to_last) if STATE.enabled else _wrap(g._backend.permute(g._data, to_last), g._backend)
             if STATE.enabled:  # create_graph: the same steps in differentiable ops
                 flat = [0, 0]
                 for lo, hi in reversed(widths):
@@ -312,8 +321,9 @@ def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dil
     """A transposed convolution in the batch-last layout through ``Backend.conv_gemm_transpose``: ``x``
     ``(C_in, *in, N)``, ``w`` ``(C_in, C_out * K)``, the result ``(C_out, *full, N)`` with ``crop`` (left, right)
     taken off each spatial dim. Its input gradient is the convolution ``conv_gemm`` of the output gradient
-    (padded back to ``full`` batch-last, no relayout), its weight gradient that convolution's weight gradient;
-    only ``x`` and ``w`` are kept for backward."""
+    (padded back to ``full`` batch-last, no relayout), its weight gradient that convolution's weight gradient,
+    both from ``Backend.conv_gemm_transpose_backward`` (one im2col of the gradient for the two); only ``x`` and
+    ``w`` are kept for backward."""
     bk = x._backend
     n, k = x.shape[-1], math.prod(kernel)
     c_out = w.shape[1] // k
@@ -340,12 +350,9 @@ def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dil
                     gw = x.reshape(x.shape[0], -1).matmul(cols.transpose(0, 1))
                 return gx, gw
             bk = g._backend
-            gx = _wrap(bk.conv_gemm(g._data, w._data, kernel, stride, dilation, in_size), bk) if need_x else None
-            gw = None
-            if need_w:
-                gw = _wrap(bk.conv_gemm_backward(g._data, w._data, x._data, kernel, stride, dilation, False,
-                                                 True)[1], bk)
-            return gx, gw
+            gxd, gwd = bk.conv_gemm_transpose_backward(x._data, w._data, g._data, kernel, stride, dilation, need_x,
+                                                       need_w)
+            return None if gxd is None else _wrap(gxd, bk), None if gwd is None else _wrap(gwd, bk)
 
         _record(out, f"ConvTranspose{len(kernel)}dGemm", (x, w), (x, w), backward)
     return out
@@ -497,8 +504,8 @@ def _convnd(
             xl = x.permute(to_last)
         else:
             xl, widths = _pad_spatial(x, widths, mode).permute(to_last), [(0, 0)] * nd
-        out = _conv_gemm(xl, weight.reshape(c_out, c_in * k), kernel, stride, dilation, widths, where)
-        out = out.permute((nd + 1, 0) + tuple(range(1, nd + 1)))
+        out = _conv_gemm(xl, weight.reshape(c_out, c_in * k), kernel, stride, dilation, widths, where,
+                         batch_first=True)
         if bias is not None:
             out = out + bias.reshape((1, c_out) + (1,) * nd)
         return out.squeeze(0) if unbatched else out

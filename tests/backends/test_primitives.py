@@ -252,6 +252,35 @@ def test_where_and_cast(device):
     assert_matches(be, be.cast(be.from_host(np.array([1, -2, 3], I64)), np.dtype(I32)), np.array([1, -2, 3], I32))
 
 
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_where_large_is_exact(device, dtype):
+    """Arrays past the NumPy backend's bitwise-select threshold: the same bits as np.where (NaN, -0.0), with a
+    broadcast condition or value, a permuted layout and Python scalars."""
+    be = backend_for(device)
+    if dtype is F64 and not be.supports_float64:
+        pytest.skip("no float64 on this device")
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((4, 16, 16, 32)).astype(dtype)
+    a.flat[::7], a.flat[::11] = np.nan, -0.0
+    b = rng.standard_normal((16, 1, 32)).astype(dtype)
+    cond = a > 0
+    perm = (3, 0, 1, 2)
+    cases = [
+        (cond, a, a * dtype(0.2)), (cond, a, b), (cond, b, a), (cond, a, 0.0), (cond, 1.5, a), (cond, -1, a),
+        (cond[:1], a, a), (cond.transpose(perm), a.transpose(perm), 0.5),
+    ]
+    for c, x, y in cases:
+        put = lambda v: be.from_host(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v  # noqa: E731
+        xd, yd, cd = put(x), put(y), put(c)
+        if c.ndim and c.strides != np.ascontiguousarray(c).strides:  # keep the permuted layout on the device
+            xd, cd = be.permute(put(a), perm), be.permute(put(cond), perm)
+        got = be.to_host(be.where(cd, xd, yd))
+        want = np.where(c, x, y).astype(dtype)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        bits = lambda v: np.ascontiguousarray(v).view(np.uint8)  # noqa: E731
+        np.testing.assert_array_equal(bits(got), bits(want))
+
+
 # ------------------------------------------------------------------------------------------ reductions
 REDUCE_CASES = [
     ((3, 4, 5), (1,), False),
@@ -420,6 +449,22 @@ def test_pad_concatenate_contiguous(device):
     ints = [sample(rng, (n, 2), I32) for n in (2, 1)]
     assert_matches(be, be.concatenate([transposed(be, p) for p in ints], 0), np.concatenate(ints, 0))
     assert_matches(be, be.contiguous(be.flip(be.from_host(host), (1,))), host[:, ::-1])
+
+
+@pytest.mark.parametrize("shape, perm", [((32, 3, 32, 32), (1, 2, 3, 0)), ((32, 3, 32, 32), (3, 0, 1, 2)),
+                                         ((64, 2048), (1, 0)), ((2048, 64), (1, 0)), ((16, 24, 40), (2, 0, 1))])
+def test_large_permuted_copies(device, shape, perm):
+    """contiguous, a flattening reshape and pad of permuted views large enough for the NumPy backend's
+    two-stage transposing copy (a batch-last convolution layout read batch-first, and back)."""
+    be = backend_for(device)
+    host = sample(np.random.default_rng(10), shape, F32)
+    view = be.permute(be.from_host(host), perm)
+    want = host.transpose(perm)
+    assert_matches(be, be.contiguous(view), want)
+    assert be.is_contiguous(be.contiguous(view))
+    assert_matches(be, be.reshape(view, (want.shape[0], -1)), want.reshape(want.shape[0], -1))
+    widths = [(1, 0)] + [(0, 0)] * (len(shape) - 2) + [(0, 2)]
+    assert_matches(be, be.pad(view, widths, 0.0), np.pad(want, widths))
 
 
 

@@ -215,6 +215,27 @@ def test_inplace_matches_torch(name: str, device: str):
     np.testing.assert_allclose(host(a.grad), host(b.grad), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("slope", [0.2, 0.0, 1.0, 1.5, -0.3])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_leaky_relu_special_values_like_torch(slope: float, inplace: bool, device: str):
+    """Every slope branch (``maximum`` for 0 < slope <= 1, the output-reading backward for slope >= 0, the
+    input-reading one for a negative slope) gives torch's values bit for bit at infinities, signed zeros,
+    subnormals and NaN; in place, a slope >= 0 keeps no copy of the input (the node saves the output)."""
+    x = np.array([-np.inf, -3.0, -0.0, 0.0, 1e-45, -1e-45, 2.0, np.inf, np.nan], dtype=np.float32)
+    g = np.arange(1, x.size + 1, dtype=np.float32)
+    a, b = _pair(x, device)
+    ya = F.leaky_relu(a * 1.0, slope, inplace=inplace)
+    yb = torch.nn.functional.leaky_relu(b * 1.0, slope, inplace=inplace and slope >= 0)
+    if inplace and slope >= 0:
+        node = ya.grad_fn
+        assert node.name == "LeakyRelu" and node.saved and all(t._data is ya._data for t in node.saved)
+    ya.backward(fg.tensor(g, device=device))
+    yb.backward(torch.tensor(g))
+    bits = lambda v: np.ascontiguousarray(v).view(np.uint32)  # noqa: E731
+    np.testing.assert_array_equal(bits(host(ya)), bits(yb.detach().numpy()))
+    np.testing.assert_array_equal(bits(host(a.grad)), bits(b.grad.numpy()))
+
+
 def test_inplace_module_flag(device: str):
     x = fg.tensor([-1.0, 2.0], device=device)
     out = nn.ReLU(inplace=True)(x)

@@ -16,6 +16,8 @@ CONFIGS = [  # (C_in, C_out, size, kernel, stride, dilation)
     (3, 4, (7, 6), (3, 3), (1, 1), (1, 1)),
     (2, 5, (9, 8), (4, 4), (2, 2), (1, 1)),
     (4, 3, (8, 9), (3, 2), (2, 1), (2, 1)),
+    (3, 4, (18, 17), (4, 2), (2, 2), (1, 1)),  # the NumPy input gradient by stride phases, cropped to 17
+    (2, 4, (34, 33), (3, 3), (1, 1), (1, 1)),  # a short reduction (18) over 2976 columns: NumPy's GEMM in pieces
 ]
 
 
@@ -56,6 +58,72 @@ def test_conv_gemm_matches_torch(device, cfg, blocks, monkeypatch):
         only_w = backward(be, xa, wa, ga, kernel, stride, dilation, False, True)
         assert only_w[0] is None
         np.testing.assert_allclose(be.to_host(only_w[1]), gw_ref, rtol=1e-4, atol=1e-4)
+
+
+PHASE_CONFIGS = [  # (C_in, C_out, x spatial (padded), kernel, stride): kernels a multiple of the stride
+    (3, 4, (10,), (4,), (2,)),
+    (2, 5, (9, 8), (4, 4), (2, 2)),
+    (3, 2, (11, 12), (6, 2), (3, 2)),
+    (2, 3, (6, 7, 8), (2, 4, 2), (2, 2, 1)),
+    (4, 3, (8, 8), (2, 2), (2, 2)),
+]
+
+
+@pytest.mark.parametrize("cfg", PHASE_CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+def test_conv_phase_transpose_matches_scattered_adds(cfg, blocks, monkeypatch):
+    """The NumPy col2im by stride phases (one GEMM, one interleaving copy) against the generic default's
+    scattered adds, in 1-3 dims, with inputs longer than the windows cover (cropped) and in row blocks."""
+    c_in, c_out, size, kernel, stride = cfg
+    be = get_backend("cpu")
+    if blocks == "one_row":
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    rng = np.random.default_rng(2)
+    out = tuple((n - k) // s + 1 for n, k, s in zip(size, kernel, stride))
+    g = rng.standard_normal((c_out,) + out + (3,)).astype(np.float32)
+    w = rng.standard_normal((c_out, c_in * int(np.prod(kernel)))).astype(np.float32)
+    x_shape = (c_in,) + size + (3,)
+    ones = (1,) * len(kernel)
+    want = Backend.conv_gemm_transpose(be, g, w, kernel, stride, ones, x_shape)
+    got = be._conv_phase_transpose(g, w, kernel, stride, x_shape)
+    assert got.shape == x_shape and got.flags.c_contiguous
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+def test_conv_gemm_transpose_backward_matches_torch(device, cfg, blocks, monkeypatch):
+    """A transposed convolution's gradients from ``conv_gemm_transpose_backward`` (the NumPy override builds
+    each block's im2col of ``g`` once for both) and from the generic default, against PyTorch's."""
+    import torch
+
+    c_in, c_out, size, kernel, stride, dilation = cfg  # the transposed convolution maps c_out -> c_in
+    be = get_backend(device)
+    if blocks == "one_row":
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0, raising=False)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1, raising=False)
+    rng = np.random.default_rng(3)
+    full = tuple(size)
+    in_size = tuple((n - d * (k - 1) - 1) // s + 1 for n, k, s, d in zip(full, kernel, stride, dilation))
+    x = rng.standard_normal((c_out,) + in_size + (3,)).astype(np.float32)
+    w = rng.standard_normal((c_out, c_in * int(np.prod(kernel)))).astype(np.float32)
+    tx = torch.tensor(np.moveaxis(x, -1, 0), requires_grad=True)
+    tw = torch.tensor(w.reshape((c_out, c_in) + kernel), requires_grad=True)
+    extra = tuple(n - ((i - 1) * s + d * (k - 1) + 1) for n, i, s, d, k in zip(full, in_size, stride, dilation, kernel))
+    y = torch.nn.functional.conv_transpose2d(tx, tw, stride=stride, dilation=dilation, output_padding=extra)
+    g = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    y.backward(torch.tensor(g))
+    gx_ref, gw_ref = np.moveaxis(tx.grad.numpy(), 0, -1), tw.grad.numpy().reshape(w.shape)
+    g_last = np.ascontiguousarray(np.moveaxis(g, 0, -1))
+    for backward in (type(be).conv_gemm_transpose_backward, Backend.conv_gemm_transpose_backward):
+        xa, wa, ga = be.from_host(x), be.from_host(w), be.from_host(g_last)
+        gx, gw = backward(be, xa, wa, ga, kernel, stride, dilation, True, True)
+        np.testing.assert_allclose(be.to_host(gx), gx_ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(be.to_host(gw), gw_ref, rtol=1e-4, atol=1e-4)
+        only_x = backward(be, xa, wa, ga, kernel, stride, dilation, True, False)
+        assert only_x[1] is None
+        np.testing.assert_allclose(be.to_host(only_x[0]), gx_ref, rtol=1e-4, atol=1e-4)
 
 
 def _saved_by_graph(y) -> list:
