@@ -16,8 +16,8 @@ before, so they count). Three runs from the same weights:
 
 Memory, above what was allocated before the step (parameters, batch): the bytes kept after forward (the
 saved activations) and the step's peak (activations + gradients), plus the total peak. On cpu NumPy's
-allocations as ``tracemalloc`` sees them (NumPy reports its buffers to it); on cuda
-``fg.cuda.memory_allocated``/``max_memory_allocated`` (CuPy's pool, through flowgraph's peak tracker), and
+allocations as ``tracemalloc`` sees them (NumPy reports its buffers to it); on cuda and opencl the backend's
+own ``memory_stats()`` (allocated and peak bytes: on cuda CuPy's pool through flowgraph's peak tracker), and on cuda
 PyTorch's ``torch.utils.checkpoint`` per block on the same model for comparison. Time: the median step
 (without tracemalloc), wall and process CPU time. Gradients are checked equal to the plain run's.
 """
@@ -60,24 +60,25 @@ class Meter:
     the parameters' and the batch's; on cuda the pool's counters give both."""
 
     def __init__(self, device: str):
-        self.cuda = device.startswith("cuda")
+        self.backend = fg.get_backend(device)
         self.host = device == "cpu"
+        self.pool = not self.host and "peak" in self.backend.memory_stats()
 
     def measure(self, forward, backward, resident: int) -> tuple[int, int, int] | None:
         """``(bytes before, kept after forward, peak)`` of ``backward(forward())``; None without a counter."""
-        if self.cuda:
-            sync = fg.get_backend("cuda").synchronize
+        if self.pool:  # cuda, opencl: the backend's own allocation counters
+            bk = self.backend
             gc.collect()  # nothing of earlier steps left for the cyclic collector in "before"
-            sync()
-            fg.cuda.reset_peak_memory_stats()
-            before = fg.cuda.memory_allocated()
+            bk.synchronize()
+            bk.reset_peak_memory_stats()
+            before = bk.memory_stats()["allocated"]
             loss = forward()
-            sync()
-            kept = fg.cuda.memory_allocated() - before
+            bk.synchronize()
+            kept = bk.memory_stats()["allocated"] - before
             backward(loss)
             del loss
-            sync()
-            return before, kept, fg.cuda.max_memory_allocated() - before
+            bk.synchronize()
+            return before, kept, bk.memory_stats()["peak"] - before
         if self.host:
             tracemalloc.start()
             try:
