@@ -371,62 +371,49 @@ def _native_ok(x: Tensor, weight: Tensor, widths, mode: str, nd: int) -> bool:
             and all(lo == hi for lo, hi in widths) and bk.native_conv(x.dtype.np, nd))
 
 
+def _bilinear(name: str, a: Tensor, b: Tensor, compute, grad_a, grad_b) -> Tensor:
+    """``compute(a, b)`` on the arrays (made contiguous), recorded as node ``name`` of a bilinear op: ``a``'s
+    gradient is ``grad_a(h, b)`` and ``b``'s is ``grad_b(a, h)`` for the output gradient ``h``, so each input
+    is saved only when the other one needs a gradient."""
+    bk = a._backend
+    out = _wrap(compute(bk.contiguous(a._data), bk.contiguous(b._data)), bk)
+    need_a, need_b = a.requires_grad, b.requires_grad
+    if STATE.enabled and (need_a or need_b):
+
+        def backward(h: Tensor, *saved: Tensor):
+            sa = saved[0] if need_b else None
+            sb = saved[-1] if need_a else None
+            return (grad_a(h, sb) if need_a else None), (grad_b(sa, h) if need_b else None)
+
+        _record(out, name, (a, b), ((a,) if need_b else ()) + ((b,) if need_a else ()), backward)
+    return out
+
+
 def _native_forward(x: Tensor, w: Tensor, geometry: tuple) -> Tensor:
     """F(x, w): ``(N, C_in, *S)`` and ``(C_out, C_in/groups, *K)`` to ``(N, C_out, *out)``; ``geometry`` is
     ``(stride, padding, dilation, groups)``."""
-    bk = x._backend
-    out = _wrap(bk.conv_forward(bk.contiguous(x._data), bk.contiguous(w._data), *geometry), bk)
-    need_x, need_w = x.requires_grad, w.requires_grad
-    if STATE.enabled and (need_x or need_w):
-        x_shape, w_shape = tuple(x.shape), tuple(w.shape)
-
-        def backward(g: Tensor, *saved: Tensor):
-            xs = saved[0] if need_w else None
-            ws = saved[-1] if need_x else None
-            gx = _native_input_grad(g, ws, x_shape, geometry) if need_x else None
-            gw = _native_weight_grad(xs, g, w_shape, geometry) if need_w else None
-            return gx, gw
-
-        _record(out, "Convolution", (x, w), ((x,) if need_w else ()) + ((w,) if need_x else ()), backward)
-    return out
+    x_shape, w_shape = tuple(x.shape), tuple(w.shape)
+    return _bilinear("Convolution", x, w, lambda xd, wd: x._backend.conv_forward(xd, wd, *geometry),
+                     lambda h, w: _native_input_grad(h, w, x_shape, geometry),
+                     lambda x, h: _native_weight_grad(x, h, w_shape, geometry))
 
 
 def _native_input_grad(g: Tensor, w: Tensor, x_shape: tuple, geometry: tuple) -> Tensor:
     """D(g, w): the input gradient of F for an input of ``x_shape`` (and a transposed convolution's forward)."""
-    bk = g._backend
-    out = _wrap(bk.conv_input_grad(bk.contiguous(g._data), bk.contiguous(w._data), x_shape, *geometry), bk)
-    need_g, need_w = g.requires_grad, w.requires_grad
-    if STATE.enabled and (need_g or need_w):
-        w_shape = tuple(w.shape)
-
-        def backward(h: Tensor, *saved: Tensor):
-            gs = saved[0] if need_w else None
-            ws = saved[-1] if need_g else None
-            dg = _native_forward(h, ws, geometry) if need_g else None
-            dw = _native_weight_grad(h, gs, w_shape, geometry) if need_w else None
-            return dg, dw
-
-        _record(out, "ConvolutionInputGrad", (g, w), ((g,) if need_w else ()) + ((w,) if need_g else ()), backward)
-    return out
+    w_shape = tuple(w.shape)
+    return _bilinear("ConvolutionInputGrad", g, w,
+                     lambda gd, wd: g._backend.conv_input_grad(gd, wd, x_shape, *geometry),
+                     lambda h, w: _native_forward(h, w, geometry),
+                     lambda g, h: _native_weight_grad(h, g, w_shape, geometry))
 
 
 def _native_weight_grad(x: Tensor, g: Tensor, w_shape: tuple, geometry: tuple) -> Tensor:
     """W(x, g): the weight gradient of F, of ``w_shape``."""
-    bk = x._backend
-    out = _wrap(bk.conv_weight_grad(bk.contiguous(x._data), bk.contiguous(g._data), w_shape, *geometry), bk)
-    need_x, need_g = x.requires_grad, g.requires_grad
-    if STATE.enabled and (need_x or need_g):
-        x_shape = tuple(x.shape)
-
-        def backward(h: Tensor, *saved: Tensor):
-            gs = saved[0] if need_x else None
-            xs = saved[-1] if need_g else None
-            dx = _native_input_grad(gs, h, x_shape, geometry) if need_x else None
-            dg = _native_forward(xs, h, geometry) if need_g else None
-            return dx, dg
-
-        _record(out, "ConvolutionWeightGrad", (x, g), ((g,) if need_x else ()) + ((x,) if need_g else ()), backward)
-    return out
+    x_shape = tuple(x.shape)
+    return _bilinear("ConvolutionWeightGrad", x, g,
+                     lambda xd, gd: x._backend.conv_weight_grad(xd, gd, w_shape, *geometry),
+                     lambda h, g: _native_input_grad(g, h, x_shape, geometry),
+                     lambda x, h: _native_forward(x, h, geometry))
 
 
 def _gemm_operands(weight: Tensor, cols: Tensor, groups: int, rows: int, length: int) -> tuple[Tensor, Tensor]:
