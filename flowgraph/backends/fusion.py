@@ -634,16 +634,17 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tu
     return tuple(out_shape), per_operand
 
 
-def decompose(index: str, dims: str, coords: str, rank: int) -> list[str]:
-    """C lines splitting the linear ``index`` over ``rank`` dims ``{dims}0..`` into ``{coords}0..``."""
+def decompose(index: str, dims: str, coords: str, rank: int, itype: str = "long") -> list[str]:
+    """C lines splitting the linear ``index`` over ``rank`` dims ``{dims}0..`` (row-major) into ``{coords}0..``,
+    declared as ``itype``."""
     if rank == 0:
         return []
     if rank == 1:
-        return [f"long {coords}0 = {index};"]
-    lines = [f"long {coords}_r = {index};"]
+        return [f"{itype} {coords}0 = {index};"]
+    lines = [f"{itype} {coords}_r = {index};"]
     for axis in range(rank - 1, 0, -1):
-        lines.append(f"long {coords}{axis} = {coords}_r % {dims}{axis}; {coords}_r /= {dims}{axis};")
-    lines.append(f"long {coords}0 = {coords}_r;")
+        lines.append(f"{itype} {coords}{axis} = {coords}_r % {dims}{axis}; {coords}_r /= {dims}{axis};")
+    lines.append(f"{itype} {coords}0 = {coords}_r;")
     return lines
 
 

@@ -45,6 +45,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...errors import ShapeError
+from ..fusion import decompose
 from .kernels import KernelSource, OpenCLEmitter, Params, assemble, ctype
 
 #: The three implicit-GEMM problems of a convolution (see the module docstring).
@@ -175,17 +176,6 @@ def phase_args(geo: ConvGeometry) -> list[list[int]]:
     return phases
 
 
-def _split(index: str, dims: str, coords: str, nd: int, itype: str) -> list[str]:
-    """C lines splitting the linear ``index`` over ``{dims}0..{dims}{nd-1}`` (row-major) into ``{coords}j``."""
-    if nd == 1:
-        return [f"{itype} {coords}0 = {index};"]
-    lines = [f"{itype} {coords}_r = {index};"]
-    for j in range(nd - 1, 0, -1):
-        lines.append(f"{itype} {coords}{j} = {coords}_r % {dims}{j}; {coords}_r /= {dims}{j};")
-    lines.append(f"{itype} {coords}0 = {coords}_r;")
-    return lines
-
-
 def _indent(lines: list[str], depth: int) -> list[str]:
     """``lines`` indented by ``depth`` levels of two spaces."""
     return [("  " * depth) + line for line in lines]
@@ -230,10 +220,10 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
     rk = [f"Rk{j}[bk]" for j in range(nd)]
     if op == "forward":
         return {
-            "column": [f"{itype} n = gc / P, p = gc - n * P;", *_split("p", "O", "o", nd, itype),
+            "column": [f"{itype} n = gc / P, p = gc - n * P;", *decompose("p", "O", "o", nd, itype),
                        *[f"{itype} b{j} = o{j} * st{j} - pd{j};" for j in range(nd)],
                        f"long colbase = x_off + ((long)n * Cin + (long)grp * Cin_g) * SP + {_dot('b', 'Ss', nd)};"],
-            "row": [f"{itype} ci = gk / KP, kr = gk - ci * KP;", *_split("kr", "K", "k", nd, itype),
+            "row": [f"{itype} ci = gk / KP, kr = gk - ci * KP;", *decompose("kr", "K", "k", nd, itype),
                     *[f"{itype} rk{j} = k{j} * dl{j};" for j in range(nd)],
                     f"long roff = (long)ci * SP + {_dot('rk', 'Ss', nd)};"],
             "load_a": [f"va = ({acc_t})w[w_off + ((long)grp * Cout_g + gm) * (long)K + gk];"],
@@ -248,26 +238,26 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
         # i + pd - k*dl is a multiple of st; then o = cb + u - m*e with cb, e exact (see phase_args)
         kernel_index = " + ".join(f"(k0{j} + m{j} * ks{j}) * Ks{j}" for j in range(nd))
         return {
-            "column": [f"{itype} n = gc / UP, q = gc - n * UP;", *_split("q", "U", "u", nd, itype),
+            "column": [f"{itype} n = gc / UP, q = gc - n * UP;", *decompose("q", "U", "u", nd, itype),
                        *[f"{itype} b{j} = cb{j} + u{j};" for j in range(nd)],
                        f"long colbase = g_off + ((long)n * Cout + (long)grp * Cout_g) * P + {_dot('b', 'Os', nd)};"],
-            "row": [f"{itype} co = gk / KCP, kr = gk - co * KCP;", *_split("kr", "kc", "m", nd, itype),
+            "row": [f"{itype} co = gk / KCP, kr = gk - co * KCP;", *decompose("kr", "kc", "m", nd, itype),
                     *[f"{itype} rk{j} = m{j} * e{j};" for j in range(nd)],
                     f"long roff = (long)co * P - ({_dot('rk', 'Os', nd)});",
                     f"long aoff = (long)co * Cin_g * KP + {kernel_index};"],
             "load_a": [f"va = ({acc_t})w[w_off + (long)grp * Cout_g * Cin_g * KP + (long)gm * KP + Aoff[ak]];"],
             "load_b": [*[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
                        f"if ({_inside('o', 'O', nd)}) vb = ({acc_t})g[colbase + Roff[bk]];"],
-            "store": [f"{itype} n = col / UP, q = col - n * UP;", *_split("q", "U", "u", nd, itype),
+            "store": [f"{itype} n = col / UP, q = col - n * UP;", *decompose("q", "U", "u", nd, itype),
                       *[f"{itype} i{j} = f{j} + st{j} * u{j};" for j in range(nd)],
                       "gx[gx_off + ((long)n * Cin + (long)grp * Cin_g + row) * SP + "
                       f"{_dot('i', 'Ss', nd)}] = STORE(v);"],
         }
     return {  # wgrad
-        "column": [f"{itype} ci = gc / KP, kr = gc - ci * KP;", *_split("kr", "K", "k", nd, itype),
+        "column": [f"{itype} ci = gc / KP, kr = gc - ci * KP;", *decompose("kr", "K", "k", nd, itype),
                    *[f"{itype} b{j} = k{j} * dl{j} - pd{j};" for j in range(nd)],
                    f"long colbase = x_off + ((long)grp * Cin_g + ci) * SP + {_dot('b', 'Ss', nd)};"],
-        "row": [f"{itype} n = gk / P, p = gk - n * P;", *_split("p", "O", "o", nd, itype),
+        "row": [f"{itype} n = gk / P, p = gk - n * P;", *decompose("p", "O", "o", nd, itype),
                 *[f"{itype} rk{j} = o{j} * st{j};" for j in range(nd)],
                 f"long roff = (long)n * Cin * SP + {_dot('rk', 'Ss', nd)};",
                 "long aoff = (long)n * Cout * P + p;"],
