@@ -18,6 +18,13 @@ import numpy as np
 from .base import Array, Backend, Shape
 
 
+def _float_ndarrays(*arrays: Any) -> bool:
+    """Whether every argument is a NumPy array of one float dtype (the NumPy composites' fast-path condition)."""
+    first = arrays[0]
+    return (all(type(a) is np.ndarray for a in arrays) and first.dtype.kind == "f"
+            and all(a.dtype == first.dtype for a in arrays))
+
+
 class ArrayBackend(Backend):
     """The protocol implemented with a NumPy-compatible array namespace ``xp``."""
 
@@ -418,7 +425,7 @@ class NumpyBackend(ArrayBackend):
         into one reused buffer and multiplied straight into its rows of the result, so no ``C_in * K``-times
         input-sized buffer exists (mnist's second conv, forward: 16.8 -> 11 ms). The generic default unless
         ``x`` and ``w`` are NumPy arrays of one float dtype."""
-        if type(x) is not np.ndarray or type(w) is not np.ndarray or x.dtype != w.dtype or x.dtype.kind != "f":
+        if not _float_ndarrays(x, w):
             return super().conv_gemm(x, w, kernel, stride, dilation, out)
         k = math.prod(kernel)
         rows = self._conv_rows(x, k, out)
@@ -451,8 +458,7 @@ class NumpyBackend(ArrayBackend):
         im2col built once and read by both GEMMs: ``gx``'s rows (``w @ cols``) and ``gw += x_rows @ cols^T``
         (dcgan_g's generator backward: one im2col per layer instead of two). The generic default unless
         ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
-        if (type(x) is not np.ndarray or type(w) is not np.ndarray or type(g) is not np.ndarray
-                or not x.dtype == w.dtype == g.dtype or x.dtype.kind != "f"):
+        if not _float_ndarrays(x, w, g):
             return super().conv_gemm_transpose_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
         in_size = tuple(x.shape[1:-1])
         x = self._c_copy(x)
@@ -478,8 +484,7 @@ class NumpyBackend(ArrayBackend):
         input gradient while they are in cache (mnist's second conv, backward with the im2col rebuilt:
         28 ms against 30 ms for the whole-buffer form reading a saved im2col). The generic default unless
         ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
-        if (type(x) is not np.ndarray or type(w) is not np.ndarray or type(g) is not np.ndarray
-                or not x.dtype == w.dtype == g.dtype or x.dtype.kind != "f"):
+        if not _float_ndarrays(x, w, g):
             return super().conv_gemm_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
         out = tuple(g.shape[1:-1])
         g = self._c_copy(g)
@@ -510,7 +515,7 @@ class NumpyBackend(ArrayBackend):
         """``Backend.conv_gemm_transpose`` a cache-sized block of ``g``'s rows at a time (each block's
         ``w^T @ g`` folded while in cache, as in ``conv_gemm_backward``). The generic default unless ``g``
         and ``w`` are NumPy arrays of one float dtype."""
-        if type(g) is not np.ndarray or type(w) is not np.ndarray or g.dtype != w.dtype or g.dtype.kind != "f":
+        if not _float_ndarrays(g, w):
             return super().conv_gemm_transpose(g, w, kernel, stride, dilation, x_shape)
         out = tuple(g.shape[1:-1])
         g = self._c_copy(g)
