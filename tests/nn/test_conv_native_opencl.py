@@ -15,6 +15,7 @@ from flowgraph import nn, optim
 from flowgraph.backends import get_backend
 from flowgraph.errors import BackendError, ShapeError
 from flowgraph.nn import functional as F
+from tests.training import train
 
 torch = pytest.importorskip("torch")
 
@@ -352,29 +353,15 @@ def test_tile_choice_fits_the_device():
 def test_convolution_step_under_jit_equals_eager(device):
     _native_backend(device, F32, 2)
 
-    def train(jitted):
-        fg.manual_seed(0)
-        model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 4, 3, stride=2, groups=2),
-                              nn.Flatten(), nn.Linear(4 * 3 * 3, 2)).to(device)
-        opt = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    def make_model():
+        return nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 4, 3, stride=2, groups=2),
+                             nn.Flatten(), nn.Linear(4 * 3 * 3, 2))
 
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+    def run(jitted):
+        return train(device, make_model, lambda ps: optim.SGD(ps, lr=0.05, momentum=0.9),
+                     ((4, 3, 8, 8), (4, 2)), jitted, seed=6)
 
-        run = fg.jit(step) if jitted else step
-        rng = np.random.default_rng(6)
-        losses = []
-        for _ in range(5):
-            x = fg.tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32), device=device)
-            y = fg.tensor(rng.standard_normal((4, 2)).astype(np.float32), device=device)
-            losses.append(run(x, y).item())
-        return np.array(losses), run
-
-    eager, _ = train(False)
-    jitted, step = train(True)
+    eager, _, _ = run(False)
+    jitted, _, step = run(True)
     np.testing.assert_allclose(jitted, eager, rtol=0, atol=0)
     assert step.recordings == 1 and eager[-1] < eager[0]

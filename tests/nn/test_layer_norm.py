@@ -14,6 +14,7 @@ import flowgraph as fg
 import flowgraph.nn.functional as F
 from flowgraph import nn, optim
 from flowgraph.errors import ShapeError
+from tests.training import train
 
 # (input shape, normalized_shape)
 SHAPES = [
@@ -137,29 +138,12 @@ def test_layer_norm_saves_no_input_sized_tensor_but_x(device):
 def test_layer_norm_trains_the_same_inside_jit(device):
     """A LayerNorm model's jitted training step (recorded calls on cpu/opencl, a CUDA graph on cuda) gives the
     eager step's losses and parameters."""
-    def train(jitted):
-        fg.manual_seed(0)
-        model = nn.Sequential(nn.Linear(6, 300), nn.LayerNorm(300), nn.GELU(), nn.Linear(300, 3)).to(device)
-        opt = optim.Adam(model.parameters(), lr=1e-2)
+    def run(jitted):
+        return train(device, lambda: nn.Sequential(nn.Linear(6, 300), nn.LayerNorm(300), nn.GELU(), nn.Linear(300, 3)),
+                     lambda ps: optim.Adam(ps, lr=1e-2), ((10, 6), (10, 3)), jitted, seed=5)[:2]
 
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        run = fg.jit(step) if jitted else step
-        rng = np.random.default_rng(5)
-        losses = []
-        for _ in range(5):
-            x = fg.tensor(rng.standard_normal((10, 6)).astype(np.float32), device=device)
-            y = fg.tensor(rng.standard_normal((10, 3)).astype(np.float32), device=device)
-            losses.append(run(x, y).item())
-        return np.array(losses), [p.detach().numpy() for p in model.parameters()]
-
-    eager, eager_params = train(False)
-    jitted, jit_params = train(True)
+    eager, eager_params = run(False)
+    jitted, jit_params = run(True)
     tol = dict(rtol=0, atol=0) if not device.startswith("cuda") else dict(rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(jitted, eager, **tol)
     for p, q in zip(jit_params, eager_params):
