@@ -344,3 +344,55 @@ def test_graph_bad_paths():
         g.checkpoint_activations("encoder.mixed")
     with pytest.raises(fg.FlowError, match="enabled=.*True or False"):
         g.checkpoint_activations("encoder", "yes")
+
+
+def _step_peak(device, model, x) -> int:
+    """Bytes above the start at the peak of one forward + backward (tracemalloc on cpu, where NumPy reports its
+    buffers; the backend's own counters elsewhere)."""
+    import gc
+    import tracemalloc
+
+    for p in model.parameters():
+        p.grad = None
+    bk = fg.get_backend(device)
+    gc.collect()
+    if device == "cpu":
+        tracemalloc.start()
+        try:
+            (model(x) ** 2).mean().backward()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    if "peak" not in bk.memory_stats():
+        pytest.skip(f"{device} does not count allocations")
+    bk.synchronize()
+    bk.reset_peak_memory_stats()
+    before = bk.memory_stats()["allocated"]
+    (model(x) ** 2).mean().backward()
+    bk.synchronize()
+    return bk.memory_stats()["peak"] - before
+
+
+def test_per_block_checkpointing_lowers_the_step_peak(device):
+    """A residual tower whose 16 blocks are checkpointed by path peaks well below the plain run once activations
+    dominate (measured 0.64x on PoCL, lower on the CPU; the benchmark's CUDA figure is 0.56x)."""
+    def build():
+        fg.manual_seed(0)
+        tower = FlowBuilder()
+        for i in range(16):
+            tower = tower.also(nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.LayerNorm(32))).tag(f"b{i}")
+        return FlowBuilder.from_(nn.Linear(16, 32)).through(tower.label("tower").build()).build().to(device)
+
+    x = fg.randn(1024, 16, device=device)
+    plain = build()
+    _step_peak(device, plain, x)  # warm-up: kernels compiled, pools filled
+    plain_peak = _step_peak(device, plain, x)
+    blocks = build()
+    for i in range(16):
+        blocks.checkpoint_activations(f"tower.b{i}")
+    _step_peak(device, blocks, x)
+    for m in blocks.modules():  # the last forward's tag values are the graph's record, not the step's
+        if hasattr(m, "tag_values"):
+            m.tag_values.clear()
+    blocks_peak = _step_peak(device, blocks, x)
+    assert blocks_peak < 0.75 * plain_peak, (blocks_peak, plain_peak)
