@@ -38,9 +38,9 @@ def _kernel_table(fn, steps: int, top: int) -> str:
 def _kernel_breakdown(backend, step, top: int) -> str:
     """Device time of each distinct fused reduction and fused elementwise launch of one eager step.
 
-    Every ``_fused_sum`` and fresh ``_run`` call is repeated 5 times after the step's own call, between CUDA
-    events (pure functions of their inputs, so the repeats change nothing); a kernel shorter than the host's
-    launch cost shows that cost instead, an upper bound.
+    Every ``_fused_sum`` call and every ``_launch_fused`` whose output no input reads is repeated 5 times
+    after the step's own call, between CUDA events (pure functions of their inputs, so the repeats change
+    nothing); a kernel shorter than the host's launch cost shows that cost instead, an upper bound.
     """
     import collections
 
@@ -66,29 +66,28 @@ def _kernel_breakdown(backend, step, top: int) -> str:
         return wrapper
 
     def describe_sum(a, axes, keepdims):
-        from flowgraph.backends.cuda.backend import _flatten
         from flowgraph.backends.fusion import split_reduction
+        from flowgraph.backends.lazy import flatten
 
-        key, leaves, _ = _flatten(a)
+        key, leaves, _ = flatten(a)
         layout = [("C" if leaf.value.flags.c_contiguous else str(leaf.value.strides)) for leaf in leaves]
         return (f"sum {a.shape} axes={tuple(axes)} split={split_reduction(a.shape, tuple(axes))} "
                 f"ops={len(key[0])} leaves={layout}")
 
-    def describe_run(root, out, fresh=False, flat=None):
-        from flowgraph.backends.cuda.backend import _flatten
-
-        key, leaves, _ = flat or _flatten(root)
+    def describe_run(flat, root, out):
+        key, leaves, _ = flat
         layout = [("C" if leaf.value.flags.c_contiguous else str(leaf.value.strides)) for leaf in leaves]
         return f"elementwise {out.shape} ops={len(key[0])} leaves={layout}"
 
     backend._fused_sum = timed(backend._fused_sum, describe_sum, lambda *a, **k: True)
-    # only fresh outputs: an in-place write may read its own output
-    backend._run = timed(backend._run, describe_run, lambda root, out, fresh=False, flat=None: fresh)
+    # only outputs no input reads (timing an in-place write 5 times would change what it reads)
+    backend._launch_fused = timed(backend._launch_fused, describe_run, lambda flat, root, out: all(
+        leaf.value.data.mem is not out.value.data.mem for leaf in flat[1]))
     try:
         step()
         backend.synchronize()
     finally:
-        del backend._fused_sum, backend._run
+        del backend._fused_sum, backend._launch_fused
     total = sum(v[0] for v in stats.values())
     lines = [f"   fused kernels of one step: {total:.3f} ms device"]
     for desc, (ms, count) in sorted(stats.items(), key=lambda kv: -kv[1][0])[:top]:

@@ -3,10 +3,10 @@
 It subclasses :class:`~flowgraph.backends.array_backend.ArrayBackend` with ``xp = cupy`` and overrides
 only what CuPy does differently or better:
 
-* **Fusion.** With fusion on (the default, ``flowgraph.backends.fusion.set_enabled``), elementwise
-  primitives, ``where`` and ``cast`` return a :class:`LazyArray` holding an expression; the chain runs as
-  one generated ``cupy.ElementwiseKernel`` when something needs the values (any other primitive, a host
-  read, an in-place write to a buffer it reads, the size caps of ``fusion``). Kernels are cached by
+* **Fusion** through the lazy engine shared with OpenCL (:mod:`flowgraph.backends.lazy`): elementwise
+  primitives, ``where`` and ``cast`` return a :class:`LazyArray` holding an expression, and the engine
+  decides when it runs and what must run before a buffer is overwritten. This module supplies only the
+  storage (CuPy views) and the kernels: a chain runs as one generated ``cupy.ElementwiseKernel``, cached by
   structure, never by sizes or scalar values. With fusion off every primitive is CuPy's own ufunc.
 * **matmul** through flowgraph's own cuBLAS handle (``blas.Cublas``), which also works inside CUDA
   graph capture, where CuPy refuses cuBLAS.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,10 +41,10 @@ from ..fusion import (
     is_host_scalar,
     linearize,
     reduction_layout,
-    result_dtype,
     sgd_update_scalars,
     split_reduction,
 )
+from ..lazy import LazyEngine, flatten
 from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
@@ -86,20 +85,22 @@ def _install_peak_allocator() -> None:
 
 
 class LazyArray:
-    """A CUDA array that may still be a pending fused expression.
+    """A CUDA array that may still be a pending fused expression (the lazy engine's array type on CUDA).
 
-    ``lazy`` is the :class:`~flowgraph.backends.fusion.Expr` computing it (``None`` once realized) and
-    ``value`` the ``cupy.ndarray`` holding it (``None`` while lazy). Layers above read only ``shape``,
-    ``ndim``, ``dtype``, ``size`` and ``len()``.
+    ``lazy`` is the :class:`~flowgraph.backends.fusion.Expr` computing it (``None`` once realized), ``value``
+    the ``cupy.ndarray`` holding it (``None`` while lazy) and ``consumers`` the pending arrays reading it while
+    it is pending (see :mod:`flowgraph.backends.lazy`). Layers above read only ``shape``, ``ndim``, ``dtype``,
+    ``size`` and ``len()``.
     """
 
-    __slots__ = ("lazy", "shape", "dtype", "value", "__weakref__")
+    __slots__ = ("lazy", "shape", "dtype", "value", "consumers", "__weakref__")
 
     def __init__(self, lazy: Expr | None, shape: Shape, dtype: np.dtype, value: Any = None):
         self.lazy = lazy
         self.shape = shape
         self.dtype = dtype
         self.value = value
+        self.consumers: Any = None
 
     @property
     def ndim(self) -> int:
@@ -119,75 +120,16 @@ class LazyArray:
     def __repr__(self) -> str:
         state = "lazy" if self.lazy is not None else "realized"
         return f"LazyArray(shape={self.shape}, dtype={self.dtype}, {state})"
-
-
-def _memory_key(a: Any) -> int:
-    """Identity of the allocation ``a`` lives in (views share it)."""
-    return id(a.data.mem)
-
-
-def _flatten(root: LazyArray) -> tuple[tuple, list[LazyArray], list[Scalar]]:
-    """``(structural key, leaves, scalars)`` of a lazy tree, in ``fusion.linearize``'s order.
-
-    The hot path of every realization: ``linearize`` builds a full :class:`FusedProgram` (with dtype
-    strings in its key, ~30 us), needed only when a kernel is compiled. This walk visits the tree the
-    same way (inputs depth first, leaves deduplicated by identity, scalars not) and keys by dtype objects.
-    """
-    leaves: list[LazyArray] = []
-    leaf_ref: dict[int, int] = {}
-    scalars: list[Scalar] = []
-    code: list[tuple] = []
-    memo: dict[int, int] = {}
-
-    def visit(x: Any) -> int:
-        if type(x) is Scalar:
-            scalars.append(x)
-            return -len(scalars)  # scalars: -1, -2, ...
-        expr = x.lazy
-        if expr is None:
-            ref = leaf_ref.get(id(x))
-            if ref is None:
-                leaves.append(x)
-                ref = leaf_ref[id(x)] = 1000 + len(leaves)  # leaves: 1001, 1002, ...
-            return ref
-        ref = memo.get(id(x))
-        if ref is None:
-            refs = tuple([visit(i) for i in expr.inputs])
-            code.append((expr.op, expr.dtype, refs))
-            ref = memo[id(x)] = len(code) - 1  # values: 0, 1, ...
-        return ref
-
-    try:
-        visit(root)
-    finally:
-        # A nested function that calls itself is a reference cycle (function -> closure cell -> function)
-        # holding every list it closes over, so every array this walk saw (forward activations, in backward)
-        # stayed alive until Python's cyclic GC ran: convnet kept ~1 GB of the last step between steps.
-        visit = None
-    key = (tuple(code), tuple([leaf.dtype for leaf in leaves]), tuple([s.dtype for s in scalars]))
-    return key, leaves, scalars
-
-
-def _fast_scalar(value: Any, dtype: np.dtype) -> Scalar:
-    """``Scalar(value, dtype)`` without its NumPy array round trip (3 us) where the dtype's type converts."""
-    try:
-        converted = dtype.type(value)
-    except (OverflowError, ValueError, TypeError):
-        # out of the dtype's range (int8 + 1000): the C cast, wrapping as PyTorch does (it recursed forever)
-        converted = np.array(value).astype(dtype)[()]
-    s = Scalar.__new__(Scalar)
-    s.dtype = dtype
-    s.value = converted
-    return s
-
-
-class CupyBackend(ArrayBackend):
+class CupyBackend(LazyEngine, ArrayBackend):
     """The protocol on one NVIDIA GPU through CuPy (``"cuda:N"``).
 
     >>> be = get_backend("cuda:0")                                  # doctest: +SKIP
     >>> be.to_host(be.add(be.from_host(np.ones(3, np.float32)), 1))  # doctest: +SKIP
     array([2., 2., 2.], dtype=float32)
     """
+
+    _lazy_type = LazyArray
+    _array_name = "a CUDA array"
 
     def __init__(self, device: str = "cuda:0"):
         kind, _, index = device.partition(":")
@@ -205,8 +147,7 @@ class CupyBackend(ArrayBackend):
         self._device.use()
         _install_peak_allocator()
         self._kernels: dict[tuple, Any] = {}
-        self._readers: dict[Any, list[weakref.ref]] = {}
-        self._reader_count = 0
+        self._init_lazy()
         self._rng_state: Any = None
         self._rng: Any = None
         self._blas: Cublas | None = None
@@ -247,7 +188,8 @@ class CupyBackend(ArrayBackend):
         if cupy.cuda.runtime.getDevice() != self.index:
             self._device.use()
 
-    # ----------------------------------------------------------------- realization
+
+    # ----------------------------------------------------------------- the lazy engine's hooks
     def _arr(self, x: Any) -> Any:
         """The ``cupy.ndarray`` behind ``x`` (running its pending expression first)."""
         if type(x) is LazyArray:
@@ -261,27 +203,58 @@ class CupyBackend(ArrayBackend):
         pointers to other libraries (NCCL, DLPack consumers)."""
         return self._arr(x)
 
-    def realize(self, x: LazyArray) -> LazyArray:
-        """Run ``x``'s pending expression into a fresh contiguous array (no-op when realized or not lazy)."""
-        if type(x) is not LazyArray or x.lazy is None:
-            return x
-        out = cupy.empty(x.shape, dtype=x.dtype)
-        self._run(x, out, fresh=True)
-        x.value = out
-        x.lazy = None
-        self._move_readers(x, out)
-        return x
+    @staticmethod
+    def _operand(x: Any, where: str) -> Any:
+        t = type(x)
+        return x if t is LazyArray or t is cupy.ndarray else None
 
-    def _move_readers(self, x: LazyArray, buffer: Any) -> None:
-        """Pending expressions that read ``x`` while it was lazy now read ``buffer``: register them there."""
-        parents = self._readers.pop(("n", id(x)), None)
-        if parents:
-            self._readers.setdefault(_memory_key(buffer), []).extend(parents)
+    @staticmethod
+    def _as_leaf(x: Any) -> LazyArray:
+        return x if type(x) is LazyArray else LazyArray(None, x.shape, x.dtype, x)
 
-    def _kernel(self, root: LazyArray, key: tuple, out_dtype: np.dtype) -> Any:
+    @staticmethod
+    def _new_lazy(expr: Expr, shape: Shape, dtype: np.dtype) -> LazyArray:
+        return LazyArray(expr, shape, dtype)
+
+    @staticmethod
+    def _broadcast_leaf(x: LazyArray, shape: Shape, where: str) -> LazyArray:
+        try:
+            view = cupy.broadcast_to(x.value, shape)
+        except ValueError:
+            raise ShapeError(f"{where}: cannot broadcast shape {x.shape} to {shape} (NumPy rules)") from None
+        return LazyArray(None, tuple(shape), x.dtype, view)
+
+    @staticmethod
+    def _storage_id(x: LazyArray) -> int:
+        return id(x.value.data.mem)
+
+    @staticmethod
+    def _overlaps(a: LazyArray, b: LazyArray) -> bool:
+        va, vb = a.value, b.value
+        same_view = va.data.ptr == vb.data.ptr and va.strides == vb.strides
+        return not same_view and cupy.may_share_memory(va, vb)
+
+    @staticmethod
+    def _strides(x: LazyArray) -> tuple[int, ...]:
+        return x.value.strides
+
+    def _fresh(self, shape: Shape, dtype: np.dtype) -> LazyArray:
+        self._use()
+        return LazyArray(None, tuple(shape), dtype, cupy.empty(shape, dtype=dtype))
+
+    @staticmethod
+    def _take_storage(x: LazyArray, out: LazyArray) -> None:
+        x.value, x.lazy = out.value, None
+
+    @staticmethod
+    def _fill(dst: LazyArray, value: Scalar) -> None:
+        v = value.value
+        dst.value.fill(float(v) if value.dtype in K.HALF_TYPES else v)
+
+    def _kernel(self, root: Any, key: tuple, out_dtype: np.dtype) -> Any:
         kernel = self._kernels.get(key)
         if kernel is None:
-            program = linearize(root)  # same leaf and scalar order as _flatten
+            program = linearize(root)  # same leaf and scalar order as lazy.flatten
             in_params, out_params, body, preamble = K.elementwise_spec(program, out_dtype)
             kernel = cupy.ElementwiseKernel(in_params, out_params, body, name="fg_fused", preamble=preamble)
             self._kernels[key] = kernel
@@ -292,130 +265,31 @@ class CupyBackend(ArrayBackend):
         program = linearize(x)
         return K.elementwise_spec(program, np.dtype(out_dtype or program.dtype))[2]
 
-    def _run(self, root: LazyArray, out: Any, fresh: bool = False, flat: tuple | None = None) -> None:
-        """Evaluate the lazy tree ``root`` into the cupy array ``out`` (same shape, any layout; converts)."""
-        if out.size == 0:
+    def _launch_fused(self, flat: tuple, root: Any, out: LazyArray) -> None:
+        """Evaluate the tree ``root`` into the view ``out`` (same shape, any layout; converts)."""
+        dst = out.value
+        if dst.size == 0:
             return
         self._use()
-        key, leaves, scalars = flat or _flatten(root)
-        key = (key, out.dtype)
-        kernel = self._kernel(root, key, out.dtype)
+        key, leaves, scalars = flat
+        key = (key, dst.dtype)
+        kernel = self._kernel(root, key, dst.dtype)
         args: list[Any] = [leaf.value for leaf in leaves]
-        if not fresh:
-            # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
-            ptr, strides = out.data.ptr, out.strides
-            for i, value in enumerate(args):
-                if value is not out and value.data.ptr == ptr and value.strides == strides:
-                    args[i] = out
+        # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
+        ptr, strides = dst.data.ptr, dst.strides
+        for i, value in enumerate(args):
+            if value is not dst and value.data.ptr == ptr and value.strides == strides:
+                args[i] = dst
         for sc in scalars:
             args.append(sc.value if sc.dtype not in K.HALF_TYPES else np.float32(sc.value))
-        args.append(out)
+        args.append(dst)
         kernel(*args)
         stats = self.stats
         stats["fused_launches"] += 1
         stats["fused_ops"] += len(key[0][0])
 
-    def _register_reader(self, node: LazyArray, inputs: Sequence[Any]) -> None:
-        """Remember which allocations ``node`` reads (see ``assign``).
-
-        A realized input registers ``node`` under its allocation; a pending one under ``("n", id(input))``,
-        moved to the input's buffer when it is realized (``_move_readers``).
-        """
-        ref = weakref.ref(node)
-        readers = self._readers
-        for x in inputs:
-            if type(x) is LazyArray:
-                key = _memory_key(x.value) if x.lazy is None else ("n", id(x))
-                readers.setdefault(key, []).append(ref)
-        self._reader_count += 1
-        if self._reader_count > 8192:
-            self._prune_readers()
-
-    def _prune_readers(self) -> None:
-        self._reader_count = 0
-        for key in list(self._readers):
-            alive = [
-                r for r in self._readers[key]
-                if (n := r()) is not None and (n.lazy is not None or _memory_key(n.value) == key)
-            ]
-            if alive:
-                self._readers[key] = alive
-            else:
-                del self._readers[key]
-
-    def _flush_readers(self, dst: Any, keep: Any) -> None:
-        """Realize pending expressions that read ``dst``'s allocation before it is overwritten."""
-        key = _memory_key(dst)
-        refs = self._readers.pop(key, None)
-        if not refs:
-            return
-        for ref in refs:
-            node = ref()
-            if node is None or node is keep:
-                continue
-            if node.lazy is not None:
-                self.realize(node)
-            elif node.value is not None and _memory_key(node.value) == key:
-                # An earlier fused write made ``node`` an alias of this buffer: give it its own copy.
-                node.value = node.value.copy()
-
-    # ----------------------------------------------------------------- elementwise graph building
-    def _leaf(self, x: Any, shape: Shape, where: str) -> LazyArray:
-        """``x`` (cupy array or LazyArray) as an expression input of ``shape`` (broadcast views)."""
-        if type(x) is LazyArray:
-            if x.shape == shape:
-                return x
-            value = self._arr(x)
-        elif isinstance(x, cupy.ndarray):
-            if x.shape == shape:
-                return LazyArray(None, shape, x.dtype, x)
-            value = x
-        else:
-            raise BackendError(f"{where}: expected a CUDA array or a Python scalar, got {type(x).__name__}")
-        try:
-            view = cupy.broadcast_to(value, shape)
-        except ValueError:
-            raise ShapeError(
-                f"{where}: cannot broadcast shape {value.shape} to {shape} (NumPy rules)"
-            ) from None
-        return LazyArray(None, shape, value.dtype, view)
-
-    def _node(self, op: str, inputs: Sequence[Any], dtype: np.dtype) -> LazyArray:
-        shape = None
-        for x in inputs:
-            if type(x) is Scalar:
-                continue
-            if shape is None:
-                shape = x.shape
-            elif x.shape != shape:
-                try:
-                    shape = tuple(np.broadcast_shapes(shape, x.shape))
-                except ValueError:
-                    shapes = [x.shape for x in inputs if type(x) is not Scalar]
-                    raise ShapeError(
-                        f"{op}: shapes {shapes} do not broadcast together (NumPy rules)"
-                    ) from None
-        prepared: list[Any] = []
-        seen: dict[int, LazyArray] = {}
-        for x in inputs:
-            if type(x) is Scalar:
-                prepared.append(x)
-                continue
-            leaf = seen.get(id(x))
-            if leaf is None:
-                leaf = seen[id(x)] = self._leaf(x, shape, op)
-            prepared.append(leaf)
-        expr = Expr(op, prepared, dtype)
-        if expr.too_big():
-            for x in prepared:
-                if type(x) is LazyArray and x.lazy is not None:
-                    self.realize(x)
-            expr = Expr(op, prepared, dtype)
-        out = LazyArray(expr, shape, dtype)
-        self._register_reader(out, prepared)
-        return out
-
-    def _check_dtype(self, dtype: np.dtype, where: str) -> np.dtype:
+    def check_dtype(self, dtype: np.dtype, where: str) -> np.dtype:
+        """``dtype`` when CUDA computes it, or a BackendError naming the supported dtypes."""
         if dtype not in K.CudaEmitter.CTYPES:
             raise BackendError(
                 f"{where}: dtype {dtype} is not supported on CUDA; supported: bool, (u)int8-64, float16, "
@@ -423,13 +297,7 @@ class CupyBackend(ArrayBackend):
             )
         return dtype
 
-    def _scalar(self, value: Any, dtype: np.dtype, where: str) -> Scalar:
-        if not isinstance(value, _SCALARS):
-            raise BackendError(
-                f"{where}: expected a CUDA array or a Python scalar, got {type(value).__name__}"
-            )
-        return _fast_scalar(value, dtype)
-
+    # ----------------------------------------------------------------- elementwise
     def _unary_method(self, name: str):
         eager = self._eager.get(name)
 
@@ -437,8 +305,7 @@ class CupyBackend(ArrayBackend):
             if not fusion.is_enabled():
                 self._use()
                 return eager(self._arr(a)) if eager is not None else getattr(type(self), name)(self, a)
-            dtype = self._check_dtype(result_dtype(name, a.dtype), name)
-            return self._node(name, (a,), dtype)
+            return self._unary(name, a)
 
         op.__name__ = name
         op.__doc__ = f"Elementwise ``{name}(a)`` (lazy; fused with its neighbours)."
@@ -446,8 +313,6 @@ class CupyBackend(ArrayBackend):
 
     def _binary_method(self, name: str):
         eager = self._eager[name]
-        ndarray = cupy.ndarray
-        out_dtypes: dict[np.dtype, np.dtype] = {}
         enabled = fusion.is_enabled
 
         # CuPy's float floor_divide/remainder differ from NumPy at infinities: keep the generated kernel.
@@ -460,27 +325,8 @@ class CupyBackend(ArrayBackend):
                     dtype = getattr(b, "dtype", None)
                 if not (own_kernel_always and dtype is not None and dtype.kind == "f"):
                     return self._eager_binary(eager, name, a, b)
-            ta, tb = type(a), type(b)
-            if ta is LazyArray or ta is ndarray:
-                dtype = a.dtype
-                if tb is LazyArray or tb is ndarray:
-                    if b.dtype != dtype:
-                        raise BackendError(
-                            f"{name}: operands have dtypes {a.dtype} and {b.dtype}; the backend takes one "
-                            "dtype (promote first, e.g. with cast)"
-                        )
-                else:
-                    b = self._scalar(b, dtype, name)
-            elif tb is LazyArray or tb is ndarray:
-                dtype = b.dtype
-                a = self._scalar(a, dtype, name)
-            else:
-                raise BackendError(f"{name}: needs at least one CUDA array, got {ta.__name__} and {tb.__name__}")
-            out_dtype = out_dtypes.get(dtype)
-            if out_dtype is None:
-                out_dtype = out_dtypes[dtype] = self._check_dtype(result_dtype(name, dtype), name)
-            out = self._node(name, (a, b), out_dtype)
-            return out if enabled() else self.realize(out).value
+                return self._binary(name, a, b).value  # realized: fusion is off
+            return self._binary(name, a, b)
 
         op.__name__ = name
         op.__doc__ = f"Elementwise ``{name}(a, b)`` with broadcasting (lazy; fused with its neighbours)."
@@ -500,7 +346,7 @@ class CupyBackend(ArrayBackend):
     def erf(self, a: Array) -> Array:
         """Error function (fused as CUDA's ``erf``; ``cupyx.scipy.special.erf`` with fusion off)."""
         if fusion.is_enabled():
-            return self._node("erf", (a,), self._check_dtype(np.dtype(a.dtype), "erf"))
+            return self._node("erf", (a,), self.check_dtype(np.dtype(a.dtype), "erf"))
         from cupyx.scipy.special import erf
 
         a = self._arr(a)
@@ -512,32 +358,17 @@ class CupyBackend(ArrayBackend):
         if not fusion.is_enabled():
             self._use()
             return super().where(self._arr(cond), self._arr(a), self._arr(b))
-        arrays = [x for x in (a, b) if not isinstance(x, _SCALARS)]
-        if arrays:
-            dtype = arrays[0].dtype
-            if len(arrays) == 2 and b.dtype != dtype:
-                raise BackendError(f"where: branches have dtypes {a.dtype} and {b.dtype}; cast one first")
-        else:
-            dtype = np.result_type(a, b)
-        dtype = self._check_dtype(np.dtype(dtype), "where")
-        inputs = [x if not isinstance(x, _SCALARS) else self._scalar(x, dtype, "where") for x in (a, b)]
-        if isinstance(cond, _SCALARS):
-            cond = self._scalar(cond, _BOOL, "where")
-        elif cond.dtype != _BOOL:
-            cond = self.cast(cond, _BOOL)
-        if all(type(x) is Scalar for x in (cond, *inputs)):
-            raise BackendError("where: at least one of cond, a, b must be an array")
-        return self._node("where", (cond, *inputs), dtype)
+        return self._where(cond, a, b)
 
     def cast(self, a: Array, dtype: np.dtype) -> Array:
         dtype = np.dtype(dtype)
         if a.dtype == dtype:
             return a
-        self._check_dtype(dtype, "cast")
+        self.check_dtype(dtype, "cast")
         if not fusion.is_enabled():
             self._use()
             return self._arr(a).astype(dtype)
-        out = self._node("cast", (a,), dtype)
+        out = self._cast(a, dtype)
         if dtype in K.HALF_TYPES and a.dtype not in K.HALF_TYPES and type(out) is LazyArray:
             # A 16-bit float made inside a fused chain of wider types would be an intermediate of a type CuPy
             # declares only for kernel arguments (float32 -> float16 -> float32 failed to compile): store it.
@@ -568,7 +399,7 @@ class CupyBackend(ArrayBackend):
         array = np.asarray(array)
         if not array.dtype.isnative:  # a foreign byte order (e.g. read from a big-endian file)
             array = array.astype(array.dtype.newbyteorder("="))
-        self._check_dtype(array.dtype, "from_host")
+        self.check_dtype(array.dtype, "from_host")
         try:
             return cupy.asarray(array)
         except (TypeError, ValueError) as exc:
@@ -592,7 +423,7 @@ class CupyBackend(ArrayBackend):
 
     def full(self, shape: Shape, value: float | int | bool, dtype: np.dtype) -> Array:
         self._use()
-        return cupy.full(tuple(shape), value, dtype=self._check_dtype(np.dtype(dtype), "full"))
+        return cupy.full(tuple(shape), value, dtype=self.check_dtype(np.dtype(dtype), "full"))
 
     def arange(self, start: float, stop: float, step: float, dtype: np.dtype) -> Array:
         self._use()
@@ -644,7 +475,7 @@ class CupyBackend(ArrayBackend):
         return out
 
     def _float_dtype(self, dtype: Any, where: str) -> np.dtype:
-        dtype = self._check_dtype(np.dtype(dtype), where)
+        dtype = self.check_dtype(np.dtype(dtype), where)
         if dtype.kind != "f" and dtype != K.BF16:
             raise BackendError(f"{where}: needs a floating dtype, got {dtype}")
         return dtype
@@ -668,7 +499,7 @@ class CupyBackend(ArrayBackend):
         return out if dtype == K.F32 else self.cast(out, dtype)
 
     def randint(self, low: int, high: int, shape: Shape, dtype: np.dtype) -> Array:
-        dtype = self._check_dtype(np.dtype(dtype), "randint")
+        dtype = self.check_dtype(np.dtype(dtype), "randint")
         if dtype.kind not in "iu":
             raise BackendError(f"randint: needs an integer dtype, got {dtype}")
         if high <= low:
@@ -699,7 +530,7 @@ class CupyBackend(ArrayBackend):
         acc = K.F32 if dtype in K.HALF_TYPES else out_dtype
         ndim = len(a.shape)
         axes = tuple(sorted({ax % ndim for ax in axes}))
-        flat = _flatten(a)
+        flat = flatten(a)
         if OWN_REDUCTIONS and out_dtype in K.RSUM_TYPES and all(leaf.dtype in K.RSUM_TYPES for leaf in flat[1]):
             return self._own_sum(a, axes, keepdims, out_dtype, flat)
         kept = split_reduction(a.shape, axes)
@@ -855,45 +686,7 @@ class CupyBackend(ArrayBackend):
     def assign(self, dst: Array, src: Array | float) -> Array:
         self._use()
         dst = self._arr(dst)
-        if any(s == 0 and n > 1 for n, s in zip(dst.shape, dst.strides)):
-            # A broadcast view cannot hold distinct values: give the result its own storage.
-            out = cupy.empty(dst.shape, dtype=dst.dtype)
-            self._write(out, src)
-            return out
-        self._flush_readers(dst, keep=src)
-        self._write(dst, src)
-        return dst
-
-    def _write(self, dst: Any, src: Any) -> None:
-        """Evaluate ``src`` (broadcast, converted) into the cupy view ``dst``."""
-        if isinstance(src, _SCALARS):
-            if dst.size:
-                dst.fill(src)
-            return
-        pending = type(src) is LazyArray and src.lazy is not None
-        if pending and src.shape == dst.shape and src.dtype == dst.dtype:
-            flat = _flatten(src)
-            leaves = flat[1]
-            safe = all(
-                not cupy.may_share_memory(leaf.value, dst)
-                or (leaf.value.data.ptr == dst.data.ptr and leaf.value.strides == dst.strides)
-                for leaf in leaves
-            )
-            if safe:
-                # One kernel writes the fused update in place; ``src`` becomes an alias of ``dst`` until
-                # ``dst`` is written again (``_flush_readers`` then copies it out, if it is still alive).
-                self._run(src, dst, flat=flat)
-                src.value, src.lazy = dst, None
-                self._readers.setdefault(_memory_key(dst), []).append(weakref.ref(src))
-                self._move_readers(src, dst)
-                return
-        value = self._arr(src)
-        if value.shape != dst.shape:
-            value = cupy.broadcast_to(value, dst.shape)
-        if value is not dst and cupy.may_share_memory(value, dst):
-            value = value.copy()
-        if dst.size:
-            cupy.copyto(dst, value, casting="unsafe")
+        return self._assign(LazyArray(None, dst.shape, dst.dtype, dst), src).value
 
     def _optimizer_operands(self, p: Array, g: Array, state: tuple) -> tuple | None:
         """``(p, g, state)`` as cupy arrays for a fused optimizer kernel, or None (the generic path runs) unless
@@ -958,7 +751,7 @@ class CupyBackend(ArrayBackend):
             kernel = cupy.ElementwiseKernel(*K.update_spec(spec, device), name=f"fg_{spec.name}")
             self._kernels[key] = kernel
         for buffer in (p, *state):  # pending expressions reading the old values run first
-            self._flush_readers(buffer, keep=None)
+            self._flush_readers(id(buffer.data.mem))
         kernel(g, *(steps if device else (t(x) for x in steps)), *(t(x) for x in scalars), p, *state)
         return True
 
@@ -1003,7 +796,7 @@ class CupyBackend(ArrayBackend):
             table = self._adam_tables[key] = (device, len(blocks), staging)
         for p, _, state in operands:  # pending expressions reading the old values run first
             for buffer in (p, *state):
-                self._flush_readers(buffer, keep=None)
+                self._flush_readers(id(buffer.data.mem))
         t = dtype.type
         scalars = [t(step_size), t(eps_hat)] + [t(x) for x in adam_update_scalars(beta1, beta2, l2, decay, maximize)]
         if work:

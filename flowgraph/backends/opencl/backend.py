@@ -1,6 +1,8 @@
 """``OpenCLBackend``: the backend protocol on PyOpenCL with generated, cached, fused kernels.
 
-Elementwise primitives return lazy :class:`CLArray` s (see ``flowgraph.backends.fusion``); the chain runs as
+Elementwise primitives return lazy :class:`CLArray` s through the lazy engine shared with CUDA
+(:mod:`flowgraph.backends.lazy`, which decides when a chain runs and what runs before a buffer is
+overwritten); this module supplies the storage (buffer, strides, offset) and the kernels, and the chain runs as
 one kernel when a boundary needs a buffer. Reductions read their input through the same fused program, so
 ``sum(x * y)`` is one kernel too. Kernels are keyed by structure (program key, dtypes, collapsed rank),
 never by sizes, and built programs are shared per context across backend instances.
@@ -9,7 +11,6 @@ never by sizes, and built programs are shared per context across backend instanc
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,16 +24,15 @@ from ..fusion import (
     ADAM_UPDATE,
     SGD_UPDATE,
     Expr,
-    FusedProgram,
     Scalar,
     UpdateKernel,
     adam_update_scalars,
     is_host_scalar,
     linearize,
     reduction_layout,
-    result_dtype,
     sgd_update_scalars,
 )
+from ..lazy import LazyEngine, flatten
 from . import conv as CK
 from . import kernels as K
 from .array import CLArray, contiguous_strides, is_contiguous, nocopy_strides, shape_size
@@ -48,9 +48,9 @@ _F64 = np.dtype(np.float64)
 _F16 = np.dtype(np.float16)
 
 
-def _scalar_args(program: FusedProgram) -> list[Any]:
+def _scalar_args(scalars: Sequence[Scalar]) -> list[Any]:
     """Kernel arguments for a program's scalars (bool travels as a 0/1 uchar)."""
-    return [int(s.value) if s.dtype.kind == "b" else s.value for s in program.scalars]
+    return [int(s.value) if s.dtype.kind == "b" else s.value for s in scalars]
 
 
 _REDUCE_DTYPES: dict[tuple[str, np.dtype], np.dtype] = {}
@@ -76,7 +76,7 @@ def _floor_pow2(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
-class OpenCLBackend(Backend):
+class OpenCLBackend(LazyEngine, Backend):
     """The protocol on one OpenCL device (``"opencl:N"``, numbered over all platforms in order).
 
     >>> from flowgraph.backends import get_backend
@@ -86,6 +86,8 @@ class OpenCLBackend(Backend):
     """
 
     name = "opencl"
+    _lazy_type = CLArray
+    _array_name = "a CLArray"
     #: Work-group size cap for reductions (a power of two).
     REDUCE_GROUP = 256
     #: Reductions with fewer outputs than this and more inputs per output than SPLIT_ABOVE_INPUTS are
@@ -118,10 +120,7 @@ class OpenCLBackend(Backend):
         self._pool = MemoryPool(ImmediateAllocator(self.queue))
         self._peak = 0
         self._kernels: dict[tuple, tuple[Any, K.KernelSource]] = {}
-        # Per buffer id, the lazy arrays that read that buffer directly: assign realizes those before it
-        # overwrites the buffer.
-        self._readers: dict[int, weakref.WeakSet[CLArray]] = {}
-        self._readers_limit = 4096
+        self._init_lazy()
         self._seed = 0
         self._counter = 0
 
@@ -228,7 +227,7 @@ class OpenCLBackend(Backend):
             found = self._group_limits[id(kernel)] = _floor_pow2(min(int(size), self.REDUCE_GROUP))
         return found
 
-    # ----------------------------------------------------------------- realization (fusion boundary)
+    # ----------------------------------------------------------------- the lazy engine's hooks
     def _own(self, a: Any, where: str) -> CLArray:
         if not isinstance(a, CLArray):
             raise BackendError(f"{where}: expected a CLArray on {self.device}, got {type(a).__name__}")
@@ -236,224 +235,61 @@ class OpenCLBackend(Backend):
             raise BackendError(f"{where}: the array lives on {a.backend.device}, not {self.device}; move it first")
         return a
 
-    def realize(self, a: CLArray) -> CLArray:
-        """Run ``a``'s pending expression into a fresh contiguous buffer (no-op when already realized)."""
-        if a.lazy is None:
-            return a
-        program = linearize(a)
-        buffer = self._allocate(a.nbytes)
-        strides = contiguous_strides(a.shape)
-        self._run_program(program, a.shape, buffer, 0, strides, a.dtype)
-        a.buffer, a.strides, a.offset, a.lazy = buffer, strides, 0, None
-        if a.consumers:
-            # Whoever read this lazy array now reads its buffer.
-            self._add_readers(buffer, a.consumers)
-            a.consumers = None
-        return a
-
-    def _add_readers(self, buffer: Any, readers: Any) -> None:
-        found = self._readers.get(id(buffer))
-        if found is None:
-            if len(self._readers) > self._readers_limit:
-                # Entries of freed buffers are empty (a live reader keeps its buffer alive): drop them.
-                self._readers = {k: v for k, v in self._readers.items() if len(v)}
-                self._readers_limit = max(4096, 2 * len(self._readers))
-            found = self._readers[id(buffer)] = weakref.WeakSet()
-        found.update(readers)
-
-    def _run_program(
-        self,
-        program: FusedProgram,
-        shape: Shape,
-        buffer: Any,
-        offset: int,
-        strides: tuple[int, ...],
-        out_dtype: np.dtype,
-    ) -> None:
-        n = shape_size(shape)
-        if n == 0:
-            return
-        dims, cstrides = K.collapse(shape, [strides] + [leaf.strides for leaf in program.leaves])
-        rank = len(dims)
-        kernel = self._kernel(
-            ("ew", program.key, out_dtype.str, rank), lambda: K.elementwise_source(program, rank, out_dtype)
-        )
-        args: list[Any] = [n, *dims, buffer, offset, *cstrides[0]]
-        for leaf, leaf_strides in zip(program.leaves, cstrides[1:]):
-            args += [leaf.buffer, leaf.offset, *leaf_strides]
-        args += _scalar_args(program)
-        self._launch(kernel, n, args)
-
-    def _write(self, dst: CLArray, src: CLArray | Scalar) -> None:
-        """Evaluate ``src`` (broadcast) into the realized view ``dst``, converting to ``dst.dtype``."""
-        if isinstance(src, CLArray) and src.shape != dst.shape:
-            src = self._broadcast_operand(src, dst.shape, "assign")
-        program = linearize(src)
-        for leaf in program.leaves:
-            same_layout = leaf.offset == dst.offset and leaf.strides == dst.strides
-            if leaf.buffer is dst.buffer and not same_layout:
-                # Reads overlapping the write in another layout: stage the source in its own buffer.
-                staged = self.empty(src.shape, src.dtype)
-                self._run_program(program, src.shape, staged.buffer, 0, staged.strides, src.dtype)
-                program = linearize(staged)
-                break
-        self._run_program(program, dst.shape, dst.buffer, dst.offset, dst.strides, dst.dtype)
-
-    def _flush_readers(self, buffer: Any, keep: Any) -> None:
-        """Realize lazy arrays that read ``buffer`` before it is overwritten (all but ``keep``).
-
-        Readers are tracked exactly and cheaply: a node registers under the buffers of its realized
-        inputs, and with its lazy inputs as a consumer; a lazy array that is realized hands its consumers
-        on to its new buffer. Realizing a direct reader turns it into a leaf for everything above it.
-        """
-        readers = self._readers.pop(id(buffer), None)
-        if not readers:
-            return
-        for reader in list(readers):
-            if reader is keep:
-                self._add_readers(buffer, (reader,))
-            elif reader.lazy is not None:
-                self.realize(reader)
-
-    # ----------------------------------------------------------------- elementwise graph building
-    def _broadcast_operand(self, x: CLArray, shape: Shape, where: str) -> CLArray:
-        if x.lazy is not None:
-            self.realize(x)
-        return self._expand_view(x, shape, where)
-
-    def _broadcast_lazy(self, x: CLArray, shape: Shape, where: str) -> CLArray:
-        """``x`` broadcast to ``shape``, staying lazy: a copy of its tree over broadcast views of its leaves.
-
-        Every leaf of a tree has the root's shape, so broadcasting the root is broadcasting each leaf; the
-        small subexpression is recomputed per output element instead of costing a kernel of its own
-        (``(x - mean) / sqrt(var + eps)`` stays one kernel).
-        """
-        memo: dict[int, CLArray] = {}
-
-        def clone(y: CLArray | Scalar) -> CLArray | Scalar:
-            if isinstance(y, Scalar):
-                return y
-            if y.lazy is None:
-                return self._expand_view(y, shape, where)
-            found = memo.get(id(y))
-            if found is None:
-                inputs = [clone(i) for i in y.lazy.inputs]
-                found = CLArray(self, None, shape, None, 0, y.dtype, Expr(y.lazy.op, inputs, y.dtype))
-                self._register_reads(found, inputs)
-                memo[id(y)] = found
-            return found
-
-        try:
-            return clone(x)
-        finally:
-            clone = None  # a self-calling closure is a reference cycle that would keep the arrays alive until gc
-
-    def _register_reads(self, out: CLArray, inputs: Sequence[CLArray | Scalar]) -> None:
-        """Record that lazy ``out`` reads ``inputs``: under their buffers, or as a consumer of lazy ones."""
-        for x in inputs:
-            if isinstance(x, Scalar):
-                continue
-            if x.lazy is None:
-                self._add_readers(x.buffer, (out,))
-            else:
-                if x.consumers is None:
-                    x.consumers = weakref.WeakSet()
-                x.consumers.add(out)
-
-    def _node(self, op: str, inputs: Sequence[CLArray | Scalar], dtype: np.dtype) -> CLArray:
-        arrays = [x for x in inputs if isinstance(x, CLArray)]
-        shape = arrays[0].shape
-        for x in arrays[1:]:
-            if x.shape != shape:
-                try:
-                    shape = tuple(np.broadcast_shapes(shape, x.shape))
-                except ValueError:
-                    raise ShapeError(
-                        f"{op}: shapes {[a.shape for a in arrays]} do not broadcast together (NumPy rules)"
-                    ) from None
-        prepared = [
-            x if isinstance(x, Scalar) or x.shape == shape else self._broadcast_input(x, shape, op) for x in inputs
-        ]
-        expr = Expr(op, prepared, dtype)
-        if expr.too_big():
-            for x in prepared:
-                if isinstance(x, CLArray):
-                    self.realize(x)
-            expr = Expr(op, prepared, dtype)
-        out = CLArray(self, None, shape, None, 0, dtype, expr)
-        if not fusion.is_enabled():
-            return self.realize(out)
-        self._register_reads(out, prepared)
-        return out
-
-    def _broadcast_input(self, x: CLArray, shape: Shape, where: str) -> CLArray:
-        if x.lazy is not None and fusion.is_enabled():
-            self._expand_view(x, shape, where)  # validates the broadcast with NumPy's rules
-            return self._broadcast_lazy(x, shape, where)
-        return self._broadcast_operand(x, shape, where)
-
-    def _unary(self, op: str, a: Array) -> CLArray:
-        a = self._own(a, op)
-        dtype = self.check_dtype(result_dtype(op, a.dtype), op)
-        return self._node(op, (a,), dtype)
-
-    def _binary(self, op: str, a: Array, b: Array) -> CLArray:
-        if isinstance(a, CLArray):
-            self._own(a, op)
-            dtype = a.dtype
-            if isinstance(b, CLArray):
-                self._own(b, op)
-                if b.dtype != dtype:
-                    raise BackendError(
-                        f"{op}: operands have dtypes {a.dtype} and {b.dtype}; the backend takes one dtype "
-                        "(promote first, e.g. with cast)"
-                    )
-            else:
-                if op == "pow" and dtype.kind in "iu" and isinstance(b, _SCALAR_TYPES) and b < 0:
-                    # NumPy's rule, checked where the exponent is at hand (array exponents are not read back).
-                    raise BackendError(
-                        f"pow: integers to negative integer powers are not allowed ({dtype} ** {b}); "
-                        "cast the base to a float dtype first"
-                    )
-                b = self._scalar(b, dtype, op)
-        else:
-            b = self._own(b, op)
-            dtype = b.dtype
-            a = self._scalar(a, dtype, op)
-        out_dtype = self.check_dtype(result_dtype(op, dtype), op)
-        return self._node(op, (a, b), out_dtype)
+    def _operand(self, x: Any, where: str) -> CLArray | None:
+        return self._own(x, where) if isinstance(x, CLArray) else None
 
     @staticmethod
-    def _scalar(value: Any, dtype: np.dtype, where: str) -> Scalar:
-        if not isinstance(value, _SCALAR_TYPES):
-            raise BackendError(f"{where}: expected a CLArray or a Python scalar, got {type(value).__name__}")
-        return Scalar(value, dtype)
+    def _as_leaf(x: CLArray) -> CLArray:
+        return x
 
+    def _new_lazy(self, expr: Expr, shape: Shape, dtype: np.dtype) -> CLArray:
+        return CLArray(self, None, shape, None, 0, dtype, expr)
+
+    def _broadcast_leaf(self, x: CLArray, shape: Shape, where: str) -> CLArray:
+        return self._expand_view(x, shape, where)
+
+    @staticmethod
+    def _storage_id(x: CLArray) -> int:
+        return id(x.buffer)
+
+    @staticmethod
+    def _overlaps(a: CLArray, b: CLArray) -> bool:
+        return a.offset != b.offset or a.strides != b.strides
+
+    @staticmethod
+    def _strides(x: CLArray) -> tuple[int, ...]:
+        return x.strides
+
+    def _fresh(self, shape: Shape, dtype: np.dtype) -> CLArray:
+        return self.empty(shape, dtype)
+
+    @staticmethod
+    def _take_storage(x: CLArray, out: CLArray) -> None:
+        x.buffer, x.strides, x.offset, x.lazy = out.buffer, out.strides, out.offset, None
+
+    def _launch_fused(self, flat: tuple, root: Any, out: CLArray) -> None:
+        n = out.size
+        if n == 0:
+            return
+        key, leaves, scalars = flat
+        dims, cstrides = K.collapse(out.shape, [out.strides] + [leaf.strides for leaf in leaves])
+        rank, dtype = len(dims), out.dtype
+        kernel = self._kernel(("ew", key, dtype, rank), lambda: K.elementwise_source(linearize(root), rank, dtype))
+        args: list[Any] = [n, *dims, out.buffer, out.offset, *cstrides[0]]
+        for leaf, leaf_strides in zip(leaves, cstrides[1:]):
+            args += [leaf.buffer, leaf.offset, *leaf_strides]
+        args += _scalar_args(scalars)
+        self._launch(kernel, n, args)
+
+    def _fill(self, dst: CLArray, value: Scalar) -> None:
+        self._launch_fused(flatten(value), value, dst)
+
+    # ----------------------------------------------------------------- elementwise
     def where(self, cond: Array, a: Array, b: Array) -> Array:
-        arrays = [x for x in (a, b) if isinstance(x, CLArray)]
-        if arrays:
-            dtype = arrays[0].dtype
-            if len(arrays) == 2 and b.dtype != dtype:
-                raise BackendError(f"where: branches have dtypes {a.dtype} and {b.dtype}; cast one first")
-        else:
-            dtype = np.result_type(a, b)
-        dtype = self.check_dtype(dtype, "where")
-        inputs = [self._own(x, "where") if isinstance(x, CLArray) else self._scalar(x, dtype, "where") for x in (a, b)]
-        if isinstance(cond, CLArray):
-            cond = self._own(cond, "where")
-        else:
-            cond = self._scalar(cond, _BOOL, "where")
-        if not any(isinstance(x, CLArray) for x in (cond, *inputs)):
-            raise BackendError("where: at least one of cond, a, b must be a CLArray")
-        return self._node("where", (cond, *inputs), dtype)
+        return self._where(cond, a, b)
 
     def cast(self, a: Array, dtype: np.dtype) -> Array:
-        a = self._own(a, "cast")
-        dtype = np.dtype(dtype)
-        if a.dtype == dtype:
-            return a
-        self.check_dtype(dtype, "cast")
-        return self._node("cast", (a,), dtype)
+        return self._cast(a, dtype)
 
     # ----------------------------------------------------------------- host exchange and creation
     def from_host(self, array: np.ndarray) -> Array:
@@ -563,8 +399,8 @@ class OpenCLBackend(Backend):
         for axis in axes:
             if not 0 <= axis < a.ndim:
                 raise ShapeError(f"{op}: axis {axis} is out of range for an array of shape {a.shape}")
-        program = linearize(a)
-        leaves = program.leaves
+        flat = flatten(a)
+        leaves = flat[1]
         kept_shape, (kdims, kstrides), (rdims, rstrides) = reduction_layout(
             a.shape, axes, [leaf.strides for leaf in leaves])
         n_out, n_in = shape_size(kept_shape), shape_size(tuple(a.shape[d] for d in axes))
@@ -583,13 +419,13 @@ class OpenCLBackend(Backend):
         out = self.empty(out_shape if parts == 1 else (n_out, parts), out_dtype if parts == 1 else acc_dtype)
         kr, rr = len(kdims), len(rdims)
         written = out.dtype  # out_dtype, or acc_dtype for partial results
-        key = ("reduce", op, program.key, acc_dtype.str, written.str, kr, rr)
-        kernel = self._kernel(key, lambda: K.reduce_source(program, kr, rr, op, acc_dtype, written))
+        key = ("reduce", op, flat[0], acc_dtype, written, kr, rr)
+        kernel = self._kernel(key, lambda: K.reduce_source(linearize(a), kr, rr, op, acc_dtype, written))
         group = min(self._group_limit(kernel), _next_pow2(max(-(-n_in // parts), 1)))
         args: list[Any] = [n_in, parts, *kdims, *rdims, out.buffer]
         for leaf, ks, rs in zip(leaves, kstrides, rstrides):
             args += [leaf.buffer, leaf.offset, *ks, *rs]
-        args += _scalar_args(program)
+        args += _scalar_args(flat[2])
         args.append(cl.LocalMemory(group * acc_dtype.itemsize))
         if op in ("argmax", "argmin"):
             args.append(cl.LocalMemory(group * 8))
@@ -787,28 +623,7 @@ class OpenCLBackend(Backend):
         return out
 
     def assign(self, dst: Array, src: Array | float) -> Array:
-        dst = self.realize(self._own(dst, "assign"))
-        if isinstance(src, CLArray):
-            self._own(src, "assign")
-        else:
-            src = self._scalar(src, dst.dtype, "assign")
-        if any(s == 0 and n > 1 for n, s in zip(dst.shape, dst.strides)):
-            # A broadcast view cannot hold distinct values: give the result its own storage.
-            out = self.empty(dst.shape, dst.dtype)
-            self._write(out, src)
-            return out
-        lazy_src = isinstance(src, CLArray) and src.lazy is not None
-        if lazy_src and (src.shape != dst.shape or src.dtype != dst.dtype):
-            self.realize(src)  # before the write: its expression may read dst
-            lazy_src = False
-        self._flush_readers(dst.buffer, keep=src)
-        self._write(dst, src)
-        if lazy_src:
-            # ``src`` now equals ``dst``: it becomes a lazy copy of it (registered as a reader, so a later
-            # write to ``dst`` realizes it first) rather than re-running its expression on new values.
-            src.lazy = Expr("copy", (dst,), dst.dtype)
-            self._add_readers(dst.buffer, (src,))
-        return dst
+        return self._assign(self.realize(self._own(dst, "assign")), src)
 
     def _optimizer_operands(self, p: Array, g: Array, state: tuple, where: str) -> tuple | None:
         """``(p, g, state)`` realized (``g`` contiguous, in ``p``'s dtype) for a fused optimizer kernel, or None
@@ -866,7 +681,7 @@ class OpenCLBackend(Backend):
             step_args = [t(x) for x in steps]
         kernel = self._kernel((spec.name, p.dtype.str, device), lambda: K.update_source(spec, p.dtype, device))
         for x in (p, *state):  # pending expressions reading the old values run first
-            self._flush_readers(x.buffer, keep=None)
+            self._flush_readers(id(x.buffer))
         args: list[Any] = [p.size] + [a for x in (p, *state, g) for a in (x.buffer, x.offset)]
         args += step_args + [t(x) for x in scalars]
         if p.size:
@@ -892,7 +707,7 @@ class OpenCLBackend(Backend):
         scalars = [t(step_size), t(eps_hat)] + [t(x) for x in adam_update_scalars(beta1, beta2, l2, decay, maximize)]
         for p, _, state in operands:  # pending expressions reading the old values run first
             for x in (p, *state):
-                self._flush_readers(x.buffer, keep=None)
+                self._flush_readers(id(x.buffer))
         work = [o for o in operands if o[0].size]
         for start in range(0, len(work), R.OPENCL_ADAM_TENSORS):
             batch = work[start:start + R.OPENCL_ADAM_TENSORS]
@@ -1273,7 +1088,7 @@ class OpenCLBackend(Backend):
         if index.size == 0:
             return out
         if isinstance(src, CLArray):
-            src = self._broadcast_operand(self._own(src, where), index.shape, where)
+            src = self._broadcast_leaf(self.realize(self._own(src, where)), index.shape, where)
             src = self.realize(self.cast(src, a.dtype))
         else:
             src = self.realize(self.full(index.shape, src, a.dtype))

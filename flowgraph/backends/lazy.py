@@ -1,0 +1,370 @@
+"""The lazy engine shared by the device backends (CUDA, OpenCL): deferred elementwise work, hazards, realization.
+
+Elementwise primitives, ``where`` and ``cast`` do not run: they return an array of the backend's lazy type
+holding an :class:`~flowgraph.backends.fusion.Expr` over its inputs. A chain runs as one generated kernel when
+something needs its values: any other primitive, a host read, a write to a buffer it reads, or the size caps
+of :mod:`~flowgraph.backends.fusion`. This module owns everything about that which does not depend on the
+device:
+
+* **Building** (:meth:`LazyEngine._node`): broadcasting (a realized input becomes a broadcast view, a small
+  pending one is re-expressed over broadcast views of its leaves, so ``(x - mean) * rstd`` stays one kernel),
+  operand checks, the size caps.
+* **Keys** (:func:`flatten`): the structural key, leaves and scalars of a tree in one memoized walk, the order
+  :func:`~flowgraph.backends.fusion.linearize` uses; kernels are cached by that key and the full program is
+  built only when a kernel is compiled.
+* **Hazards**: a pending node registers under the allocations of its realized inputs and as a *consumer* of
+  its pending ones; a realized node hands its consumers on to its new allocation. Before an allocation is
+  overwritten (:meth:`LazyEngine.assign`, fused optimizer steps) the pending readers of it run first.
+* **Realization** (:meth:`LazyEngine.realize`) and **writes** (:meth:`LazyEngine._write`: a pending source runs
+  straight into the destination view; one that reads the destination in another layout is staged first).
+
+A backend mixes :class:`LazyEngine` in and supplies only storage and kernels: the hooks listed on the class.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, ShapeError
+from . import fusion
+from .fusion import Expr, Scalar, result_dtype
+
+_SCALAR_TYPES = (bool, int, float, np.generic)
+_BOOL = np.dtype(bool)
+
+#: A pending input broadcast to a larger shape is re-expressed over broadcast views of its leaves (recomputed
+#: per output element, no kernel of its own) up to this many nodes; a larger one is realized first.
+BROADCAST_RECOMPUTE_NODES = 8
+
+
+def flatten(root: Any) -> tuple[tuple, list[Any], list[Scalar]]:
+    """``(structural key, leaves, scalars)`` of the lazy tree under ``root``, in ``fusion.linearize``'s order.
+
+    The hot path of every realization: ``linearize`` builds a full :class:`~flowgraph.backends.fusion.FusedProgram`
+    (dtype strings in its key), needed only when a kernel is compiled. This walk visits the tree the same way
+    (inputs depth first, shared subtrees once, leaves deduplicated by identity, scalars not) and keys by dtype
+    objects. A realized ``root`` is its own single leaf (the key of a copy).
+    """
+    leaves: list[Any] = []
+    leaf_ref: dict[int, int] = {}
+    scalars: list[Scalar] = []
+    code: list[tuple] = []
+    memo: dict[int, int] = {}
+
+    def visit(x: Any) -> int:
+        if type(x) is Scalar:
+            scalars.append(x)
+            return -len(scalars)  # scalars: -1, -2, ...
+        expr = x.lazy
+        if expr is None:
+            ref = leaf_ref.get(id(x))
+            if ref is None:
+                leaves.append(x)
+                ref = leaf_ref[id(x)] = 1000 + len(leaves)  # leaves: 1001, 1002, ...
+            return ref
+        ref = memo.get(id(x))
+        if ref is None:
+            refs = tuple([visit(i) for i in expr.inputs])
+            code.append((expr.op, expr.dtype, refs))
+            ref = memo[id(x)] = len(code) - 1  # values: 0, 1, ...
+        return ref
+
+    try:
+        visit(root)
+    finally:
+        # A nested function that calls itself is a reference cycle (function -> closure cell -> function)
+        # holding every list it closes over: every array the walk saw would stay alive until the cyclic GC.
+        visit = None
+    key = (tuple(code), tuple([leaf.dtype for leaf in leaves]), tuple([s.dtype for s in scalars]))
+    return key, leaves, scalars
+
+
+class LazyEngine:
+    """Deferred elementwise expressions for a device backend (mixed in before the backend's base class).
+
+    A backend supplies:
+
+    * ``_lazy_type``: its array class. Instances carry ``lazy`` (the pending :class:`Expr` or None),
+      ``shape``, ``dtype`` and ``consumers`` (a WeakSet of pending arrays reading this pending one, or None).
+    * ``_array_name``: how errors name an operand of this backend ("a CUDA array").
+    * ``_operand(x, where)``: ``x`` itself when it is an array of this backend, None when it is not an
+      array at all (a candidate scalar); raises for an array of another device.
+    * ``_as_leaf(x)``: a realized array of the backend as a realized ``_lazy_type`` (itself where it is one).
+    * ``_new_lazy(expr, shape, dtype)``: a pending ``_lazy_type``.
+    * ``_broadcast_leaf(x, shape, where)``: realized ``x`` viewed with ``shape`` (zero strides).
+    * ``_storage_id(x)``: identity of the allocation a realized ``x`` lives in (views share it).
+    * ``_overlaps(a, b)``: whether realized ``a`` may read memory the view ``b`` writes, in another layout.
+    * ``_fresh(shape, dtype)``: a new contiguous realized ``_lazy_type`` (uninitialised).
+    * ``_take_storage(x, out)``: pending ``x`` becomes realized, holding ``out``'s storage.
+    * ``_launch_fused(flat, root, out)``: run the tree ``root`` (``flat = flatten(root)``) into the realized
+      view ``out`` of the same shape, converting to ``out.dtype``.
+    * ``_fill(dst, scalar)``: write one :class:`Scalar` into every element of the realized view ``dst``.
+    * ``_strides(x)``: the element strides of the realized ``x`` (zero on broadcast axes).
+    * ``check_dtype(dtype, where)``: the dtype, or a BackendError naming what the device supports.
+    """
+
+    _lazy_type: type
+    _array_name = "an array"
+
+    def _init_lazy(self) -> None:
+        #: Per allocation (``_storage_id``), the pending arrays that read it directly.
+        self._readers: dict[int, weakref.WeakSet] = {}
+        self._readers_limit = 4096
+        self._result_dtypes: dict[tuple[str, np.dtype], np.dtype] = {}
+
+    # ----------------------------------------------------------------- hazards
+    def _add_readers(self, storage: int, readers: Any) -> None:
+        found = self._readers.get(storage)
+        if found is None:
+            if len(self._readers) > self._readers_limit:
+                # Entries of freed allocations are empty (a live pending reader keeps its input alive).
+                self._readers = {k: v for k, v in self._readers.items() if len(v)}
+                self._readers_limit = max(4096, 2 * len(self._readers))
+            found = self._readers[storage] = weakref.WeakSet()
+        found.update(readers)
+
+    def _register_reads(self, out: Any, inputs: Sequence[Any]) -> None:
+        """Record that pending ``out`` reads ``inputs``: under their allocations, or as a consumer of pending ones."""
+        for x in inputs:
+            if type(x) is Scalar:
+                continue
+            if x.lazy is None:
+                self._add_readers(self._storage_id(x), (out,))
+            else:
+                if x.consumers is None:
+                    x.consumers = weakref.WeakSet()
+                x.consumers.add(out)
+
+    def _flush_readers(self, storage: int, keep: Any = None) -> None:
+        """Realize the pending arrays that read the allocation ``storage`` (all but ``keep``) before it is
+        overwritten. Realizing a direct reader turns it into a leaf for everything above it."""
+        readers = self._readers.pop(storage, None)
+        if not readers:
+            return
+        for reader in list(readers):
+            if reader is keep:
+                self._add_readers(storage, (reader,))
+            elif reader.lazy is not None:
+                self.realize(reader)
+            elif self._storage_id(reader) == storage:
+                # An in-place write left ``reader`` sharing this storage (``_assign``): give it its own copy.
+                out = self._fresh(reader.shape, reader.dtype)
+                self._launch_fused(flatten(reader), reader, out)
+                self._take_storage(reader, out)
+
+    # ----------------------------------------------------------------- realization and writes
+    def realize(self, x: Any) -> Any:
+        """Run ``x``'s pending expression into a fresh contiguous allocation (no-op when realized or not lazy)."""
+        if type(x) is not self._lazy_type or x.lazy is None:
+            return x
+        out = self._fresh(x.shape, x.dtype)
+        self._launch_fused(flatten(x), x, out)
+        self._take_storage(x, out)
+        if x.consumers:
+            # Whoever read this pending array now reads its allocation.
+            self._add_readers(self._storage_id(x), x.consumers)
+            x.consumers = None
+        return x
+
+    def _write(self, dst: Any, src: Any) -> None:
+        """Evaluate ``src`` (a ``_lazy_type`` or a :class:`Scalar`, broadcast, converted) into the realized view
+        ``dst``. Pending readers of ``dst`` are the caller's business (``assign`` flushes them)."""
+        if type(src) is Scalar:
+            if dst.size:
+                self._fill(dst, src)
+            return
+        if src.shape != dst.shape:
+            src = self._broadcast_input(src, dst.shape, "assign")
+        flat = flatten(src)
+        storage = self._storage_id(dst)
+        for leaf in flat[1]:
+            if self._storage_id(leaf) == storage and self._overlaps(leaf, dst):
+                # Reads overlapping the write in another layout: stage the source in its own allocation.
+                staged = self._fresh(src.shape, src.dtype)
+                self._launch_fused(flat, src, staged)
+                src, flat = staged, flatten(staged)
+                break
+        self._launch_fused(flat, src, dst)
+
+    def _assign(self, dst: Any, src: Any) -> Any:
+        """``assign`` on a realized ``_lazy_type`` view ``dst``: the destination written, or a new array where
+        ``dst`` is a broadcast view (which cannot hold distinct values)."""
+        if self._operand(src, "assign") is None:
+            src = self._scalar(src, dst.dtype, "assign")
+        elif type(src) is not self._lazy_type:
+            src = self._as_leaf(src)
+        if any(s == 0 and n > 1 for n, s in zip(dst.shape, self._strides(dst))):
+            out = self._fresh(dst.shape, dst.dtype)
+            self._write(out, src)
+            return out
+        pending = type(src) is self._lazy_type and src.lazy is not None
+        if pending and (src.shape != dst.shape or src.dtype != dst.dtype):
+            self.realize(src)  # before the write: its expression may read dst
+            pending = False
+        storage = self._storage_id(dst)
+        self._flush_readers(storage, keep=src)
+        self._write(dst, src)
+        if pending:
+            # ``src`` now equals ``dst``: it shares ``dst``'s storage (no copy) until ``dst`` is written again,
+            # when ``_flush_readers`` gives it its own copy; its pending readers now read that storage.
+            consumers = src.consumers
+            src.consumers = None
+            self._take_storage(src, dst)
+            self._add_readers(storage, (src, *(consumers or ())))
+        return dst
+
+    # ----------------------------------------------------------------- building
+    def _broadcast_input(self, x: Any, shape: tuple, where: str) -> Any:
+        """``x`` as an operand of ``shape``: a broadcast view, or a pending tree over broadcast leaves."""
+        if x.lazy is None:
+            return self._broadcast_leaf(x, shape, where)
+        if x.lazy.nodes > BROADCAST_RECOMPUTE_NODES or not fusion.is_enabled():
+            return self._broadcast_leaf(self.realize(x), shape, where)
+        memo: dict[int, Any] = {}
+
+        def clone(y: Any) -> Any:
+            if type(y) is Scalar:
+                return y
+            if y.lazy is None:
+                return self._broadcast_leaf(y, shape, where)
+            found = memo.get(id(y))
+            if found is None:
+                inputs = [clone(i) for i in y.lazy.inputs]
+                found = self._new_lazy(Expr(y.lazy.op, inputs, y.dtype), shape, y.dtype)
+                self._register_reads(found, inputs)
+                memo[id(y)] = found
+            return found
+
+        try:
+            return clone(x)
+        finally:
+            clone = None  # a self-calling closure is a reference cycle that would keep the arrays alive until gc
+
+    def _node(self, op: str, inputs: Sequence[Any], dtype: np.dtype) -> Any:
+        """A pending ``op`` over ``inputs`` (arrays of this backend, or :class:`Scalar` s) giving ``dtype``."""
+        shape = None
+        for x in inputs:
+            if type(x) is Scalar:
+                continue
+            if shape is None:
+                shape = x.shape
+            elif x.shape != shape:
+                try:
+                    shape = tuple(np.broadcast_shapes(shape, x.shape))
+                except ValueError:
+                    shapes = [y.shape for y in inputs if type(y) is not Scalar]
+                    raise ShapeError(f"{op}: shapes {shapes} do not broadcast together (NumPy rules)") from None
+        lazy_type = self._lazy_type
+        prepared: list[Any] = []
+        seen: dict[int, Any] = {}
+        for x in inputs:
+            if type(x) is Scalar:
+                prepared.append(x)
+                continue
+            operand = seen.get(id(x))
+            if operand is None:
+                operand = x if type(x) is lazy_type else self._as_leaf(x)
+                if operand.shape != shape:
+                    operand = self._broadcast_input(operand, shape, op)
+                seen[id(x)] = operand
+            prepared.append(operand)
+        expr = Expr(op, prepared, dtype)
+        if expr.too_big():
+            for x in prepared:
+                if type(x) is lazy_type and x.lazy is not None:
+                    self.realize(x)
+            expr = Expr(op, prepared, dtype)
+        out = self._new_lazy(expr, shape, dtype)
+        if not fusion.is_enabled():
+            return self.realize(out)
+        self._register_reads(out, prepared)
+        return out
+
+    def _scalar(self, value: Any, dtype: np.dtype, where: str) -> Scalar:
+        if not isinstance(value, _SCALAR_TYPES):
+            raise BackendError(
+                f"{where}: expected {self._array_name} or a Python scalar, got {type(value).__name__}"
+            )
+        try:
+            converted = dtype.type(value)
+        except (OverflowError, ValueError, TypeError):
+            # out of the dtype's range (int8 + 1000): the C cast, wrapping as PyTorch does
+            converted = np.array(value).astype(dtype)[()]
+        s = Scalar.__new__(Scalar)
+        s.dtype = dtype
+        s.value = converted
+        return s
+
+    def _result_dtype(self, op: str, dtype: np.dtype) -> np.dtype:
+        key = (op, dtype)
+        found = self._result_dtypes.get(key)
+        if found is None:
+            found = self._result_dtypes[key] = self.check_dtype(result_dtype(op, dtype), op)
+        return found
+
+    def _unary(self, op: str, a: Any) -> Any:
+        """A pending ``op(a)``."""
+        if self._operand(a, op) is None:
+            raise BackendError(f"{op}: expected {self._array_name}, got {type(a).__name__}")
+        return self._node(op, (a,), self._result_dtype(op, a.dtype))
+
+    def _binary(self, op: str, a: Any, b: Any) -> Any:
+        """A pending ``op(a, b)``: one dtype for both operands; a Python scalar takes the array's dtype."""
+        if self._operand(a, op) is not None:
+            dtype = a.dtype
+            if self._operand(b, op) is not None:
+                if b.dtype != dtype:
+                    raise BackendError(
+                        f"{op}: operands have dtypes {a.dtype} and {b.dtype}; the backend takes one dtype "
+                        "(promote first, e.g. with cast)"
+                    )
+            else:
+                if op == "pow" and dtype.kind in "iu" and isinstance(b, _SCALAR_TYPES) and b < 0:
+                    # NumPy's rule, checked where the exponent is at hand (array exponents are not read back).
+                    raise BackendError(
+                        f"pow: integers to negative integer powers are not allowed ({dtype} ** {b}); "
+                        "cast the base to a float dtype first"
+                    )
+                b = self._scalar(b, dtype, op)
+        elif self._operand(b, op) is not None:
+            dtype = b.dtype
+            a = self._scalar(a, dtype, op)
+        else:
+            raise BackendError(
+                f"{op}: needs at least one operand that is {self._array_name}, got {type(a).__name__} and "
+                f"{type(b).__name__}"
+            )
+        return self._node(op, (a, b), self._result_dtype(op, dtype))
+
+    def _where(self, cond: Any, a: Any, b: Any) -> Any:
+        """A pending ``where(cond, a, b)``."""
+        arrays = [x for x in (a, b) if self._operand(x, "where") is not None]
+        if arrays:
+            dtype = arrays[0].dtype
+            if len(arrays) == 2 and b.dtype != dtype:
+                raise BackendError(f"where: branches have dtypes {a.dtype} and {b.dtype}; cast one first")
+        else:
+            dtype = np.result_type(a, b)
+        dtype = self.check_dtype(np.dtype(dtype), "where")
+        inputs = [x if self._operand(x, "where") is not None else self._scalar(x, dtype, "where") for x in (a, b)]
+        if self._operand(cond, "where") is None:
+            cond = self._scalar(cond, _BOOL, "where")
+        elif cond.dtype != _BOOL:
+            cond = self._cast(cond, _BOOL)
+        if all(type(x) is Scalar for x in (cond, *inputs)):
+            raise BackendError(f"where: at least one of cond, a, b must be {self._array_name}")
+        return self._node("where", (cond, *inputs), dtype)
+
+    def _cast(self, a: Any, dtype: Any) -> Any:
+        """A pending conversion of ``a`` to ``dtype`` (``a`` itself when it already has it)."""
+        if self._operand(a, "cast") is None:
+            raise BackendError(f"cast: expected {self._array_name}, got {type(a).__name__}")
+        dtype = np.dtype(dtype)
+        if a.dtype == dtype:
+            return a
+        self.check_dtype(dtype, "cast")
+        return self._node("cast", (a,), dtype)
