@@ -18,7 +18,7 @@ import numpy as np
 from .models import build_flowgraph, spec
 
 
-def profile(name: str, device: str, scale: float, repeats: int) -> None:
+def profile(name: str, device: str, scale: float, repeats: int, cprofile: int = 0) -> None:
     import flowgraph as fg
     from flowgraph import nn, optim
 
@@ -56,6 +56,8 @@ def profile(name: str, device: str, scale: float, repeats: int) -> None:
     print(f"== {name} on {device} (scale {scale}): median ms per step phase")
     for phase, vals in phases.items():
         print(f"   {phase:<10}{statistics.median(vals) * 1e3:10.2f}")
+    if cprofile:
+        _host_profile(lambda: (opt.zero_grad(), loss_fn(model(x), y).backward(), opt.step()), bk, cprofile)
     model.enable_profiling()
     with fg.no_grad():
         model(x)
@@ -67,16 +69,38 @@ def profile(name: str, device: str, scale: float, repeats: int) -> None:
         print(f"     {node:<28}{secs * 1e3:9.2f} ms  {100 * secs / total:5.1f}%")
 
 
+def _host_profile(step, backend, steps: int, top: int = 30) -> None:
+    """The host's time per eager step by function (cProfile over ``steps`` steps): where the Python goes."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    backend.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt / steps * 1e3
+    print(f"   host profile over {steps} eager steps: {total:.2f} ms of Python per step; top {top} by own time:")
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, func), (_, calls, own, cum, _) in rows:
+        where = f"{file.rsplit('/', 2)[-2:][-1]}:{line}({func})"
+        print(f"     {own / steps * 1e3:8.3f} ms own {cum / steps * 1e3:8.3f} ms cum {calls // steps:6d}x  {where}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--models", default="mlp,convnet")
     parser.add_argument("--scale", type=float, default=None)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cprofile", type=int, default=0, metavar="STEPS",
+                        help="also profile the host over this many eager steps (cProfile, by function)")
     args = parser.parse_args()
     scale = args.scale if args.scale is not None else (0.25 if args.device == "cpu" else 1.0)
     for name in args.models.split(","):
-        profile(name.strip(), args.device, scale, args.repeats)
+        profile(name.strip(), args.device, scale, args.repeats, args.cprofile)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from ..fusion import (
     Scalar,
     UpdateKernel,
     adam_update_scalars,
+    collapse,
     is_host_scalar,
     linearize,
     reduction_layout,
@@ -148,6 +149,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         _install_peak_allocator()
         self._kernels: dict[tuple, Any] = {}
         self._init_lazy()
+        self._raw_ok: dict[tuple, bool] = {}  # per (program key, output dtype): runs as the strided kernel
         self._rng_state: Any = None
         self._rng: Any = None
         self._blas: Cublas | None = None
@@ -265,28 +267,58 @@ class CupyBackend(LazyEngine, ArrayBackend):
         program = linearize(x)
         return K.elementwise_spec(program, np.dtype(out_dtype or program.dtype))[2]
 
+    #: Threads per block of the strided elementwise kernel.
+    EW_THREADS = 256
+
     def _launch_fused(self, flat: tuple, root: Any, out: LazyArray) -> None:
-        """Evaluate the tree ``root`` into the view ``out`` (same shape, any layout; converts)."""
+        """Evaluate the tree ``root`` into the view ``out`` (same shape, any layout; converts).
+
+        Programs of non-16-bit types run as this backend's strided kernel (``kernels.strided_source``, a
+        ``cupy.RawKernel``: operands by collapsed strides, a contiguous op at rank 1); those touching
+        float16/bfloat16 as a ``cupy.ElementwiseKernel``.
+        """
         dst = out.value
-        if dst.size == 0:
+        n = dst.size
+        if n == 0:
             return
         self._use()
         key, leaves, scalars = flat
-        key = (key, dst.dtype)
-        kernel = self._kernel(root, key, dst.dtype)
-        args: list[Any] = [leaf.value for leaf in leaves]
-        # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
-        ptr, strides = dst.data.ptr, dst.strides
-        for i, value in enumerate(args):
-            if value is not dst and value.data.ptr == ptr and value.strides == strides:
-                args[i] = dst
-        for sc in scalars:
-            args.append(sc.value if sc.dtype not in K.HALF_TYPES else np.float32(sc.value))
-        args.append(dst)
-        kernel(*args)
+        dtype = dst.dtype
         stats = self.stats
         stats["fused_launches"] += 1
-        stats["fused_ops"] += len(key[0][0])
+        stats["fused_ops"] += len(key[0])
+        raw = self._raw_ok.get((key, dtype))
+        if raw is None:
+            types = {dtype, *key[1], *key[2], *(c[1] for c in key[0])}
+            raw = self._raw_ok[(key, dtype)] = types <= K.RAW_TYPES
+        values = [leaf.value for leaf in leaves]
+        if raw:
+            dims, strides = collapse(dst.shape, [tuple([s // v.itemsize for s in v.strides]) for v in (dst, *values)])
+            span = max([sum([(d - 1) * abs(s) for d, s in zip(dims, st)]) for st in strides])
+            it = np.int32 if n < 2**31 and span < 2**31 else np.int64
+            rank = len(dims)
+            kernel = self._kernels.get(("ew", key, dtype, rank, it))
+            if kernel is None:
+                source = K.strided_source(linearize(root), rank, dtype, "int" if it is np.int32 else "long long")
+                kernel = self._kernels[("ew", key, dtype, rank, it)] = cupy.RawKernel(source, "fg_ew")
+            args: list[Any] = [it(n), *[it(d) for d in dims], dst, *[it(s) for s in strides[0]]]
+            for value, st in zip(values, strides[1:]):
+                args.append(value)
+                args += [it(s) for s in st]
+            args += [sc.value for sc in scalars]
+            threads = self.EW_THREADS
+            kernel(((n + threads - 1) // threads,), (threads,), tuple(args))
+            return
+        kernel = self._kernel(root, (key, dtype), dtype)
+        # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
+        ptr, strides = dst.data.ptr, dst.strides
+        for i, value in enumerate(values):
+            if value is not dst and value.data.ptr == ptr and value.strides == strides:
+                values[i] = dst
+        for sc in scalars:
+            values.append(sc.value if sc.dtype not in K.HALF_TYPES else np.float32(sc.value))
+        values.append(dst)
+        kernel(*values)
 
     def check_dtype(self, dtype: np.dtype, where: str) -> np.dtype:
         """``dtype`` when CUDA computes it, or a BackendError naming the supported dtypes."""

@@ -96,6 +96,38 @@ def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, s
 
 _PLACEHOLDERS = "TUVWXYZABCDEFGHJKLMNPQRS"
 
+#: dtypes the raw strided elementwise kernel takes; programs touching float16/bfloat16 go through
+#: ``cupy.ElementwiseKernel`` (CuPy's own 16-bit float classes live in its headers).
+RAW_TYPES = frozenset(CudaEmitter.CTYPES) - HALF_TYPES
+
+
+def strided_source(program: FusedProgram, rank: int, out_dtype: np.dtype, index_type: str) -> str:
+    """``fg_ew``: one thread per element of a ``rank``-d collapsed output, every operand by its own strides.
+
+    Parameters: ``n``, the collapsed dims ``d0..``, ``out`` and its strides ``out_s0..``, each leaf
+    ``in{i}`` and its strides, the scalars; strides in elements, ``index_type`` (``int`` where every offset
+    fits) for the index arithmetic. A contiguous operation collapses to rank 1: the index is the offset, no
+    per-operand n-d indexing. CuPy's ``ElementwiseKernel`` costs several times this launch on the host
+    (argument type resolution and its own indexer per call).
+    """
+    emitter = CudaEmitter()
+    it = index_type
+    params = [f"{it} n"] + [f"{it} d{a}" for a in range(rank)]
+    params += [f"{emitter.ctype(out_dtype)}* out"] + [f"{it} out_s{a}" for a in range(rank)]
+    for i, leaf in enumerate(program.leaves):  # no __restrict__: an in-place write reads its own output
+        params += [f"const {emitter.ctype(leaf.dtype)}* in{i}"] + [f"{it} in{i}_s{a}" for a in range(rank)]
+    params += [f"{emitter.ctype(sc.dtype)} s{i}" for i, sc in enumerate(program.scalars)]
+    expr, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
+    lines = [f"{it} idx = ({it})blockIdx.x * blockDim.x + threadIdx.x;", "if (idx >= n) return;"]
+    lines += decompose("idx", "d", "c", rank, it)
+    lines += [f"{it} in{i}_p = {offset_expr('0', f'in{i}', 'c', rank)};" for i in range(len(program.leaves))]
+    lines.append(f"{it} out_p = {offset_expr('0', 'out', 'c', rank)};")
+    lines += expr
+    lines.append(f"out[out_p] = {emitter.convert(result, program.dtype, np.dtype(out_dtype))};")
+    body = "".join(f"  {line}\n" for line in lines)
+    return (emitter.helper_source() + f'extern "C" __global__ void fg_ew({", ".join(params)}) {{\n'
+            + body + "}\n")
+
 
 def sum_spec(program: FusedProgram, acc: np.dtype, out_dtype: np.dtype) -> dict[str, str]:
     """Arguments of the ``cupy.ReductionKernel`` summing ``program`` (the fused map feeds the reduction).
