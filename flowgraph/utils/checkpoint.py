@@ -181,6 +181,11 @@ class _CheckpointFunction(Function):
             raise FlowError("backward(create_graph=True) through a checkpointed call: its gradient is computed "
                             "from a recomputed graph that is not connected to the inputs, so it cannot be "
                             "differentiated again; run the function without checkpoint for higher-order gradients")
+        # The incoming gradients first, before the recompute allocates: computing a pending sum (a residual
+        # stream's gradient) needs its operands and its result at once, and that should not add to the
+        # recomputed activations.
+        for g in grads:
+            _realized(g)
         saved = ctx.saved_tensors
         inputs, leaves = saved[:plan.n_inputs], saved[plan.n_inputs:]
         detached = [t.detach().requires_grad_(True) if t.requires_grad else t.detach() for t in inputs]
@@ -206,7 +211,7 @@ class _CheckpointFunction(Function):
             for o, g in zip((v for v in _flatten(out)[0] if isinstance(v, Tensor)), grads):
                 if g is not None and o.requires_grad:
                     roots.append(gradient_edge(o))
-                    root_grads.append(_realized(g))
+                    root_grads.append(g)
             o = None
         out = None
         targets = [t for t in (*detached, *leaves) if t.requires_grad]
