@@ -96,10 +96,10 @@ def run_flowgraph(mode: str, args, sp, x, y, meter: Meter) -> dict:
     fg.manual_seed(0)
     model = build(sp.width, sp.hidden, sp.out).to(args.device)
     if mode == "tower":
-        model.checkpoint_activations("tower")
-    elif mode == "blocks":
+        model.checkpoint_activations("tower", keep_tag_values=False)
+    elif mode in ("blocks", "blocks+tv"):
         for i in range(BLOCKS):
-            model.checkpoint_activations(f"tower.b{i}")
+            model.checkpoint_activations(f"tower.b{i}", keep_tag_values=mode == "blocks+tv")
     params = list(model.parameters())
     backend = fg.get_backend(args.device)
 
@@ -196,11 +196,11 @@ def report(title: str, rows: list[dict]) -> None:
     base = rows[0]
     print(f"\n{title}")
     cpu = all("cpu_seconds" in r for r in rows)
-    print(f"{'mode':8} {'ms/step':>9} {'x time':>7} " + (f"{'cpu ms':>8} {'x cpu':>6} " if cpu else "")
+    print(f"{'mode':9} {'ms/step':>9} {'x time':>7} " + (f"{'cpu ms':>8} {'x cpu':>6} " if cpu else "")
           + f"{'kept MB':>8} {'x kept':>7} {'step MB':>8} {'x step':>7} "
           f"{'total MB':>9} {'x total':>8}")
     for r in rows:
-        line = f"{r['mode']:8} {r['seconds'] * 1e3:9.1f} {r['seconds'] / base['seconds']:7.2f}"
+        line = f"{r['mode']:9} {r['seconds'] * 1e3:9.1f} {r['seconds'] / base['seconds']:7.2f}"
         if cpu:
             line += f" {r['cpu_seconds'] * 1e3:8.1f} {r['cpu_seconds'] / base['cpu_seconds']:6.2f}"
         if r["mem"] is not None and base["mem"] is not None:
@@ -229,7 +229,7 @@ def main() -> None:
     meter = Meter(args.device)
     print(f"residual_tower on {args.device}: batch {batch}, width {sp.width}, hidden {sp.hidden}, {BLOCKS} blocks; "
           f"median of {args.steps} steps")
-    rows = [run_flowgraph(mode, args, sp, x, y, meter) for mode in ("plain", "tower", "blocks")]
+    rows = [run_flowgraph(mode, args, sp, x, y, meter) for mode in ("plain", "tower", "blocks+tv", "blocks")]
     for r in rows[1:]:
         worst = max(float(np.abs(a - b).max()) for a, b in zip(r["grads"], rows[0]["grads"]))
         print(f"{r['mode']}: largest gradient difference from plain {worst:.2e}")
