@@ -146,6 +146,25 @@ def test_activations_are_freed_and_fn_runs_twice(device):
     assert calls == [True, False, True]  # plain, checkpoint forward (no graph), recompute (graph)
 
 
+def test_the_recomputed_output_is_freed_before_its_backward_runs(device):
+    """The recompute's outputs are where backward starts, not something it reads (no node here saved its
+    output): they are let go before the recomputed graph runs backward, as their buffers would add to the peak."""
+    x = fg.randn(4, 6, device=device, requires_grad=True)
+    outs, alive = [], []
+
+    def fn(t):
+        h = t * 2.0
+        out = h * 3.0  # a product with a scalar saves nothing
+        if h.requires_grad:  # the recompute: look at the output when h's gradient is computed
+            h.register_hook(lambda g: alive.append(outs[-1]() is not None))
+        outs.append(weakref.ref(out))
+        return out
+
+    checkpoint(fn, x).sum().backward()
+    assert alive == [False]
+    np.testing.assert_allclose(x.grad.numpy(), np.full((4, 6), 6.0), rtol=0, atol=0)
+
+
 def test_non_tensor_args_kwargs_and_several_outputs(device):
     fg.manual_seed(4)
     lin = nn.Linear(3, 3).to(device)
