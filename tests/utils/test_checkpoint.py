@@ -338,6 +338,8 @@ def test_graph_path_can_leave_the_tag_values_out(device):
     assert set(plain.subgraph_at("encoder").tag_values) == {"norm", "res", "mixed"}
     assert ckpt.subgraph_at("encoder").tag_values == {}
     assert "head" in plain.tag_values and "head" not in ckpt.tag_values
+    with pytest.raises(fg.FlowError, match="keep_tag_values=False"):
+        ckpt.collect("head")
     ckpt.checkpoint_activations("encoder", False)  # off: recorded again
     ckpt.checkpoint_activations("head", keep_tag_values=True)  # still checkpointed, recorded again
     ckpt(x)
