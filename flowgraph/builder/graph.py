@@ -28,7 +28,8 @@ class Graph(GraphTree, Module):
 
     - ``label``: the name given with ``.label()`` (None without one);
     - ``tags``: tag name -> child-module name that produced it (None when not one module's output);
-    - ``tag_values``: every tagged tensor of the last forward;
+    - ``tag_values``: every tagged tensor of the last forward (but those of parts checkpointed with
+      ``keep_tag_values=False``);
     - ``input_names``: the names declared with ``.input()``, in order.
     """
 
