@@ -6,13 +6,15 @@
 The model is residual_tower (``benchmarks/models.py``: Linear, 12 residual blocks Linear-GELU-LayerNorm,
 Linear) with the tower built as a labelled subgraph ``tower`` whose blocks are tagged ``b0`` ... ``b11``, so
 it can be checkpointed by path. One training step is forward, MSE loss, backward (gradients set to None
-before, so they count). Three runs from the same weights:
+before, so they count). Four runs from the same weights:
 
 - ``plain``: nothing checkpointed;
-- ``tower``: ``model.checkpoint_activations("tower")``, the tower as one segment (backward recomputes it
-  whole, so the peak hardly moves: shown for the lesson);
-- ``blocks``: ``model.checkpoint_activations(f"tower.b{i}")`` for each block: the tower keeps only the
-  blocks' inputs and recomputes one block at a time.
+- ``tower``: ``model.checkpoint_activations("tower", keep_tag_values=False)``, the tower as one segment
+  (backward recomputes it whole, so the peak hardly moves: shown for the lesson);
+- ``blocks+tv``: ``model.checkpoint_activations(f"tower.b{i}")`` for each block: the tower keeps only the
+  blocks' inputs and recomputes one block at a time, but the graph's ``tag_values`` (the last forward's
+  record) still holds every block's output until the next forward;
+- ``blocks``: the same with ``keep_tag_values=False``: each block's input is freed once its backward ran.
 
 Memory, above what was allocated before the step (parameters, batch): the bytes kept after forward (the
 saved activations) and the step's peak (activations + gradients), plus the total peak. On cpu NumPy's
