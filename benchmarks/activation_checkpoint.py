@@ -6,13 +6,15 @@
 The model is residual_tower (``benchmarks/models.py``: Linear, 12 residual blocks Linear-GELU-LayerNorm,
 Linear) with the tower built as a labelled subgraph ``tower`` whose blocks are tagged ``b0`` ... ``b11``, so
 it can be checkpointed by path. One training step is forward, MSE loss, backward (gradients set to None
-before, so they count). Three runs from the same weights:
+before, so they count). Four runs from the same weights:
 
 - ``plain``: nothing checkpointed;
-- ``tower``: ``model.checkpoint_activations("tower")``, the tower as one segment (backward recomputes it
-  whole, so the peak hardly moves: shown for the lesson);
-- ``blocks``: ``model.checkpoint_activations(f"tower.b{i}")`` for each block: the tower keeps only the
-  blocks' inputs and recomputes one block at a time.
+- ``tower``: ``model.checkpoint_activations("tower", keep_tag_values=False)``, the tower as one segment
+  (backward recomputes it whole, so the peak hardly moves: shown for the lesson);
+- ``blocks+tv``: ``model.checkpoint_activations(f"tower.b{i}")`` for each block: the tower keeps only the
+  blocks' inputs and recomputes one block at a time, but the graph's ``tag_values`` (the last forward's
+  record) still holds every block's output until the next forward;
+- ``blocks``: the same with ``keep_tag_values=False``: each block's input is freed once its backward ran.
 
 Memory, above what was allocated before the step (parameters, batch): the bytes kept after forward (the
 saved activations) and the step's peak (activations + gradients), plus the total peak. On cpu NumPy's
@@ -96,10 +98,10 @@ def run_flowgraph(mode: str, args, sp, x, y, meter: Meter) -> dict:
     fg.manual_seed(0)
     model = build(sp.width, sp.hidden, sp.out).to(args.device)
     if mode == "tower":
-        model.checkpoint_activations("tower")
-    elif mode == "blocks":
+        model.checkpoint_activations("tower", keep_tag_values=False)
+    elif mode in ("blocks", "blocks+tv"):
         for i in range(BLOCKS):
-            model.checkpoint_activations(f"tower.b{i}")
+            model.checkpoint_activations(f"tower.b{i}", keep_tag_values=mode == "blocks+tv")
     params = list(model.parameters())
     backend = fg.get_backend(args.device)
 
@@ -196,11 +198,11 @@ def report(title: str, rows: list[dict]) -> None:
     base = rows[0]
     print(f"\n{title}")
     cpu = all("cpu_seconds" in r for r in rows)
-    print(f"{'mode':8} {'ms/step':>9} {'x time':>7} " + (f"{'cpu ms':>8} {'x cpu':>6} " if cpu else "")
+    print(f"{'mode':9} {'ms/step':>9} {'x time':>7} " + (f"{'cpu ms':>8} {'x cpu':>6} " if cpu else "")
           + f"{'kept MB':>8} {'x kept':>7} {'step MB':>8} {'x step':>7} "
           f"{'total MB':>9} {'x total':>8}")
     for r in rows:
-        line = f"{r['mode']:8} {r['seconds'] * 1e3:9.1f} {r['seconds'] / base['seconds']:7.2f}"
+        line = f"{r['mode']:9} {r['seconds'] * 1e3:9.1f} {r['seconds'] / base['seconds']:7.2f}"
         if cpu:
             line += f" {r['cpu_seconds'] * 1e3:8.1f} {r['cpu_seconds'] / base['cpu_seconds']:6.2f}"
         if r["mem"] is not None and base["mem"] is not None:
@@ -229,7 +231,7 @@ def main() -> None:
     meter = Meter(args.device)
     print(f"residual_tower on {args.device}: batch {batch}, width {sp.width}, hidden {sp.hidden}, {BLOCKS} blocks; "
           f"median of {args.steps} steps")
-    rows = [run_flowgraph(mode, args, sp, x, y, meter) for mode in ("plain", "tower", "blocks")]
+    rows = [run_flowgraph(mode, args, sp, x, y, meter) for mode in ("plain", "tower", "blocks+tv", "blocks")]
     for r in rows[1:]:
         worst = max(float(np.abs(a - b).max()) for a, b in zip(r["grads"], rows[0]["grads"]))
         print(f"{r['mode']}: largest gradient difference from plain {worst:.2e}")

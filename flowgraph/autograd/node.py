@@ -283,7 +283,23 @@ def run_backward(
     ``capture`` (``fg.autograd.grad``) nothing accumulates: the gradients of those tensors are returned.
     """
     gradient_edge = _tensor_api().gradient_edge
-    root_edges = [_as_pair(gradient_edge(t)) for t in roots]
+    return run_backward_from_edges([gradient_edge(t) for t in roots], grads, retain_graph, create_graph, capture,
+                                   allow_unused)
+
+
+def run_backward_from_edges(
+    root_edges: Sequence[Any],
+    grads: Sequence[Tensor],
+    retain_graph: bool = False,
+    create_graph: bool = False,
+    capture: Sequence[Tensor] | None = None,
+    allow_unused: bool = True,
+) -> list[Tensor | None] | None:
+    """``run_backward`` from the roots' gradient edges (``gradient_edge(root)``) instead of the roots: a caller
+    that owns the roots (a checkpoint's recomputed outputs) can drop them first, so their buffers are not held
+    while the graph behind them runs backward (no backward reads an output it did not save)."""
+    gradient_edge = _tensor_api().gradient_edge
+    root_edges = [_as_pair(e) for e in root_edges]
     targets: dict[tuple, int] = {}  # edge of a captured tensor -> its position in the result
     captured: list[Tensor | None] = []
     if capture is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from ..autograd.grad_mode import no_grad
 from ..errors import FlowError, PathError
 from ..nn.module import Module
-from ..tree.paths import module_at
+from ..tree.paths import PathKind, module_at, resolve
 from ..utils.checkpoint import run_checkpointed
 
 
@@ -74,11 +74,14 @@ def _snapshot(module: Module) -> Callable[[], None]:
     return restore
 
 
-def checkpoint_activations(root: Module, path: str, enabled: bool = True) -> None:
+def checkpoint_activations(root: Module, path: str, enabled: bool = True, *, keep_tag_values: bool = True) -> None:
     """Recompute the subtree at ``path`` in backward instead of keeping its activations (``enabled=False``
-    turns it off again). ``path`` names a labelled subgraph or a tag on one module's output."""
-    if not isinstance(enabled, bool):
-        raise FlowError(f"checkpoint_activations({path!r}, enabled=...): expected True or False, got {enabled!r}")
+    turns it off again). ``path`` names a labelled subgraph or a tag on one module's output.
+    ``keep_tag_values=False`` leaves the part's tag values (the tag ``path`` names and every tag inside the
+    part) out of the graphs' ``tag_values`` while checkpointing is on, so they are freed with the activations."""
+    for name, value in (("enabled", enabled), ("keep_tag_values", keep_tag_values)):
+        if not isinstance(value, bool):
+            raise FlowError(f"checkpoint_activations({path!r}, {name}=...): expected True or False, got {value!r}")
     target = module_at(root, path)  # PathError with a suggestion for a bad path
     if target is None:
         raise PathError(
@@ -90,4 +93,24 @@ def checkpoint_activations(root: Module, path: str, enabled: bool = True) -> Non
         object.__setattr__(target, "forward", CheckpointedForward(target))
     elif not enabled and isinstance(current, CheckpointedForward):
         del target.__dict__["forward"]
+    _keep_tag_values(root, path, target, keep_tag_values or not enabled)
 
+
+def _keep_tag_values(root: Module, path: str, target: Module, keep: bool) -> None:
+    """Record (``keep``) or leave out of ``tag_values`` the tag ``path`` names and every tag inside ``target``."""
+    from .graph import Graph
+
+    kind, holder, name = resolve(root, path)
+    owners: list[tuple[Graph, set[str]]] = []
+    if kind is PathKind.TAG and isinstance(holder, Graph):
+        owners.append((holder, {name}))
+    for g in target.modules():
+        if isinstance(g, Graph):
+            owners.append((g, set(g._tag_streams)))
+    for g, tags in owners:
+        if keep:
+            g._unkept_tags -= tags
+        else:
+            g._unkept_tags |= tags
+            for tag in tags:
+                g.tag_values.pop(tag, None)

@@ -28,7 +28,8 @@ class Graph(GraphTree, Module):
 
     - ``label``: the name given with ``.label()`` (None without one);
     - ``tags``: tag name -> child-module name that produced it (None when not one module's output);
-    - ``tag_values``: every tagged tensor of the last forward;
+    - ``tag_values``: every tagged tensor of the last forward (but those of parts checkpointed with
+      ``keep_tag_values=False``);
     - ``input_names``: the names declared with ``.input()``, in order.
     """
 
@@ -48,6 +49,8 @@ class Graph(GraphTree, Module):
         self.label = label
         self.tags = dict(tags)
         self.tag_values: dict[str, Tensor] = {}
+        # tags left out of tag_values: checkpointed parts' (checkpoint_activations(..., keep_tag_values=False))
+        self._unkept_tags: set[str] = set()
         self._state: dict[str, Tensor] = {}
         self._loop_info: dict[str, LoopInfo] = {}
         self._profiling = False
@@ -116,7 +119,8 @@ class Graph(GraphTree, Module):
         tags = self._stream_tags.get(stream)
         if tags:
             for tag in tags:
-                self.tag_values[tag] = value
+                if tag not in self._unkept_tags:
+                    self.tag_values[tag] = value
                 if tag in self._forward_tags:
                     self._state[tag] = value
 
@@ -206,7 +210,7 @@ class Graph(GraphTree, Module):
         return self
 
     # ------------------------------------------------------------------ memory
-    def checkpoint_activations(self, path: str, enabled: bool = True) -> None:
+    def checkpoint_activations(self, path: str, enabled: bool = True, *, keep_tag_values: bool = True) -> None:
         """Keep only the inputs of the subtree at ``path`` in forward and recompute it in backward (less memory,
         about one more forward of that subtree per step); ``enabled=False`` turns it off.
 
@@ -215,10 +219,16 @@ class Graph(GraphTree, Module):
         masks) and leaves running statistics and stored tag values as the forward left them. Checkpoint
         several consecutive parts rather than one big one: backward recomputes a part whole, so the peak
         memory is the kept inputs plus the largest part's activations. Nothing changes under ``fg.no_grad()``.
+
+        ``keep_tag_values=False`` also leaves the part's tag values out of ``tag_values`` (the tag ``path``
+        names, and every tag inside the part): the graph's record of the last forward would otherwise hold
+        each of them until the next forward, through the whole backward, when the checkpoint has already let
+        them go (per-block checkpointing of a residual tower: every block's output). ``enabled=False`` records
+        them again.
         """
         from .activations import checkpoint_activations
 
-        checkpoint_activations(self, path, enabled)
+        checkpoint_activations(self, path, enabled, keep_tag_values=keep_tag_values)
 
     # ------------------------------------------------------------------ loops
     def loop_info(self) -> dict[str, LoopInfo]:

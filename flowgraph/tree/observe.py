@@ -109,6 +109,10 @@ def collect(graph: Module, tags, reduce: str = "mean") -> dict[str, float]:
     out = {}
     for name in names:
         if name not in values:
+            if name in getattr(graph, "_unkept_tags", ()):
+                raise FlowError(f"collect({name!r}): the tag's part is checkpointed with keep_tag_values=False, so "
+                                "its value is not kept; call checkpoint_activations(path, keep_tag_values=True) "
+                                "to collect it")
             known = sorted(getattr(graph, "tags", {}))
             raise FlowError(f"collect({name!r}): no value for that tag from the last forward; tags: {known}")
         t = values[name]

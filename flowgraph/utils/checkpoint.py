@@ -31,10 +31,11 @@ from typing import Any
 
 from ..autograd.function import Function, FunctionCtx
 from ..autograd.grad_mode import STATE, enable_grad
-from ..autograd.node import AccumulateGrad, next_seq, run_backward
+from ..autograd.node import AccumulateGrad, next_seq, run_backward_from_edges
 from ..backends.registry import get_backend
 from ..errors import FlowError
 from ..tensor import Tensor, zeros
+from ..tensor.tensor import gradient_edge
 
 __all__ = ["checkpoint", "checkpoint_sequential", "run_checkpointed"]
 
@@ -180,6 +181,11 @@ class _CheckpointFunction(Function):
             raise FlowError("backward(create_graph=True) through a checkpointed call: its gradient is computed "
                             "from a recomputed graph that is not connected to the inputs, so it cannot be "
                             "differentiated again; run the function without checkpoint for higher-order gradients")
+        # The incoming gradients first, before the recompute allocates: computing a pending sum (a residual
+        # stream's gradient) needs its operands and its result at once, and that should not add to the
+        # recomputed activations.
+        for g in grads:
+            _realized(g)
         saved = ctx.saved_tensors
         inputs, leaves = saved[:plan.n_inputs], saved[plan.n_inputs:]
         detached = [t.detach().requires_grad_(True) if t.requires_grad else t.detach() for t in inputs]
@@ -197,13 +203,17 @@ class _CheckpointFunction(Function):
             _set_rng_states(current)
             if restore is not None:
                 restore()
-        outs = [v for v in _flatten(out)[0] if isinstance(v, Tensor)]
+        # The recomputed outputs are only where backward starts: keep their gradient edges and let the tensors
+        # go, so their buffers are not held while the recomputed graph runs backward (a node that needs its
+        # output saved it).
         roots, root_grads = [], []
         if not plan.placeholder:
-            for o, g in zip(outs, grads):
+            for o, g in zip((v for v in _flatten(out)[0] if isinstance(v, Tensor)), grads):
                 if g is not None and o.requires_grad:
-                    roots.append(o)
-                    root_grads.append(_realized(g))
+                    roots.append(gradient_edge(o))
+                    root_grads.append(g)
+            o = None
+        out = None
         targets = [t for t in (*detached, *leaves) if t.requires_grad]
         known = {id(t) for t in targets}
         extra = [t for t in _leaves_of(roots, start) if id(t) not in known]
@@ -228,12 +238,11 @@ def _realized(t: Tensor | None) -> Tensor | None:
     return t
 
 
-def _leaves_of(roots: Sequence[Tensor], start: int) -> list[Tensor]:
-    """The leaf tensors (requiring grad) the recomputed graph reaches; a tensor computed outside fn that
-    requires grad is an error (its graph belongs to the outer backward, which would run it twice)."""
-    from ..tensor.tensor import gradient_edge
-
-    stack = [e for e in (gradient_edge(r) for r in roots) if e is not None]
+def _leaves_of(roots: Sequence[Any], start: int) -> list[Tensor]:
+    """The leaf tensors (requiring grad) the recomputed graph reaches from the roots' gradient edges; a tensor
+    computed outside fn that requires grad is an error (its graph belongs to the outer backward, which would
+    run it twice)."""
+    stack = [e for e in roots if e is not None]
     seen: set[int] = set()
     leaves: list[Tensor] = []
     while stack:
@@ -257,16 +266,17 @@ def _leaves_of(roots: Sequence[Tensor], start: int) -> list[Tensor]:
     return leaves
 
 
-def _backward_without_leaf_hooks(roots: list[Tensor], grads: list[Tensor], capture: list[Tensor],
+def _backward_without_leaf_hooks(roots: list[Any], grads: list[Tensor], capture: list[Tensor],
                                  leaves: Sequence[Tensor]) -> list[Tensor | None]:
-    """The recomputed graph's gradients for ``capture``. The parameters' hooks are held back meanwhile: their
-    gradients go on through this node to the outer backward, whose AccumulateGrad runs the hooks once."""
+    """The recomputed graph's gradients for ``capture``, from the roots' gradient edges. The parameters' hooks
+    are held back meanwhile: their gradients go on through this node to the outer backward, whose
+    AccumulateGrad runs the hooks once."""
     held = [(p, p._hooks) for p in leaves if p._hooks]
     for p, _ in held:
         p._hooks = None
     try:
-        return run_backward(roots, grads, retain_graph=False, create_graph=False, capture=capture,
-                            allow_unused=True)
+        return run_backward_from_edges(roots, grads, retain_graph=False, create_graph=False, capture=capture,
+                                       allow_unused=True)
     finally:
         for p, hooks in held:
             p._hooks = hooks

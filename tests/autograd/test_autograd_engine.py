@@ -333,3 +333,28 @@ def test_leaf_grad_keeps_dtype_and_shape(device):
     (fg.ones(4, 3, dtype=fg.float16, device=device) * b).sum().backward()
     assert b.grad.shape == (3,) and b.grad.dtype is fg.float32
     _close(b.grad, [4.0, 4.0, 4.0])
+
+
+def test_run_backward_from_edges_lets_the_roots_go(device):
+    """``run_backward_from_edges`` takes the roots' gradient edges: the same gradients as backward from the roots
+    (PyTorch's), with one root tensor already freed."""
+    import weakref
+
+    from flowgraph.autograd.node import run_backward_from_edges
+    from flowgraph.tensor.tensor import gradient_edge
+
+    xn = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
+    xt = torch.tensor(xn, requires_grad=True)
+    a, b = (xt * 2.0).exp().split(2, dim=1)
+    torch.autograd.backward([a, b.sin()], [torch.ones_like(a), torch.full_like(b, 0.5)])
+
+    x = fg.tensor(xn, device=device, requires_grad=True)
+    a, b = (x * 2.0).exp().split(2, dim=1)
+    roots = [gradient_edge(a), gradient_edge(b.sin())]
+    ref = weakref.ref(a)
+    del a, b
+    assert ref() is None
+    got = run_backward_from_edges(roots, [fg.ones(3, 2, device=device), fg.full((3, 2), 0.5, device=device)],
+                                  capture=[x])
+    _close(got[0], xt.grad)
+    assert x.grad is None  # captured, not accumulated

@@ -146,6 +146,25 @@ def test_activations_are_freed_and_fn_runs_twice(device):
     assert calls == [True, False, True]  # plain, checkpoint forward (no graph), recompute (graph)
 
 
+def test_the_recomputed_output_is_freed_before_its_backward_runs(device):
+    """The recompute's outputs are where backward starts, not something it reads (no node here saved its
+    output): they are let go before the recomputed graph runs backward, as their buffers would add to the peak."""
+    x = fg.randn(4, 6, device=device, requires_grad=True)
+    outs, alive = [], []
+
+    def fn(t):
+        h = t * 2.0
+        out = h * 3.0  # a product with a scalar saves nothing
+        if h.requires_grad:  # the recompute: look at the output when h's gradient is computed
+            h.register_hook(lambda g: alive.append(outs[-1]() is not None))
+        outs.append(weakref.ref(out))
+        return out
+
+    checkpoint(fn, x).sum().backward()
+    assert alive == [False]
+    np.testing.assert_allclose(x.grad.numpy(), np.full((4, 6), 6.0), rtol=0, atol=0)
+
+
 def test_non_tensor_args_kwargs_and_several_outputs(device):
     fg.manual_seed(4)
     lin = nn.Linear(3, 3).to(device)
@@ -303,6 +322,33 @@ def test_graph_path_keeps_only_the_subtree_inputs(device):
     assert refs[-1]() is not None
 
 
+def test_graph_path_can_leave_the_tag_values_out(device):
+    plain, ckpt = _graph(device, with_dropout=True), _graph(device, with_dropout=True)
+    ckpt.checkpoint_activations("encoder", keep_tag_values=False)  # every tag inside the subgraph
+    ckpt.checkpoint_activations("head", keep_tag_values=False)  # the tag the path names
+    x = fg.randn(6, 4, device=device, requires_grad=True)
+    state = fg.get_rng_state(device)
+    plain(x).square().sum().backward()
+    expected = _grads(plain.parameters(), x)
+    x.grad = None
+    fg.set_rng_state(state, device)
+    ckpt(x).square().sum().backward()
+    for e, g in zip(expected, _grads(ckpt.parameters(), x)):
+        np.testing.assert_allclose(g, e, atol=1e-6, rtol=0)
+    assert set(plain.subgraph_at("encoder").tag_values) == {"norm", "res", "mixed"}
+    assert ckpt.subgraph_at("encoder").tag_values == {}
+    assert "head" in plain.tag_values and "head" not in ckpt.tag_values
+    with pytest.raises(fg.FlowError, match="keep_tag_values=False"):
+        ckpt.collect("head")
+    ckpt.checkpoint_activations("encoder", False)  # off: recorded again
+    ckpt.checkpoint_activations("head", keep_tag_values=True)  # still checkpointed, recorded again
+    ckpt(x)
+    assert set(ckpt.subgraph_at("encoder").tag_values) == {"norm", "res", "mixed"}
+    assert ckpt.tag_values["head"].shape == plain.tag_values["head"].shape
+    with pytest.raises(fg.FlowError, match="keep_tag_values=.*True or False"):
+        ckpt.checkpoint_activations("head", keep_tag_values="no")
+
+
 def test_graph_checkpointing_survives_deepcopy_and_state_dict(device):
     g = _graph(device)
     keys = list(g.state_dict())
@@ -373,9 +419,17 @@ def _step_peak(device, model, x) -> int:
     return bk.memory_stats()["peak"] - before
 
 
+def _clear_tag_values(model) -> None:
+    """Forget the last forward's tag values (the graph's record, not part of the next step's bytes)."""
+    for m in model.modules():
+        if hasattr(m, "tag_values"):
+            m.tag_values.clear()
+
+
 def test_per_block_checkpointing_lowers_the_step_peak(device):
-    """A residual tower whose 16 blocks are checkpointed by path peaks well below the plain run once activations
-    dominate (measured 0.64x on PoCL, lower on the CPU; the benchmark's CUDA figure is 0.56x)."""
+    """A residual tower whose 16 blocks are checkpointed by path, their tag values not kept, peaks at under half
+    the plain step once activations dominate (measured 0.40x on PoCL, 0.34x on the CPU; the benchmark's
+    residual_tower: 0.42-0.44x)."""
     def build():
         fg.manual_seed(0)
         tower = FlowBuilder()
@@ -386,13 +440,11 @@ def test_per_block_checkpointing_lowers_the_step_peak(device):
     x = fg.randn(1024, 16, device=device)
     plain = build()
     _step_peak(device, plain, x)  # warm-up: kernels compiled, pools filled
+    _clear_tag_values(plain)  # else the step frees the previous forward's and looks cheaper than it is
     plain_peak = _step_peak(device, plain, x)
     blocks = build()
     for i in range(16):
-        blocks.checkpoint_activations(f"tower.b{i}")
+        blocks.checkpoint_activations(f"tower.b{i}", keep_tag_values=False)
     _step_peak(device, blocks, x)
-    for m in blocks.modules():  # the last forward's tag values are the graph's record, not the step's
-        if hasattr(m, "tag_values"):
-            m.tag_values.clear()
     blocks_peak = _step_peak(device, blocks, x)
-    assert blocks_peak < 0.75 * plain_peak, (blocks_peak, plain_peak)
+    assert blocks_peak < 0.5 * plain_peak, (blocks_peak, plain_peak)
