@@ -67,6 +67,7 @@ _C_PARAM = {
     "in": "FG_GLOBAL const T* FG_RESTRICT {n}",
     "out": "FG_GLOBAL T* FG_RESTRICT {n}",
     "index": "FG_GLOBAL const FG_LONG* FG_RESTRICT {n}",
+    "f32": "FG_GLOBAL const float* FG_RESTRICT {n}",
 }
 
 
@@ -202,13 +203,22 @@ def _adam_element(p: str, g: str, m: str, v: str, i: str) -> str:
             f"    {p}[{i}] = p; {m}[{i}] = m; {v}[{i}] = v;\n  }}\n")
 
 
-#: CUDA multi-tensor Adam over a device table of ``5 * n_tensors`` words (per tensor: the addresses of
-#: ``p, g, m, v`` and its size) then ``2 * blocks`` (per thread block: its tensor and its first element):
-#: each block updates one chunk of ``ADAM_CHUNK`` elements of one tensor (PyTorch's ``multi_tensor_apply``).
-ADAM_MULTI_TABLE = RowKernel(
-    "fg_adam_multi",
-    [("index", "table"), ("long", "n_tensors"), *_ADAM_SCALARS],
-    f"""
+def adam_multi_table(device_scalars: bool) -> RowKernel:
+    """CUDA multi-tensor Adam over a device table of ``5 * n_tensors`` words (per tensor: the addresses of
+    ``p, g, m, v`` and its size) then ``2 * blocks`` (per thread block: its tensor and its first element): each
+    block updates one chunk of ``ADAM_CHUNK`` elements of one tensor (PyTorch's ``multi_tensor_apply``). With
+    ``device_scalars`` the step scalars ``SS``/``EH`` are read from 1-element float32 device arrays (a step
+    recorded in a CUDA graph reads each replay's values), as the per-tensor kernel does."""
+    if device_scalars:
+        scalars = [("f32", f"{n}_d") for n in ADAM_UPDATE.step_scalars]
+        scalars += [("scalar", n) for n in ADAM_UPDATE.scalars]
+        loads = "".join(f"  T {n} = (T){n}_d[0];\n" for n in ADAM_UPDATE.step_scalars)
+    else:
+        scalars, loads = list(_ADAM_SCALARS), ""
+    return RowKernel(
+        "fg_adam_multi_device" if device_scalars else "fg_adam_multi",
+        [("index", "table"), ("long", "n_tensors"), *scalars],
+        f"""{loads}
   FG_GLOBAL const FG_LONG* entry = table + 5 * n_tensors + 2 * (FG_LONG)FG_GID;
   FG_GLOBAL const FG_LONG* tensor = table + 5 * entry[0];
   T* p_buf = (T*)tensor[0];
@@ -218,7 +228,11 @@ ADAM_MULTI_TABLE = RowKernel(
   FG_LONG end = entry[1] + {ADAM_CHUNK} < tensor[4] ? entry[1] + {ADAM_CHUNK} : tensor[4];
   for (FG_LONG i = entry[1] + FG_LID; i < end; i += FG_LSIZE)
 {_adam_element("p_buf", "g_buf", "m_buf", "v_buf", "i")}""",
-)
+    )
+
+
+ADAM_MULTI_TABLE = adam_multi_table(False)
+ADAM_MULTI_TABLE_DEVICE = adam_multi_table(True)
 
 
 def adam_multi_buffers(count: int) -> RowKernel:

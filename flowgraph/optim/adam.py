@@ -108,22 +108,37 @@ class Adam(Optimizer):
                 t._data = data
                 t._bump_version()
 
+    def _shares_device_steps(self) -> bool:
+        return type(self)._update is Adam._update
+
     def _update_all(self, items: Any) -> None:
         """The step of every prepared parameter, batched: the parameters of one group that share a dtype, a
         device and a step count go to one ``Backend.adam_step_multi`` call (one launch on CUDA, one per 8
-        tensors on OpenCL), which gives each exactly what ``adam_step`` would. Device-scalar steps (inside
-        ``fg.capture``: per-parameter step tensors, a device ``lr``) take ``_update`` one by one, and so does
-        every parameter of a subclass that overrides ``_update`` (its own update must run)."""
+        tensors on OpenCL), which gives each exactly what ``adam_step`` would.
+
+        Inside ``fg.jit``/``fg.capture`` the step counts are 0-d device tensors, one per group and step value
+        (``_shares_device_steps``): each is incremented once and the step's scalars are computed once per
+        batch. A parameter whose shared count would advance with no update of its own (it has no gradient
+        this step) gets its own copy first. Every parameter of a subclass that overrides ``_update`` takes
+        ``_update`` one by one (its own update must run)."""
         if type(self)._update is not Adam._update:
             super()._update_all(items)
             return
+        items = list(items)
+        _unshare_partial_steps(self.state, [s for _, s, _ in items if isinstance(s["step"], Tensor)])
         batches: dict[tuple, list] = {}
+        stepped: set[int] = set()
         for p, state, group in items:
-            if isinstance(state["step"], Tensor) or isinstance(group["lr"], Tensor):
-                self._update(p, p.grad, state, group)
-                continue
-            state["step"] += 1
-            key = (id(group), id(p._backend), p._data.dtype, state["step"])
+            step = state["step"]
+            if isinstance(step, Tensor):
+                if id(step) not in stepped:
+                    stepped.add(id(step))
+                    state["step"] += 1  # in place: the shared tensor advances once
+                count: Any = id(step)
+            else:
+                state["step"] += 1
+                count = state["step"]
+            key = (id(group["params"]), id(p._backend), p._data.dtype, count)
             batches.setdefault(key, []).append((p, state, group))
         for batch in batches.values():
             group = batch[0][2]
@@ -139,6 +154,24 @@ class Adam(Optimizer):
                     if t is not None:
                         t._data = arrays[i]
                         t._bump_version()
+
+
+def _unshare_partial_steps(all_states: Any, stepping: list[dict[str, Any]]) -> None:
+    """Give each state in ``stepping`` its own step tensor where some other parameter's state shares it but
+    is not stepping now (a shared count advances for everyone holding it)."""
+    if not stepping:
+        return
+    holders: dict[int, int] = {}
+    for state in all_states.values():
+        step = state.get("step")
+        if isinstance(step, Tensor):
+            holders[id(step)] = holders.get(id(step), 0) + 1
+    present: dict[int, int] = {}
+    for state in stepping:
+        present[id(state["step"])] = present.get(id(state["step"]), 0) + 1
+    for state in stepping:
+        if present[id(state["step"])] < holders[id(state["step"])]:
+            state["step"] = state["step"].clone()
 
 
 def _step_arguments(group: dict[str, Any], step: Any) -> tuple[tuple, dict[str, Any]]:

@@ -121,6 +121,7 @@ ALL_SPECS = {
     "layer_norm_backward_plain": row_kernels.layer_norm_backward(False),
     "param_grads": row_kernels.LAYER_NORM_PARAM_GRADS,
     "adam_multi_table": row_kernels.ADAM_MULTI_TABLE,
+    "adam_multi_table_device": row_kernels.ADAM_MULTI_TABLE_DEVICE,
 }
 
 
@@ -162,25 +163,43 @@ def _devices():
     return available_devices()
 
 
-def test_cuda_adam_table_is_cached_by_pointers_and_not_built_in_capture():
+def test_cuda_adam_table_is_cached_by_pointers_and_kept_for_good_once_a_graph_records_it():
     be = _cuda_backend()
     rng = np.random.default_rng(1)
     hosts = [[rng.standard_normal(s).astype(F32) for _ in range(3)] + [np.abs(rng.standard_normal(s)).astype(F32)]
              for s in [(5, 3), (row_kernels.ADAM_CHUNK * 2 + 1,)]]
     ops = [[be.from_host(a) for a in h] for h in hosts]
     be._adam_tables.clear()
+    kept = len(be._graph_tables)
     lists = [[o[k] for o in ops] for k in range(4)]
     be.adam_step_multi(*lists, 0.9, 0.999, 1e-3, 1e-8)
     be.adam_step_multi(*lists, 0.9, 0.999, 1e-3, 1e-8)
-    assert len(be._adam_tables) == 1  # the same addresses: the table is reused
+    assert len(be._adam_tables) == 1 and len(be._graph_tables) == kept  # the same addresses: reused
     fresh = [[be.from_host(a) for a in h] for h in hosts]
-    be.capturing = True  # as fg.capture sets it while a CUDA graph records: no table may be built
+    be.capturing = True  # as fg.jit sets it while a CUDA graph records: the table is kept for the graph
     try:
         out = be.adam_step_multi(*[[o[k] for o in fresh] for k in range(4)], 0.9, 0.999, 1e-3, 1e-8)
     finally:
         be.capturing = False
-    assert len(be._adam_tables) == 1
+    assert len(be._adam_tables) == 2 and len(be._graph_tables) == kept + 1
     expected = [[be.from_host(a) for a in h] for h in hosts]
     for i, (p, g, m, v) in enumerate(expected):
         be.adam_step(p, g, m, v, 0.9, 0.999, 1e-3, 1e-8)
         np.testing.assert_array_equal(be.to_host(out[0][i]), be.to_host(p))
+
+
+def test_cuda_adam_multi_with_device_step_scalars_equals_the_per_tensor_kernel():
+    be = _cuda_backend()
+    rng = np.random.default_rng(2)
+    hosts = [[rng.standard_normal(s).astype(F32) for _ in range(3)] + [np.abs(rng.standard_normal(s)).astype(F32)]
+             for s in [(7, 3), (row_kernels.ADAM_CHUNK + 5,)]]
+    step_size, eps_hat = be.from_host(np.array(1e-3, F32)), be.from_host(np.array(1e-8, F32))
+    ops = [[be.from_host(a) for a in h] for h in hosts]
+    be._adam_tables.clear()
+    out = be.adam_step_multi(*[[o[k] for o in ops] for k in range(4)], 0.9, 0.999, step_size, eps_hat)
+    assert len(be._adam_tables) == 1  # the table kernel ran, not the generic loop
+    expected = [[be.from_host(a) for a in h] for h in hosts]
+    for i, (p, g, m, v) in enumerate(expected):
+        be.adam_step(p, g, m, v, 0.9, 0.999, step_size, eps_hat)
+        for got, want in zip((out[0][i], out[1][i], out[2][i]), (p, m, v)):
+            np.testing.assert_array_equal(be.to_host(got), be.to_host(want))

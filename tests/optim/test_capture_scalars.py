@@ -57,3 +57,49 @@ def test_device_scalars_match_python_scalars(device, cls, kw):
 def test_non_capturable_optimizers_say_so(cls):
     with pytest.raises(FlowError, match="cannot run inside fg.capture"):
         _run(cls, "cpu", 1, True, lr=1e-2)
+
+
+def _run_many(device, steps, capture_mode, skip_b_at=()):
+    """Adam over two groups of several parameters; parameter ``b`` has no gradient at the steps in ``skip_b_at``."""
+    fg.manual_seed(1)
+    a, b, c = (fg.randn(*s, device=device).requires_grad_() for s in [(4, 3), (3,), (3, 2)])
+    x = fg.randn(6, 4, device=device)
+    opt = optim.Adam([{"params": [a, b]}, {"params": [c], "lr": 3e-2}], lr=1e-2)
+    hooks = [] if capture_mode else None
+    prev = STATE.capture_hooks
+    try:
+        for i in range(steps):
+            for h in hooks or ():
+                h()
+            STATE.capture_hooks = hooks
+            h1 = x @ a
+            if i not in skip_b_at:
+                h1 = h1 + b
+            loss = (h1.tanh() @ c).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            STATE.capture_hooks = prev
+    finally:
+        STATE.capture_hooks = prev
+    return [t.detach().numpy() for t in (a, b, c)], opt
+
+
+def test_shared_device_step_counts_match_per_parameter_counts(device):
+    """Captured Adam shares one step tensor per group and count (its scalars computed once per batch); the
+    result equals the eager path's, and a parameter left without a gradient keeps its own count."""
+    eager, _ = _run_many(device, 6, False, skip_b_at=(3, 4))
+    captured, opt = _run_many(device, 6, True, skip_b_at=(3, 4))
+    for got, want in zip(captured, eager):  # float32 bias corrections on the device: a few ulps apart
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=5e-6)
+    steps = {name: opt.state[p]["step"] for name, p in zip("abc", [g for grp in opt.param_groups
+                                                                  for g in grp["params"]])}
+    assert [steps[n].item() for n in "abc"] == [6.0, 4.0, 6.0]
+    assert steps["a"] is not steps["b"]  # b stopped stepping with a: it got its own count
+    assert steps["a"] is not steps["c"]  # other group
+
+
+def test_captured_adam_shares_the_step_tensor_of_a_group(device):
+    _, opt = _run_many(device, 2, True)
+    a, b = opt.param_groups[0]["params"]
+    assert opt.state[a]["step"] is opt.state[b]["step"] and opt.state[a]["step"].item() == 2.0

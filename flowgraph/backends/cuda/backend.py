@@ -157,6 +157,9 @@ class CupyBackend(LazyEngine, ArrayBackend):
         # Multi-tensor Adam's device tables of pointers and sizes, by (dtype, pointers and sizes); built
         # outside CUDA-graph capture only (a host-to-device copy), a few kept.
         self._adam_tables: dict[tuple, Any] = {}
+        # Tables built while a CUDA graph recorded: the graph copies from their pinned staging buffers into
+        # their device arrays at every replay, so they live as long as the process.
+        self._graph_tables: list = []
         #: Set by ``fg.capture`` while a CUDA graph is being recorded: host reads raise.
         self.capturing = False
         #: Sink host calls met while recording a graph: ``(fn, arrays)`` run after each launch.
@@ -798,12 +801,18 @@ class CupyBackend(LazyEngine, ArrayBackend):
         thread block one chunk of one tensor found through a device table of pointers and sizes (PyTorch's
         ``multi_tensor_apply``), with the statements of ``adam_step``'s kernel (bit for bit the same).
 
-        The table is cached by the tensors' addresses and built only outside CUDA-graph capture (it is a
-        host-to-device copy); inside a capture without a cached table, and with AMSGrad, device scalars, or
-        any ``p``, ``m``, ``v`` that is not a contiguous float32/float64 array of one dtype, the generic loop
-        over ``adam_step`` runs instead.
+        ``step_size``/``eps_hat`` are host numbers, or 0-d float32 device arrays inside ``fg.jit``/``fg.capture``
+        (read on the device at each replay). The table is cached by the tensors' addresses. One built while a
+        CUDA graph records becomes a copy in the graph (from pinned memory this backend keeps for the
+        process's life, with the device table, since every replay reads them). With AMSGrad, a device
+        ``decay``, or any ``p``, ``m``, ``v`` that is not a contiguous float32/float64 array of one dtype, the
+        generic loop over ``adam_step`` runs instead.
         """
-        fits = v_maxs is None and all(is_host_scalar(s) for s in (step_size, eps_hat, decay))
+        device_steps = not (is_host_scalar(step_size) and is_host_scalar(eps_hat))
+        fits = v_maxs is None and is_host_scalar(decay)
+        if fits and device_steps:
+            steps = (self._arr(step_size), self._arr(eps_hat))
+            fits = all(x.dtype == K.F32 and x.size == 1 for x in steps)
         operands = [self._optimizer_operands(p, g, (m, v)) for p, g, m, v in zip(params, grads, ms, vs)] \
             if fits else [None]
         if not operands or any(o is None for o in operands) or len({o[0].dtype for o in operands}) != 1:
@@ -815,41 +824,46 @@ class CupyBackend(LazyEngine, ArrayBackend):
         key = (dtype, tuple((a.data.ptr, a.size) for p, g, (m, v) in work for a in (p, g, m, v)))
         table = self._adam_tables.get(key)
         if table is None:
-            if self.capturing:
-                return super().adam_step_multi(params, grads, ms, vs, beta1, beta2, step_size, eps_hat, l2,
-                                               decay, maximize, v_maxs)
             entries = [[a.data.ptr for a in (p, g, m, v)] + [p.size] for p, g, (m, v) in work]
             blocks = [[k, start] for k, (p, _, _) in enumerate(work) for start in range(0, p.size, R.ADAM_CHUNK)]
             host = np.array([w for row in entries + blocks for w in row] or [0], dtype=np.uint64).view(np.int64)
             if len(self._adam_tables) >= self.ADAM_TABLES:
                 old = self._adam_tables.pop(next(iter(self._adam_tables)))
-                old[2][1].synchronize()  # its staging buffer goes back to the pool: the copy must be done
-            device, staging = self._upload_async(host)
+                if old[2][1] is not None:  # its staging buffer goes back to the pool: the copy must be done
+                    old[2][1].synchronize()
+            device, staging = self._upload_async(host, recorded=self.capturing)
             table = self._adam_tables[key] = (device, len(blocks), staging)
+        if self.capturing and not any(t is table for t in self._graph_tables):
+            self._graph_tables.append(table)  # a graph reads it at every replay: never freed
         for p, _, state in operands:  # pending expressions reading the old values run first
             for buffer in (p, *state):
                 self._flush_readers(id(buffer.data.mem))
         t = dtype.type
-        scalars = [t(step_size), t(eps_hat)] + [t(x) for x in adam_update_scalars(beta1, beta2, l2, decay, maximize)]
+        rest = [t(x) for x in adam_update_scalars(beta1, beta2, l2, decay, maximize)]
         if work:
-            kernel = self._row_kernel(R.ADAM_MULTI_TABLE, dtype, ("adam_multi",))
-            kernel((table[1],), (256,), (table[0], np.int64(len(work)), *scalars))
+            if device_steps:
+                kernel = self._row_kernel(R.ADAM_MULTI_TABLE_DEVICE, dtype, ("adam_multi_device",))
+                kernel((table[1],), (256,), (table[0], np.int64(len(work)), *(x.reshape(1) for x in steps), *rest))
+            else:
+                kernel = self._row_kernel(R.ADAM_MULTI_TABLE, dtype, ("adam_multi",))
+                kernel((table[1],), (256,), (table[0], np.int64(len(work)), t(step_size), t(eps_hat), *rest))
         return ([o[0] for o in operands], [o[2][0] for o in operands], [o[2][1] for o in operands], None)
 
     @staticmethod
-    def _upload_async(host: np.ndarray) -> tuple[Any, tuple]:
+    def _upload_async(host: np.ndarray, recorded: bool = False) -> tuple[Any, tuple]:
         """``host`` copied to the device without waiting for the queue: staged in pinned memory and copied on
         the current stream. (``cupy.asarray`` of pageable memory is a synchronous copy that waits for every
         queued kernel first: the per-step table of the multi-tensor Adam made the eager convnet step wait
         for the GPU, 70 ms of host time a step.) Returns the device array and ``(staging buffer, event)``,
-        which must stay alive until the event has passed."""
+        which must stay alive until the event has passed. ``recorded``: the copy is being recorded into a CUDA
+        graph, which repeats it at every replay: no event (the caller keeps the staging buffer for good)."""
         pinned = cupy.cuda.alloc_pinned_memory(host.nbytes)
         staged = np.frombuffer(pinned, host.dtype, host.size).reshape(host.shape)
         staged[...] = host
         device = cupy.empty(host.shape, host.dtype)
         stream = cupy.cuda.get_current_stream()
         device.set(staged, stream=stream)
-        return device, (pinned, stream.record())
+        return device, (pinned, None if recorded else stream.record())
 
     # ----------------------------------------------------------------- LayerNorm (shared row kernels)
     def _row_kernel(self, spec: R.RowKernel, dtype: np.dtype, key: tuple) -> Any:
