@@ -296,9 +296,16 @@ class CupyBackend(LazyEngine, ArrayBackend):
             raw = self._raw_ok[(key, dtype)] = types <= K.RAW_TYPES
         values = [leaf.value for leaf in leaves]
         if raw:
-            dims, strides = collapse(dst.shape, [tuple([s // v.itemsize for s in v.strides]) for v in (dst, *values)])
-            span = max([sum([(d - 1) * abs(s) for d, s in zip(dims, st)]) for st in strides])
-            it = np.int32 if n < 2**31 and span < 2**31 else np.int64
+            shape = dst.shape
+            if dst.flags.c_contiguous and all([v.shape == shape and v.flags.c_contiguous for v in values]):
+                # the common case, what ``collapse`` gives it without the per-axis walk: rank 1 (0 for one element)
+                dims = (n,) if n > 1 else ()
+                strides = [(1,) * len(dims)] * (len(values) + 1)
+                it = np.int32 if n < 2**31 else np.int64
+            else:
+                dims, strides = collapse(shape, [tuple([s // v.itemsize for s in v.strides]) for v in (dst, *values)])
+                span = max([sum([(d - 1) * abs(s) for d, s in zip(dims, st)]) for st in strides])
+                it = np.int32 if n < 2**31 and span < 2**31 else np.int64
             rank = len(dims)
             kernel = self._kernels.get(("ew", key, dtype, rank, it))
             if kernel is None:
