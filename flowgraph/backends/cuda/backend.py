@@ -869,7 +869,10 @@ class CupyBackend(LazyEngine, ArrayBackend):
         staged[...] = host
         device = cupy.empty(host.shape, host.dtype)
         stream = cupy.cuda.get_current_stream()
-        device.set(staged, stream=stream)
+        # The runtime call, not ``ndarray.set``: CuPy refuses host-to-device copies on a capturing stream, where
+        # CUDA records one from pinned memory as a copy node of the graph.
+        runtime = cupy.cuda.runtime
+        runtime.memcpyAsync(device.data.ptr, pinned.ptr, host.nbytes, runtime.memcpyHostToDevice, stream.ptr)
         return device, (pinned, None if recorded else stream.record())
 
     # ----------------------------------------------------------------- LayerNorm (shared row kernels)
