@@ -108,33 +108,32 @@ class Adam(Optimizer):
                 t._data = data
                 t._bump_version()
 
-    def _shares_device_steps(self) -> bool:
-        return type(self)._update is Adam._update
-
     def _update_all(self, items: Any) -> None:
         """The step of every prepared parameter, batched: the parameters of one group that share a dtype, a
         device and a step count go to one ``Backend.adam_step_multi`` call (one launch on CUDA, one per 8
         tensors on OpenCL), which gives each exactly what ``adam_step`` would.
 
-        Inside ``fg.jit``/``fg.capture`` the step counts are 0-d device tensors, one per group and step value
-        (``_shares_device_steps``): each is incremented once and the step's scalars are computed once per
-        batch. A parameter whose shared count would advance with no update of its own (it has no gradient
-        this step) gets its own copy first. Every parameter of a subclass that overrides ``_update`` takes
-        ``_update`` one by one (its own update must run)."""
+        Inside ``fg.jit``/``fg.capture`` the step counts are 0-d device tensors. Their values are not read:
+        each is paired with a host *shadow* count kept on every Python-level step. A replayed graph advances
+        exactly the parameters that stepped when it was recorded, all by one, so equal shadows mean equal
+        device counts at every replay; a batch's step scalars are computed once, from its first count. A
+        device count with no shadow (state loaded since) takes ``_update`` alone, and so does every parameter
+        of a subclass that overrides ``_update`` (its own update must run)."""
         if type(self)._update is not Adam._update:
             super()._update_all(items)
             return
-        items = list(items)
-        _unshare_partial_steps(self.state, [s for _, s, _ in items if isinstance(s["step"], Tensor)])
+        shadows = self.__dict__.setdefault("_shadow_steps", {})
         batches: dict[tuple, list] = {}
-        stepped: set[int] = set()
         for p, state, group in items:
             step = state["step"]
             if isinstance(step, Tensor):
-                if id(step) not in stepped:
-                    stepped.add(id(step))
-                    state["step"] += 1  # in place: the shared tensor advances once
-                count: Any = id(step)
+                shadow = shadows.get(id(state))
+                if shadow is None or shadow[0] is not step:
+                    self._update(p, p.grad, state, group)
+                    continue
+                state["step"] += 1  # in place, on the device
+                count: Any = ("device", shadow[1] + 1)
+                shadows[id(state)] = (step, shadow[1] + 1)
             else:
                 state["step"] += 1
                 count = state["step"]
@@ -155,23 +154,15 @@ class Adam(Optimizer):
                         t._data = arrays[i]
                         t._bump_version()
 
-
-def _unshare_partial_steps(all_states: Any, stepping: list[dict[str, Any]]) -> None:
-    """Give each state in ``stepping`` its own step tensor where some other parameter's state shares it but
-    is not stepping now (a shared count advances for everyone holding it)."""
-    if not stepping:
-        return
-    holders: dict[int, int] = {}
-    for state in all_states.values():
-        step = state.get("step")
-        if isinstance(step, Tensor):
-            holders[id(step)] = holders.get(id(step), 0) + 1
-    present: dict[int, int] = {}
-    for state in stepping:
-        present[id(state["step"])] = present.get(id(state["step"]), 0) + 1
-    for state in stepping:
-        if present[id(state["step"])] < holders[id(state["step"])]:
-            state["step"] = state["step"].clone()
+    def _device_scalars(self, group: dict[str, Any], state: dict[str, Any], p: Tensor, hooks: list
+                        ) -> dict[str, Any]:
+        """As ``Optimizer._device_scalars``; a step count moved to the device gets its host shadow (see
+        ``_update_all``)."""
+        host = state.get("step")
+        view = super()._device_scalars(group, state, p, hooks)
+        if not isinstance(host, Tensor) and isinstance(state.get("step"), Tensor):
+            self.__dict__.setdefault("_shadow_steps", {})[id(state)] = (state["step"], float(host))
+        return view
 
 
 def _step_arguments(group: dict[str, Any], step: Any) -> tuple[tuple, dict[str, Any]]:

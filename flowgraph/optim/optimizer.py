@@ -370,7 +370,6 @@ class Optimizer:
         """``(parameter, state, group view)`` for every parameter the next step updates, state initialised;
         inside ``fg.capture`` the view's ``lr`` and the state's step count are device tensors."""
         hooks = STATE.capture_hooks
-        shared: dict | None = {} if hooks is not None and self._shares_device_steps() else None
         for group in self.param_groups:
             view = group
             for p in group["params"]:
@@ -380,23 +379,15 @@ class Optimizer:
                 if not state:
                     self._init_state(p, state, group)
                 if hooks is not None:
-                    view = self._device_scalars(group, state, p, hooks, shared)
+                    view = self._device_scalars(group, state, p, hooks)
                 yield p, state, view
-
-    def _shares_device_steps(self) -> bool:
-        """Whether the parameters of a group with equal step counts may share one device step tensor when a
-        step is captured (their ``_update_all`` then increments each shared tensor once per step)."""
-        return False
 
     #: Whether ``_update`` works with device-tensor ``lr`` and step counts (needed inside ``fg.capture``).
     _capturable = False
 
-    def _device_scalars(self, group: dict[str, Any], state: dict[str, Any], p: Tensor, hooks: list,
-                        shared: dict | None = None) -> dict[str, Any]:
+    def _device_scalars(self, group: dict[str, Any], state: dict[str, Any], p: Tensor, hooks: list
+                        ) -> dict[str, Any]:
         """For a captured step: move ``state["step"]`` to the device and give ``group`` a device ``lr``.
-
-        With ``shared`` (a dict for one step, where ``_shares_device_steps``), parameters of one group and
-        device whose step counts are equal get the same 0-d tensor, so the step's scalars are computed once.
 
         Returns a view of ``group`` whose ``"lr"`` is a 0-d device tensor; a hook registered with the capture
         copies ``group["lr"]`` into it before every replay. Runs first during the capture's eager warm-up,
@@ -410,13 +401,7 @@ class Optimizer:
         from ..tensor import full
 
         if "step" in state and not isinstance(state["step"], Tensor):
-            key = (id(group), p.device, float(state["step"]))
-            step = None if shared is None else shared.get(key)
-            if step is None:
-                step = full((), float(state["step"]), dtype="float32", device=p.device)
-                if shared is not None:
-                    shared[key] = step
-            state["step"] = step
+            state["step"] = full((), float(state["step"]), dtype="float32", device=p.device)
         cache = self.__dict__.setdefault("_device_lr", {})
         key = (id(group), p.device)
         lr = cache.get(key)
