@@ -144,9 +144,11 @@ class _Guards:
     """What a recording depended on besides its signature, checked before every replay."""
 
     def __init__(self, state: list[Tensor]):
-        from .nn.module import Module
+        from .nn.module import STRUCTURE_VERSION, Module
         from .optim.optimizer import Optimizer
 
+        self._structure = STRUCTURE_VERSION
+        self.version = STRUCTURE_VERSION[0]
         ids = {id(t) for t in state}
         self.modules: list[tuple[Any, bool, tuple]] = []
         self.optimizers: list[tuple[Any, list]] = []
@@ -173,11 +175,17 @@ class _Guards:
         ]
 
     def miss(self) -> str | None:
-        """Why the recording no longer applies (None when it does)."""
+        """Why the recording no longer applies (None when it does).
+
+        Each module's parameters and buffers are compared only when some module's registry changed since the
+        last check (``nn.module.STRUCTURE_VERSION``): rebuilding those tuples was most of a replay's guard time.
+        """
+        version = self._structure[0]
+        rebound = version != self.version
         for m, training, params in self.modules:
             if m.training != training:
                 return f"{type(m).__name__}.training changed to {m.training}"
-            if self._params_of(m) != params:
+            if rebound and self._params_of(m) != params:
                 return f"a parameter or buffer of {type(m).__name__} was replaced"
         for t, rg in self.frozen:
             if t.requires_grad != rg:
@@ -185,6 +193,7 @@ class _Guards:
         for opt, hyper in self.optimizers:
             if self._hyper(opt) != hyper:
                 return f"{type(opt).__name__}'s hyper-parameters or parameter groups changed"
+        self.version = version  # every registry still holds what was recorded
         return None
 
 

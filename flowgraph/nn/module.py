@@ -54,14 +54,57 @@ IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_k
 IncompatibleKeys.__doc__ = "What ``load_state_dict`` could not match: ``(missing_keys, unexpected_keys)``."
 
 
+#: Counts every change to any module's parameter or buffer registry (``_Registry``): fg.jit's guards compare it
+#: with the count at their last check and re-read each module's entries only when it moved.
+STRUCTURE_VERSION = [0]
+
+
+class _Registry(OrderedDict):
+    """A module's ``_parameters`` or ``_buffers``: an ordered dict whose every change bumps ``STRUCTURE_VERSION``."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        STRUCTURE_VERSION[0] += 1
+        OrderedDict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        STRUCTURE_VERSION[0] += 1
+        OrderedDict.__delitem__(self, key)
+
+    def pop(self, *args: Any) -> Any:
+        """As ``dict.pop`` (counted as a change)."""
+        STRUCTURE_VERSION[0] += 1
+        return OrderedDict.pop(self, *args)
+
+    def popitem(self, last: bool = True) -> Any:
+        """As ``OrderedDict.popitem`` (counted as a change)."""
+        STRUCTURE_VERSION[0] += 1
+        return OrderedDict.popitem(self, last)
+
+    def clear(self) -> None:
+        """As ``dict.clear`` (counted as a change)."""
+        STRUCTURE_VERSION[0] += 1
+        OrderedDict.clear(self)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        """As ``dict.setdefault`` (counted as a change)."""
+        STRUCTURE_VERSION[0] += 1
+        return OrderedDict.setdefault(self, key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """As ``dict.update`` (counted as a change)."""
+        STRUCTURE_VERSION[0] += 1
+        for key, value in OrderedDict(*args, **kwargs).items():
+            OrderedDict.__setitem__(self, key, value)
+
+
 class Module:
     """Base class of every layer and model. Subclasses set attributes in ``__init__`` and define ``forward``."""
 
     training: bool
 
     def __init__(self) -> None:
-        object.__setattr__(self, "_parameters", OrderedDict())
-        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_parameters", _Registry())
+        object.__setattr__(self, "_buffers", _Registry())
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "_forward_hooks", OrderedDict())
