@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from .base import Array, Backend, Shape
-from .heap import retain_freed_memory
 
 
 def _float_ndarrays(*arrays: Any) -> bool:
@@ -291,8 +290,6 @@ class NumpyBackend(ArrayBackend):
         super().__init__(np, "cpu", "cpu")
         # Overflow to inf, 0/0 and log(0) are values here, as in PyTorch, not warnings.
         np.seterr(all="ignore")
-        # A step's arrays reuse the heap's pages instead of faulting fresh ones in every step (see heap.py).
-        retain_freed_memory()
 
     @staticmethod
     def list_devices() -> list[str]:
