@@ -8,7 +8,6 @@ attribute lookup: the host cost per op decides small-model speed.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -421,23 +420,20 @@ class NumpyBackend(ArrayBackend):
         return max(1, min(out[0], self._CONV_CHUNK_BYTES // max(row, 1)))
 
     def conv_gemm(self, x: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                  dilation: tuple[int, ...], out: tuple[int, ...],
-                  padding: tuple[tuple[int, int], ...] | None = None) -> Array:
+                  dilation: tuple[int, ...], out: tuple[int, ...]) -> Array:
         """``Backend.conv_gemm`` a cache-sized block of output rows at a time: each block's im2col is copied
         into one reused buffer and multiplied straight into its rows of the result, so no ``C_in * K``-times
-        input-sized buffer exists (mnist's second conv, forward: 16.8 -> 11 ms). The zero ``padding`` is read
-        virtually (``_conv_cols_into``): no padded copy of ``x``. The generic default unless ``x`` and ``w``
-        are NumPy arrays of one float dtype."""
+        input-sized buffer exists (mnist's second conv, forward: 16.8 -> 11 ms). The generic default unless
+        ``x`` and ``w`` are NumPy arrays of one float dtype."""
         if not _float_ndarrays(x, w):
-            return super().conv_gemm(x, w, kernel, stride, dilation, out, padding)
-        x = self._c_copy(x)  # a batch-first input read batch-last: one relayout, then every window copy streams
+            return super().conv_gemm(x, w, kernel, stride, dilation, out)
         k = math.prod(kernel)
         rows = self._conv_rows(x, k, out)
         result = np.empty((w.shape[0],) + tuple(out) + (x.shape[-1],), dtype=x.dtype)
         buf = None
         for r0 in range(0, out[0], rows):
             r1 = min(out[0], r0 + rows)
-            buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1, padding)
+            buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1)
             self._gemm_into(w, buf, result[:, r0:r1].reshape(w.shape[0], -1))
         return result
 
@@ -460,10 +456,11 @@ class NumpyBackend(ArrayBackend):
     @classmethod
     def _rows_times_cols_t(cls, g2: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """A weight gradient's ``g2 @ cols^T`` (``(C_out, M) @ (M, C_in * K)``), as ``(cols @ g2^T)^T`` unless the
-        im2col has fewer than ``_GW_MIN_ROWS`` rows: OpenBLAS runs that orientation 10-45% faster on every
-        convolution GEMM of the CPU benchmarks (dcgan_d's 64 -> 128 layer 1.61 -> 1.39 ms, convnet's 64 -> 128
-        0.94 -> 0.81 ms), whatever the ratio of columns to rows, and 15% slower only at 9 rows (mnist's first
-        layer). Both orientations are one BLAS call of the same products; only the summation blocking differs."""
+        im2col has fewer than ``_GW_MIN_ROWS`` rows. On every convolution GEMM of the CPU benchmarks OpenBLAS runs
+        that orientation 10-40% faster whatever the ratio of columns to rows (the rule it replaces took it only
+        from 4 columns per row on: dcgan_d's 64 -> 128 layer 1.61 -> 1.39 ms, convnet's 64 -> 128 0.94 -> 0.81
+        ms, 128 -> 128 0.46 -> 0.41 ms), and 15% slower only at 9 rows (mnist's first layer: 0.86 vs 1.03 ms).
+        Both are one BLAS call over the same products; only the blocking of the sums differs."""
         if cols.shape[0] < cls._GW_MIN_ROWS:
             return g2 @ cols.T
         return (cols @ g2.T).T
@@ -493,46 +490,36 @@ class NumpyBackend(ArrayBackend):
         return gx, gw
 
     def conv_gemm_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                           dilation: tuple[int, ...], need_x: bool, need_w: bool,
-                           padding: tuple[tuple[int, int], ...] | None = None) -> tuple:
+                           dilation: tuple[int, ...], need_x: bool, need_w: bool) -> tuple:
         """``Backend.conv_gemm_backward`` a cache-sized block of output rows at a time: the block's im2col is
-        rebuilt into one reused buffer for the weight gradient (reading the ``padding`` virtually, as
-        ``conv_gemm`` does), and its ``w^T @ g`` rows are folded into the input gradient while they are in
-        cache (mnist's second conv, backward with the im2col rebuilt: 28 ms against 30 ms for the
-        whole-buffer form reading a saved im2col); with ``padding`` the input gradient is the interior view of
-        the padded one. The generic default unless ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
+        rebuilt into one reused buffer for the weight gradient, and its ``w^T @ g`` rows are folded into the
+        input gradient while they are in cache (mnist's second conv, backward with the im2col rebuilt:
+        28 ms against 30 ms for the whole-buffer form reading a saved im2col). The generic default unless
+        ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
         if not _float_ndarrays(x, w, g):
-            return super().conv_gemm_backward(x, w, g, kernel, stride, dilation, need_x, need_w, padding)
+            return super().conv_gemm_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
         out = tuple(g.shape[1:-1])
         g = self._c_copy(g)
-        x = self._c_copy(x) if need_w else x
         k = math.prod(kernel)
-        x_shape = tuple(x.shape)
-        inner = None
-        if padding is not None:
-            x_shape = (x.shape[0],) + tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[1:-1], padding)) + (
-                x.shape[-1],)
-            inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape[1:-1])) + (
-                slice(None),)
-        rows = self._conv_rows_of(x.shape[0] * k, out, x.shape[-1], x.itemsize)
+        rows = self._conv_rows(x, k, out)
         gw = np.zeros(w.shape, dtype=x.dtype) if need_w else None
         gx = None
-        if need_x and self._conv_phases_apply(kernel, stride, dilation, out, x_shape):
-            gx = self._conv_phase_transpose(g, w, kernel, stride, x_shape)
+        if need_x and self._conv_phases_apply(kernel, stride, dilation, out, x.shape):
+            gx = self._conv_phase_transpose(g, w, kernel, stride, x.shape)
             need_x = False
         elif need_x:
-            gx = np.zeros(x_shape, dtype=x.dtype)
+            gx = np.zeros(x.shape, dtype=x.dtype)
         wt = w.T if need_x else None  # BLAS reads the transpose in place: no (C_in * K, C_out) copy per call
         buf = gbuf = None
         for r0 in range(0, out[0], rows):
             r1 = min(out[0], r0 + rows)
             g2 = g[:, r0:r1].reshape(g.shape[0], -1)
             if need_w:
-                buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1, padding)
+                buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1)
                 gw += self._rows_times_cols_t(g2, buf)
             if need_x:
                 gbuf = self._conv_fold_rows(gx, wt, g2, gbuf, kernel, stride, dilation, out, r0, r1)
-        return (gx if inner is None or gx is None else gx[inner]), gw
+        return gx, gw
 
     def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
                             dilation: tuple[int, ...], x_shape: tuple[int, ...]) -> Array:
@@ -584,7 +571,8 @@ class NumpyBackend(ArrayBackend):
         c_in = x_shape[0]
         m = tuple(k // s for k, s in zip(kernel, stride))
         q = tuple(-(-size // s) for size, s in zip(x_shape[1:-1], stride))  # rows of each phase
-        widths = tuple((mm - 1, qq - o) for mm, qq, o in zip(m, q, g.shape[1:-1]))  # read virtually
+        widths = [(0, 0)] + [(mm - 1, qq - o) for mm, qq, o in zip(m, q, g.shape[1:-1])] + [(0, 0)]
+        gp = np.pad(g, widths) if any(lo or hi for lo, hi in widths) else g
         # w (C_out, C_in, m1, s1, m2, s2, ...) -> (C_in, s1, s2, ..., C_out, m1, m2, ...), m flipped
         split = w.reshape((c_out, c_in) + tuple(v for mm, s in zip(m, stride) for v in (mm, s)))
         split = np.flip(split, axis=tuple(2 + 2 * i for i in range(nd)))
@@ -600,7 +588,7 @@ class NumpyBackend(ArrayBackend):
         ones = (1,) * nd
         for r0 in range(0, q[0], rows):
             r1 = min(q[0], r0 + rows)
-            buf = self._conv_cols_into(buf, g, m, ones, ones, q, r0, r1, widths)
+            buf = self._conv_cols_into(buf, gp, m, ones, ones, q, r0, r1)
             if res is None or res.shape[1] != buf.shape[1]:
                 res = np.empty((wp.shape[0], buf.shape[1]), dtype=g.dtype)
             np.matmul(wp, buf, out=res)
@@ -624,60 +612,18 @@ class NumpyBackend(ArrayBackend):
         return gbuf
 
     def _conv_cols_into(self, buf, x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, out: tuple,
-                        r0: int, r1: int, padding: tuple | None = None) -> np.ndarray:
+                        r0: int, r1: int) -> np.ndarray:
         """The im2col of output rows ``r0:r1`` copied into ``buf`` (a new one when ``buf`` is None or of
-        another size), returned as ``(C_in * K, cols)``. With ``padding`` (``(before, after)`` per spatial
-        dim), ``x`` is read as if zero-padded: each offset copies the windows inside ``x`` and zeroes the rest
-        (``_conv_padded_offsets``), so no padded copy of ``x`` is made (dcgan_d: eight padded copies per step)."""
+        another size), returned as ``(C_in * K, cols)``."""
         c, n = x.shape[0], x.shape[-1]
         k = math.prod(kernel)
         shape = (c, k, r1 - r0) + tuple(out[1:]) + (n,)
         if buf is None or buf.size != math.prod(shape):
             buf = np.empty(shape, dtype=x.dtype)
         blocks = buf.reshape(shape)
-        if padding is None or not any(lo or hi for lo, hi in padding):
-            for j, ix in enumerate(self._conv_offsets(x.shape, kernel, stride, dilation, out, r0, r1)):
-                np.copyto(blocks[:, j], x[ix])
-        else:
-            plan = self._conv_padded_offsets(x.shape, kernel, stride, dilation, out, r0, r1, tuple(padding))
-            for j, (dst, src, zeros) in enumerate(plan):
-                block = blocks[:, j]
-                for z in zeros:
-                    block[z] = 0
-                if src is not None:
-                    np.copyto(block[dst], x[src])
+        for j, ix in enumerate(self._conv_offsets(x.shape, kernel, stride, dilation, out, r0, r1)):
+            np.copyto(blocks[:, j], x[ix])
         return blocks.reshape(c * k, -1)
-
-    @staticmethod
-    @functools.lru_cache(maxsize=1024)
-    def _conv_padded_offsets(x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
-                             r1: int, padding: tuple) -> tuple:
-        """Per kernel offset of an im2col over ``x`` zero-padded by ``padding``: ``(dst, src, zeros)``, the part
-        of the offset's ``(C, r1 - r0, *out[1:], N)`` block that reads ``x`` (``dst``) and the slice of ``x`` it
-        reads (``src``; both None when the offset sees only padding), and the border slabs of the block that
-        read padding (``zeros``, which may overlap). Cached as ``Backend._conv_offsets`` is."""
-        spans = [(r0, r1)] + [(0, o) for o in out[1:]]
-        plan = []
-        for off in itertools.product(*(range(kk) for kk in kernel)):
-            dst, src, zeros = [], [], []
-            for i, ((a0, a1), o, s, d, (lo, _), size) in enumerate(zip(spans, off, stride, dilation, padding,
-                                                                        x_shape[1:-1])):
-                first = o * d - lo  # x index read by output position 0 along this dim
-                a = max(a0, -(first // s))  # first output position reading inside x (ceil(-first / s))
-                b = min(a1, (size - 1 - first) // s + 1)  # one past the last
-                b = max(a, b)
-                dst.append(slice(a - a0, b - a0))
-                src.append(slice(a * s + first, (b - 1) * s + first + 1, s) if b > a else None)
-                lead = (slice(None),) * (i + 1)
-                if a > a0:
-                    zeros.append(lead + (slice(0, a - a0),))
-                if b < a1:
-                    zeros.append(lead + (slice(b - a0, a1 - a0),))
-            if any(sl is None for sl in src):
-                plan.append((None, None, ((slice(None),),)))
-                continue
-            plan.append(((slice(None),) + tuple(dst), (slice(None),) + tuple(src) + (slice(None),), tuple(zeros)))
-        return tuple(plan)
 
     _ADAM_CHUNK = 65536  # elements per chunk of adam_step: 256 KiB per float32 buffer, ~1.5 MiB in flight
 

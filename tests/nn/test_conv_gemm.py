@@ -60,51 +60,6 @@ def test_conv_gemm_matches_torch(device, cfg, blocks, monkeypatch):
         np.testing.assert_allclose(be.to_host(only_w[1]), gw_ref, rtol=1e-4, atol=1e-4)
 
 
-PADDED_CONFIGS = [  # (C_in, C_out, size, kernel, stride, dilation, padding per spatial dim)
-    (3, 4, (16, 16), (4, 4), (2, 2), (1, 1), ((1, 1), (1, 1))),  # DCGAN's discriminator: phases, padded
-    (3, 4, (17, 16), (4, 4), (2, 2), (1, 1), ((1, 2), (1, 1))),  # phases, cropped to 17
-    (2, 3, (8, 9), (4, 4), (2, 2), (1, 1), ((1, 1), (1, 1))),  # a 4x4 output: the scattered adds, padded
-    (3, 2, (7, 6), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
-    (2, 3, (9, 8), (3, 2), (2, 1), (2, 1), ((2, 0), (0, 3))),  # asymmetric, dilated
-    (2, 2, (5, 6), (2, 2), (1, 1), (1, 1), ((3, 3), (0, 1))),  # offsets whose windows see only padding
-]
-
-
-@pytest.mark.parametrize("cfg", PADDED_CONFIGS)
-@pytest.mark.parametrize("blocks", ["whole", "one_row"])
-def test_conv_gemm_padding_matches_torch(device, cfg, blocks, monkeypatch):
-    """``conv_gemm`` / ``conv_gemm_backward`` with ``padding`` (the NumPy override reads it virtually, without
-    a padded copy of ``x``; the generic default pads) against PyTorch on the explicitly padded input; the input
-    gradient has the unpadded input's shape."""
-    import torch
-
-    c_in, c_out, size, kernel, stride, dilation, padding = cfg
-    be = get_backend(device)
-    if blocks == "one_row":
-        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0, raising=False)
-        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1, raising=False)
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((c_in,) + size + (3,)).astype(np.float32)
-    w = rng.standard_normal((c_out, c_in * int(np.prod(kernel)))).astype(np.float32)
-    tx = torch.tensor(np.moveaxis(x, -1, 0), requires_grad=True)
-    flat = [v for lo_hi in reversed(padding) for v in lo_hi]
-    tw = torch.tensor(w.reshape((c_out, c_in) + kernel), requires_grad=True)
-    y = torch.nn.functional.conv2d(torch.nn.functional.pad(tx, flat), tw, stride=stride, dilation=dilation)
-    g = rng.standard_normal(tuple(y.shape)).astype(np.float32)
-    y.backward(torch.tensor(g))
-    to_last = lambda a: np.moveaxis(a, 0, -1)  # noqa: E731 - (N, C, *S) -> (C, *S, N)
-    out = tuple(y.shape[2:])
-    xa, wa, ga = be.from_host(x), be.from_host(w), be.from_host(np.ascontiguousarray(to_last(g)))
-    for forward, backward in ((type(be).conv_gemm, type(be).conv_gemm_backward),
-                              (Backend.conv_gemm, Backend.conv_gemm_backward)):
-        got = forward(be, xa, wa, kernel, stride, dilation, out, padding)
-        np.testing.assert_allclose(be.to_host(got), to_last(y.detach().numpy()), rtol=1e-4, atol=1e-4)
-        gx, gw = backward(be, xa, wa, ga, kernel, stride, dilation, True, True, padding)
-        assert tuple(gx.shape) == x.shape
-        np.testing.assert_allclose(be.to_host(gx), to_last(tx.grad.numpy()), rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(be.to_host(gw), tw.grad.numpy().reshape(w.shape), rtol=1e-4, atol=1e-4)
-
-
 PHASE_CONFIGS = [  # (C_in, C_out, x spatial (padded), kernel, stride): kernels a multiple of the stride
     (3, 4, (10,), (4,), (2,)),
     (2, 5, (9, 8), (4, 4), (2, 2)),
