@@ -451,6 +451,20 @@ class NumpyBackend(ArrayBackend):
         for j in range(0, cols.shape[1], step):
             np.matmul(w, cols[:, j:j + step], out=dst[:, j:j + step])
 
+    _GW_MIN_ROWS = 16  # im2col rows from which a weight gradient is taken as (cols @ g^T)^T
+
+    @classmethod
+    def _rows_times_cols_t(cls, g2: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """A weight gradient's ``g2 @ cols^T`` (``(C_out, M) @ (M, C_in * K)``), as ``(cols @ g2^T)^T`` unless the
+        im2col has fewer than ``_GW_MIN_ROWS`` rows. On every convolution GEMM of the CPU benchmarks OpenBLAS runs
+        that orientation 10-40% faster whatever the ratio of columns to rows (the rule it replaces took it only
+        from 4 columns per row on: dcgan_d's 64 -> 128 layer 1.61 -> 1.39 ms, convnet's 64 -> 128 0.94 -> 0.81
+        ms, 128 -> 128 0.46 -> 0.41 ms), and 15% slower only at 9 rows (mnist's first layer: 0.86 vs 1.03 ms).
+        Both are one BLAS call over the same products; only the blocking of the sums differs."""
+        if cols.shape[0] < cls._GW_MIN_ROWS:
+            return g2 @ cols.T
+        return (cols @ g2.T).T
+
     def conv_gemm_transpose_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...],
                                      stride: tuple[int, ...], dilation: tuple[int, ...], need_x: bool,
                                      need_w: bool) -> tuple:
@@ -472,9 +486,7 @@ class NumpyBackend(ArrayBackend):
             if need_x:
                 self._gemm_into(w, buf, gx[:, r0:r1].reshape(w.shape[0], -1))
             if need_w:
-                x2 = x[:, r0:r1].reshape(x.shape[0], -1)
-                # the orientation rule of conv_gemm_backward's weight gradient
-                gw += (buf @ x2.T).T if buf.shape[1] >= 4 * buf.shape[0] else x2 @ buf.T
+                gw += self._rows_times_cols_t(x[:, r0:r1].reshape(x.shape[0], -1), buf)
         return gx, gw
 
     def conv_gemm_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
@@ -504,8 +516,7 @@ class NumpyBackend(ArrayBackend):
             g2 = g[:, r0:r1].reshape(g.shape[0], -1)
             if need_w:
                 buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1)
-                # (cols @ g^T)^T where the columns outnumber the rows 4 to 1: 20-35% faster in OpenBLAS there
-                gw += (buf @ g2.T).T if buf.shape[1] >= 4 * buf.shape[0] else g2 @ buf.T
+                gw += self._rows_times_cols_t(g2, buf)
             if need_x:
                 gbuf = self._conv_fold_rows(gx, wt, g2, gbuf, kernel, stride, dilation, out, r0, r1)
         return gx, gw
