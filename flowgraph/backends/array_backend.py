@@ -450,6 +450,26 @@ class NumpyBackend(ArrayBackend):
 
         return call
 
+    def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
+        """``ArrayBackend.scatter_add`` as one ``np.bincount`` over flat destination indices for float arrays:
+        ``np.add.at`` walks its index grids element by element (an embedding's backward, (1024, 64) rows into
+        (65, 64): 0.76 -> 0.18 ms). The sums accumulate in float64 and round once, so they may differ from
+        ``add.at``'s float32 running sums in the last bits, as PyTorch's own order does. Other dtypes, and
+        indices out of range (which ``add.at`` reports), take the generic path."""
+        if (type(a) is not np.ndarray or a.dtype.kind != "f" or type(index) is not np.ndarray or index.size == 0
+                or index.ndim != a.ndim or any(i > n for d, (i, n) in enumerate(zip(index.shape, a.shape)) if d != axis)
+                or index.min() < 0 or index.max() >= a.shape[axis]):
+            return super().scatter_add(a, axis, index, src)
+        values = np.broadcast_to(src, index.shape)
+        flat = np.multiply(index, math.prod(a.shape[axis + 1:]), dtype=np.intp)
+        for d, n in enumerate(index.shape):
+            if d != axis:
+                step = math.prod(a.shape[d + 1:])
+                flat += np.arange(0, n * step, step, dtype=np.intp).reshape((-1,) + (1,) * (a.ndim - 1 - d))
+        sums = np.bincount(flat.ravel(), weights=values.ravel(), minlength=a.size).reshape(a.shape)
+        sums += a
+        return sums.astype(a.dtype)
+
     _TRANSPOSE_BLOCK = 128  # elements per run in the two-stage transposing copy (16-256 measured alike)
     _TRANSPOSE_BLOCK_BYTES = 1 << 18  # the largest block transposed in one piece (L2-resident)
 
