@@ -76,7 +76,7 @@ _HOST_READS = frozenset({"to_host", "to_dlpack", "native", "from_dlpack", "dlpac
 #: which a replay of the same calls reproduces; ``native_conv`` / ``native_sdpa`` from the dtype and the flags, which
 #: the signature and a replay of the same calls keep).
 _NOT_RECORDED = frozenset({"synchronize", "graph_session", "memory_stats", "list_devices", "is_available",
-                           "is_contiguous", "native_conv", "native_sdpa", "cudnn", "row_parallel"})
+                           "is_contiguous", "native_conv", "native_sdpa", "cudnn"})
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -231,7 +231,6 @@ class _Recorder:
         self.sources: list[tuple[str, Any]] = []  # per env index: ("in", i) | ("ext", array) | ("out", None)
         self.keep: list[Any] = []
         self.calls: list[tuple[Callable, tuple, dict, Any]] = []
-        self.names: list[str] = []  # the primitive of each call
         self.depth = 0
         for i, t in enumerate(inputs):
             self._index(t._data, ("in", i))
@@ -285,7 +284,6 @@ class _Recorder:
             targs = tuple(recorder._encode(a) for a in args)
             tkw = {k: recorder._encode(v) for k, v in kwargs.items()}
             recorder.calls.append((method, targs, tkw, recorder._output(out)))
-            recorder.names.append(name)
             return out
 
         return call
@@ -362,16 +360,7 @@ class _ArrayProgram:
         for k, i in last.items():
             if k not in keep:
                 frees[i].append(k)
-        # Large row-wise calls the backend can split over threads run in that form (the same values).
-        env = rec.keep  # the recorded arrays, by env index
-        split = []
-        for name, (fn, targs, tkw, out) in zip(rec.names, calls):
-            result = _resolve_out(out, env)
-            alt = self.backend.row_parallel(name, fn, tuple(_resolve(a, env) for a in targs),
-                                            {k: _resolve(v, env) for k, v in tkw.items()}, result)
-            split.append(fn if alt is None else alt)
-        self.split_calls = sum(alt is not fn for alt, (fn, *_rest) in zip(split, calls))
-        self.calls = [(fn, targs, tkw, out, tuple(f)) for fn, (_fn, targs, tkw, out), f in zip(split, calls, frees)]
+        self.calls = [(fn, targs, tkw, out, tuple(f)) for (fn, targs, tkw, out), f in zip(calls, frees)]
 
     def _template(self, obj: Any, rec: _Recorder) -> Any:
         if isinstance(obj, Tensor):
@@ -443,15 +432,6 @@ def _template_refs(tmpl: Any) -> list[int]:
         return []
     items = tmpl[1].values() if kind is dict else tmpl[1]
     return [k for o in items for k in _template_refs(o)]
-
-
-def _resolve_out(out: Any, env: list) -> Any:
-    """The recorded result of a call from its output template (env indices)."""
-    if type(out) is int:
-        return env[out]
-    if out is None:
-        return None
-    return tuple(_resolve_out(o, env) for o in out)
 
 
 def _store(out: Any, result: Any, env: list) -> None:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
+from .base import Array, Backend, Shape
 
 
 def _float_ndarrays(*arrays: Any) -> bool:
@@ -303,68 +302,6 @@ class ArrayBackend(Backend):
         return {}
 
 
-class _RowHelper:
-    """One helper thread that computes half of a row-split call while the calling thread computes the other.
-
-    NumPy's loops release the GIL, so the two halves run on two cores. A lock handoff costs ~20 us where a
-    ``ThreadPoolExecutor`` submit and wait costs ~80 us (measured on the 2-core VM), which matters for calls of
-    0.1-1 ms. ``split`` is used by one thread at a time; a second caller meanwhile computes unsplit.
-    """
-
-    def __init__(self) -> None:
-        self._go = threading.Lock()
-        self._go.acquire()
-        self._done = threading.Lock()
-        self._done.acquire()
-        self._busy = threading.Lock()
-        self._job: tuple = ()
-        self._result: Any = None
-        self._error: BaseException | None = None
-        threading.Thread(target=self._serve, name="flowgraph-rows", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            self._go.acquire()
-            fn, args, kwargs = self._job
-            try:
-                self._result = fn(*args, **kwargs)
-            except BaseException as exc:  # re-raised in the calling thread
-                self._error = exc
-            finally:
-                self._job = ()
-                self._done.release()
-
-    def both(self, fn: Callable, first: tuple, second: tuple, kw_first: dict, kw_second: dict) -> tuple:
-        """``(fn(*first, **kw_first), fn(*second, **kw_second))``, the second on the helper thread."""
-        if not self._busy.acquire(blocking=False):
-            return fn(*first, **kw_first), fn(*second, **kw_second)
-        try:
-            self._job = (fn, second, kw_second)
-            self._go.release()
-            try:
-                mine = fn(*first, **kw_first)
-            finally:  # the helper's half is awaited (and its outcome cleared) whatever this half did
-                self._done.acquire()
-                error, self._error = self._error, None
-                theirs, self._result = self._result, None
-            if error is not None:
-                raise error
-            return mine, theirs
-        finally:
-            self._busy.release()
-
-
-_ROW_HELPER: list[_RowHelper] = []  # created on first use (no thread for programs that never split)
-_ROW_HELPER_LOCK = threading.Lock()
-
-
-def _row_helper() -> _RowHelper:
-    with _ROW_HELPER_LOCK:
-        if not _ROW_HELPER:
-            _ROW_HELPER.append(_RowHelper())
-        return _ROW_HELPER[0]
-
-
 class NumpyBackend(ArrayBackend):
     """The CPU backend: NumPy arrays, NumPy's BLAS for matmul."""
 
@@ -391,64 +328,6 @@ class NumpyBackend(ArrayBackend):
         cdf += 1.0
         cdf *= 0.5
         return np.multiply(x, cdf), cdf
-
-    # ----------------------------------------------------------------- fg.jit: calls split over two threads
-    #: Elements (of the largest argument or the results) from which a replayed call is split over two threads
-    #: (below, the handoff costs more than half the call saves).
-    _ROW_MIN = 1 << 17
-    #: Primitives whose result rows (indices along axis 0) are computed from the same rows of the arguments of
-    #: the highest rank alone (lower-rank arguments broadcast whole): elementwise ones, and LayerNorm's forward,
-    #: which normalises each row of its 2-d input. Reductions qualify when axis 0 is not reduced.
-    _ROW_WISE = frozenset(UNARY_OPS + BINARY_OPS + ("where", "cast", "gelu_exact", "gelu_exact_backward",
-                                                    "layer_norm"))
-    _ROW_REDUCE = frozenset({"sum", "prod", "max", "min", "any", "all"})
-
-    def row_parallel(self, name: str, fn: Callable, args: tuple, kwargs: dict, result: Any) -> Callable | None:
-        """A replacement for a recorded call ``fn(*args, **kwargs) -> result`` that computes the first and the
-        second half of the result's rows on two threads (``fg.jit``'s replay on the CPU): the same values,
-        each element computed by the same loop as unsplit. None unless the primitive ``name`` is row-wise
-        (``_ROW_WISE``; a reduction keeping axis 0), takes no keywords, its results are C-contiguous with a
-        common leading dim of at least 2, and its largest argument or its results hold ``_ROW_MIN`` elements."""
-        if kwargs or (name not in self._ROW_WISE and name not in self._ROW_REDUCE):
-            return None
-        outs = result if isinstance(result, tuple) else (result,)
-        if not outs or any(type(o) is not np.ndarray or o.ndim == 0 or not o.flags.c_contiguous for o in outs):
-            return None  # (a replay's results are C-contiguous: a recorded layout is kept, as it must be)
-        rows = outs[0].shape[0]
-        arrays = [a for a in args if type(a) is np.ndarray]
-        work = max(sum(o.size for o in outs), max((a.size for a in arrays), default=0))
-        if rows < 2 or any(o.shape[0] != rows for o in outs) or work < self._ROW_MIN:
-            return None
-        if name in self._ROW_REDUCE and (type(args[0]) is not np.ndarray or 0 in tuple(args[1])):
-            return None
-        rank = max((a.ndim for a in arrays), default=0)
-        split = tuple(type(a) is np.ndarray and a.ndim == rank and a.shape[0] == rows for a in args)
-        if not any(split):
-            return None
-        half = rows // 2
-        helper = _row_helper()
-        if isinstance(fn, np.ufunc) and fn.nout == 1 and not isinstance(result, tuple):
-            shape, dtype = result.shape, result.dtype
-
-            def ufunc_call(*arrays: Any) -> Any:
-                out = np.empty(shape, dtype)
-                first = tuple(a[:half] if s else a for a, s in zip(arrays, split))
-                second = tuple(a[half:] if s else a for a, s in zip(arrays, split))
-                helper.both(fn, first, second, {"out": out[:half]}, {"out": out[half:]})
-                return out
-
-            return ufunc_call
-        several = isinstance(result, tuple)
-
-        def call(*arrays: Any) -> Any:
-            first = tuple(a[:half] if s else a for a, s in zip(arrays, split))
-            second = tuple(a[half:] if s else a for a, s in zip(arrays, split))
-            mine, theirs = helper.both(fn, first, second, {}, {})
-            if several:
-                return tuple(np.concatenate((m, t)) for m, t in zip(mine, theirs))
-            return np.concatenate((mine, theirs))
-
-        return call
 
     def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
         """``ArrayBackend.scatter_add`` as one ``np.bincount`` over flat destination indices for float arrays:

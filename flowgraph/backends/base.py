@@ -726,13 +726,6 @@ class Backend:
         """
         return fn(*arrays)
 
-    def row_parallel(self, name: str, fn: Any, args: tuple, kwargs: dict, result: Any) -> Any:
-        """A replacement for the recorded call ``fn(*args, **kwargs)`` of primitive ``name`` (which returned
-        ``result``) that ``fg.jit``'s replay runs instead: the same results computed in parts on several
-        threads. None (the default) keeps the call as recorded; the NumPy backend splits large row-wise calls
-        over two threads."""
-        return None
-
     def synchronize(self) -> None:
         """Wait for all queued work on the device."""
 
