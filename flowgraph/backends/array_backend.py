@@ -329,6 +329,69 @@ class NumpyBackend(ArrayBackend):
         cdf *= 0.5
         return np.multiply(x, cdf), cdf
 
+    def native_sdpa(self, dtype: np.dtype, head_dim: int) -> bool:
+        """True for float32: ``F.scaled_dot_product_attention`` (no mask or the square causal one, no dropout)
+        runs as ``sdpa_forward`` / ``sdpa_backward`` below, each one call of in-place passes, instead of the
+        composed matmul, masked fill (two selects for fully masked rows) and softmax, each a fresh array per
+        op and autograd node (the small GPT of ``benchmarks/ports.py``: its replayed step 36.3 -> 34.4 ms of
+        one thread's CPU time). Other dtypes keep the composed path (the protocol's ``stats`` are float32)."""
+        return dtype == np.float32
+
+    #: NumPy's matmul reads permuted heads (a (B, L, H, D) projection viewed as (B, H, L, D)) through BLAS
+    #: strides: no contiguous copies of q, k, v (and the output gradient) per call.
+    sdpa_strided_inputs = True
+
+    _CAUSAL_BIASES: dict = {}  # (L, S, dtype) -> read-only (L, S) bias: 0 on and below the diagonal, -inf above
+
+    @classmethod
+    def _causal(cls, length: int, keys: int, dtype: np.dtype) -> np.ndarray:
+        key = (length, keys, np.dtype(dtype))
+        bias = cls._CAUSAL_BIASES.get(key)
+        if bias is None:
+            bias = np.where(np.arange(keys)[None, :] <= np.arange(length)[:, None], 0.0, -np.inf).astype(dtype)
+            bias.flags.writeable = False
+            cls._CAUSAL_BIASES[key] = bias
+        return bias
+
+    def _probabilities(self, q: np.ndarray, k: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+        """The scaled (and causally biased) scores ``q k^T * scale`` in a fresh array, to be finished in place."""
+        scores = np.matmul(q, k.swapaxes(-1, -2))
+        scores *= scale
+        if causal:
+            scores += self._causal(q.shape[-2], k.shape[-2], scores.dtype)
+        return scores
+
+    def sdpa_forward(self, q: Array, k: Array, v: Array, scale: float, causal: bool) -> tuple[Array, Array]:
+        """``Backend.sdpa_forward`` with the softmax finished in place in the scores' buffer (the generic
+        default's operations and order); the generic default unless q, k, v are float32 NumPy arrays."""
+        if not _float_ndarrays(q, k, v) or q.dtype != np.float32:
+            return super().sdpa_forward(q, k, v, scale, causal)
+        p = self._probabilities(q, k, scale, causal)
+        top = np.max(p, axis=3, keepdims=True)
+        p -= top
+        np.exp(p, out=p)
+        total = np.sum(p, axis=3, keepdims=True)
+        p /= total
+        stats = np.log(total)
+        stats += top
+        return np.matmul(p, v), stats
+
+    def sdpa_backward(self, q: Array, k: Array, v: Array, out: Array, dout: Array, stats: Array, scale: float,
+                      causal: bool) -> tuple[Array, Array, Array]:
+        """``Backend.sdpa_backward`` in place: the weights rebuilt in the scores' buffer, ``dS`` in the
+        ``dO V^T`` buffer; the generic default unless every array is a float32 NumPy array."""
+        if not _float_ndarrays(q, k, v, out, dout, stats) or q.dtype != np.float32:
+            return super().sdpa_backward(q, k, v, out, dout, stats, scale, causal)
+        p = self._probabilities(q, k, scale, causal)
+        p -= stats
+        np.exp(p, out=p)
+        dv = np.matmul(p.swapaxes(-1, -2), dout)
+        ds = np.matmul(dout, v.swapaxes(-1, -2))
+        ds -= np.sum(np.multiply(dout, out), axis=3, keepdims=True)
+        ds *= p
+        ds *= scale
+        return np.matmul(ds, k), np.matmul(ds.swapaxes(-1, -2), q), dv
+
     def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
         """``ArrayBackend.scatter_add`` as one ``np.bincount`` over flat destination indices for float arrays:
         ``np.add.at`` walks its index grids element by element (an embedding's backward, (1024, 64) rows into
