@@ -434,6 +434,10 @@ class Backend:
         memory instead of the ``L x S`` weights. False here: the ``nn`` layer composes matmul and softmax."""
         return False
 
+    #: Whether ``sdpa_forward`` / ``sdpa_backward`` take strided (permuted) 4-d inputs as they are; False makes
+    #: ``F.scaled_dot_product_attention`` pass contiguous copies (the fused kernels read dense rows).
+    sdpa_strided_inputs = False
+
     def sdpa_forward(self, q: Array, k: Array, v: Array, scale: float, causal: bool) -> tuple[Array, Array]:
         """``softmax(q k^T * scale) v`` for ``q`` ``(B, H, L, D)``, ``k`` ``(B, H, S, D)``, ``v``
         ``(B, H, S, Dv)``, with a causal mask (key ``j`` hidden from query ``i`` where ``j > i``) when

@@ -102,7 +102,8 @@ def _native_sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) ->
 
     def four(t: Tensor):
         d = t._data
-        return bk.contiguous(d if t.ndim == 4 else bk.reshape(d, (1, -1) + tuple(t.shape[-2:])))
+        d = d if t.ndim == 4 else bk.reshape(d, (1, -1) + tuple(t.shape[-2:]))
+        return d if bk.sdpa_strided_inputs else bk.contiguous(d)
 
     o4, stats = bk.sdpa_forward(four(q), four(k), four(v), scale, causal)
     out = _wrap(bk.reshape(o4, lead + (length, v.shape[-1])), bk)

@@ -625,6 +625,26 @@ def test_scatter_add_duplicates(device):
     assert_matches(be, be.scatter_add(be.from_host(a), 1, be.from_host(index), be.from_host(src)), expected)
 
 
+def test_scatter_add_many_duplicates_matches_torch(device):
+    # an embedding's backward: every row of the index repeats one token id, many rows hit one token
+    import torch
+
+    be = backend_for(device)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((3, 65, 8)).astype(F32)
+    index = np.broadcast_to(rng.integers(0, 65, size=(3, 300, 1)), (3, 300, 8)).astype(I64)
+    src = rng.standard_normal((3, 300, 9)).astype(F32)[..., :8]
+    expected = torch.scatter_add(torch.from_numpy(a), 1, torch.from_numpy(index.copy()),
+                                 torch.from_numpy(src.copy()))
+    got = be.scatter_add(be.from_host(a), 1, be.from_host(index), be.from_host(src))
+    assert_matches(be, got, expected.numpy(), rtol=1e-5, atol=1e-5)
+    if device != "cpu":
+        return
+    with pytest.raises(IndexError):  # out of range on the CPU: reported, not summed into another row
+        be.to_host(be.scatter_add(be.from_host(a), 1, be.from_host(np.full((1, 2, 8), 65, I64)),
+                                  be.from_host(src[:1, :2])))
+
+
 # ------------------------------------------------------------------------------------------ creation
 @pytest.mark.parametrize(
     "dtype",

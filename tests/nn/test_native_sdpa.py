@@ -118,3 +118,39 @@ def test_cuda_fused_attention_matches_torch(dtype, causal):
     np.testing.assert_allclose(fy.detach().float().cpu().numpy(), ty.detach().numpy(), **tol)
     for f, t in zip(fs, ts):
         np.testing.assert_allclose(f.grad.float().cpu().numpy(), t.grad.numpy(), **tol)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_float32_attention_is_fused_in_place_and_matches_torch(causal, monkeypatch):
+    """The NumPy backend's own ``sdpa_forward`` / ``sdpa_backward`` (float32, strided heads read as they are):
+    the same values as the protocol's generic default, and torch's attention with its three gradients."""
+    import torch
+
+    cpu = get_backend("cpu")
+    assert cpu.native_sdpa(np.dtype(np.float32), 16) and not cpu.native_sdpa(np.dtype(np.float64), 16)
+    rng = np.random.default_rng(4)
+    qkv = rng.standard_normal((2, 7, 3 * 12)).astype(np.float32)
+    # heads as nanoGPT makes them: a (B, L, 3 * H * D) projection split and viewed as (B, H, L, D)
+    q, k, v = (qkv[..., i * 12:(i + 1) * 12].reshape(2, 7, 3, 4).transpose(0, 2, 1, 3) for i in range(3))
+    g = rng.standard_normal((2, 3, 7, 4)).astype(np.float32)
+    out, stats = cpu.sdpa_forward(q, k, v, 0.5, causal)
+    ref_out, ref_stats = Backend.sdpa_forward(cpu, q, k, v, 0.5, causal)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stats, ref_stats, rtol=1e-5, atol=1e-6)
+    for a, b in zip(cpu.sdpa_backward(q, k, v, out, g, stats, 0.5, causal),
+                    Backend.sdpa_backward(cpu, q, k, v, out, g, stats, 0.5, causal)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    calls = []
+    forward = cpu.sdpa_forward
+    monkeypatch.setattr(cpu, "sdpa_forward", lambda *a: calls.append(a) or forward(*a))
+    fs = [fg.tensor(np.ascontiguousarray(t), requires_grad=True) for t in (q, k, v)]
+    ts = [torch.tensor(np.ascontiguousarray(t), requires_grad=True) for t in (q, k, v)]
+    fy = F.scaled_dot_product_attention(*fs, is_causal=causal)
+    ty = torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=causal)
+    fy.backward(fg.tensor(g))
+    ty.backward(torch.tensor(g))
+    assert len(calls) == 1
+    np.testing.assert_allclose(fy.detach().numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-6)
+    for f, t in zip(fs, ts):
+        np.testing.assert_allclose(f.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5)
