@@ -284,11 +284,11 @@ def _graph(device, with_dropout=False):
     return FlowBuilder.from_(encoder).through(nn.Tanh()).through(nn.Linear(8, 2)).tag("head").build().to(device)
 
 
-@pytest.mark.parametrize("paths", [("encoder",), ("encoder.res",), ("encoder", "encoder.res", "head")])
-def test_graph_path_gradients_match(device, paths):
+def _plain_and_checkpointed(device, configure):
+    """A graph trained one step plainly and a copy configured by ``configure(graph)``, from the same RNG state;
+    asserts their gradients agree and returns both graphs."""
     plain, ckpt = _graph(device, with_dropout=True), _graph(device, with_dropout=True)
-    for p in paths:
-        ckpt.checkpoint_activations(p)
+    configure(ckpt)
     x = fg.randn(6, 4, device=device, requires_grad=True)
     state = fg.get_rng_state(device)
     plain(x).square().sum().backward()
@@ -298,6 +298,12 @@ def test_graph_path_gradients_match(device, paths):
     ckpt(x).square().sum().backward()
     for e, g in zip(expected, _grads(ckpt.parameters(), x)):
         np.testing.assert_allclose(g, e, atol=1e-6, rtol=0)
+    return plain, ckpt
+
+
+@pytest.mark.parametrize("paths", [("encoder",), ("encoder.res",), ("encoder", "encoder.res", "head")])
+def test_graph_path_gradients_match(device, paths):
+    plain, ckpt = _plain_and_checkpointed(device, lambda g: [g.checkpoint_activations(p) for p in paths])
     # the recompute left the BatchNorm statistics as one forward leaves them
     for (name, b1), (_, b2) in zip(plain.named_buffers(), ckpt.named_buffers()):
         np.testing.assert_allclose(b2.numpy(), b1.numpy(), atol=1e-6, err_msg=name)
@@ -323,18 +329,11 @@ def test_graph_path_keeps_only_the_subtree_inputs(device):
 
 
 def test_graph_path_can_leave_the_tag_values_out(device):
-    plain, ckpt = _graph(device, with_dropout=True), _graph(device, with_dropout=True)
-    ckpt.checkpoint_activations("encoder", keep_tag_values=False)  # every tag inside the subgraph
-    ckpt.checkpoint_activations("head", keep_tag_values=False)  # the tag the path names
-    x = fg.randn(6, 4, device=device, requires_grad=True)
-    state = fg.get_rng_state(device)
-    plain(x).square().sum().backward()
-    expected = _grads(plain.parameters(), x)
-    x.grad = None
-    fg.set_rng_state(state, device)
-    ckpt(x).square().sum().backward()
-    for e, g in zip(expected, _grads(ckpt.parameters(), x)):
-        np.testing.assert_allclose(g, e, atol=1e-6, rtol=0)
+    def configure(g):
+        g.checkpoint_activations("encoder", keep_tag_values=False)  # every tag inside the subgraph
+        g.checkpoint_activations("head", keep_tag_values=False)  # the tag the path names
+
+    plain, ckpt = _plain_and_checkpointed(device, configure)
     assert set(plain.subgraph_at("encoder").tag_values) == {"norm", "res", "mixed"}
     assert ckpt.subgraph_at("encoder").tag_values == {}
     assert "head" in plain.tag_values and "head" not in ckpt.tag_values
@@ -342,7 +341,7 @@ def test_graph_path_can_leave_the_tag_values_out(device):
         ckpt.collect("head")
     ckpt.checkpoint_activations("encoder", False)  # off: recorded again
     ckpt.checkpoint_activations("head", keep_tag_values=True)  # still checkpointed, recorded again
-    ckpt(x)
+    ckpt(fg.randn(6, 4, device=device))
     assert set(ckpt.subgraph_at("encoder").tag_values) == {"norm", "res", "mixed"}
     assert ckpt.tag_values["head"].shape == plain.tag_values["head"].shape
     with pytest.raises(fg.FlowError, match="keep_tag_values=.*True or False"):
