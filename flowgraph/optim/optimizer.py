@@ -409,8 +409,13 @@ class Optimizer:
             lr = full((), float(group["lr"]), dtype="float32", device=p.device)
             cache[key] = lr
 
-            def refresh(lr=lr, group=group) -> None:
-                lr.fill_(float(group["lr"]))
+            last = [float(group["lr"])]
+
+            def refresh(lr=lr, group=group, last=last) -> None:
+                value = float(group["lr"])
+                if value != last[0]:  # a fill is a kernel launch before every replay: only when it changed
+                    lr.fill_(value)
+                    last[0] = value
 
             hooks.append(refresh)
         return {**group, "lr": lr}
