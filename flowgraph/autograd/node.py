@@ -269,22 +269,16 @@ def _finish_leaf(node: AccumulateGrad, g: Tensor, create_graph: bool) -> None:
 
 
 # ---------------------------------------------------------------------- the engine
-def run_backward(
-    roots: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    retain_graph: bool = False,
-    create_graph: bool = False,
-    capture: Sequence[Tensor] | None = None,
-    allow_unused: bool = True,
-) -> list[Tensor | None] | None:
-    """Propagate ``grads`` from ``roots`` back through the graph.
+def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor], *options: Any,
+                 **named: Any) -> list[Tensor | None] | None:
+    """Propagate ``grads`` from ``roots`` back through the graph: ``run_backward_from_edges`` (same options:
+    ``retain_graph``, ``create_graph``, ``capture``, ``allow_unused``) from the roots' gradient edges.
 
     Without ``capture`` the gradients of leaves that require grad accumulate into ``.grad``. With
     ``capture`` (``fg.autograd.grad``) nothing accumulates: the gradients of those tensors are returned.
     """
     gradient_edge = _tensor_api().gradient_edge
-    return run_backward_from_edges([gradient_edge(t) for t in roots], grads, retain_graph, create_graph, capture,
-                                   allow_unused)
+    return run_backward_from_edges([gradient_edge(t) for t in roots], grads, *options, **named)
 
 
 def run_backward_from_edges(
