@@ -33,7 +33,8 @@ from ..errors import BackendError, ShapeError
 from . import fusion
 from .fusion import Expr, Scalar, result_dtype
 
-_SCALAR_TYPES = (bool, int, float, np.generic)
+#: Python and NumPy scalar types a primitive takes in place of an array.
+SCALAR_TYPES = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
 
 #: A pending input broadcast to a larger shape is re-expressed over broadcast views of its leaves (recomputed
@@ -285,7 +286,7 @@ class LazyEngine:
         return out
 
     def _scalar(self, value: Any, dtype: np.dtype, where: str) -> Scalar:
-        if not isinstance(value, _SCALAR_TYPES):
+        if not isinstance(value, SCALAR_TYPES):
             raise BackendError(
                 f"{where}: expected {self._array_name} or a Python scalar, got {type(value).__name__}"
             )
@@ -323,7 +324,7 @@ class LazyEngine:
                         "(promote first, e.g. with cast)"
                     )
             else:
-                if op == "pow" and dtype.kind in "iu" and isinstance(b, _SCALAR_TYPES) and b < 0:
+                if op == "pow" and dtype.kind in "iu" and isinstance(b, SCALAR_TYPES) and b < 0:
                     # NumPy's rule, checked where the exponent is at hand (array exponents are not read back).
                     raise BackendError(
                         f"pow: integers to negative integer powers are not allowed ({dtype} ** {b}); "

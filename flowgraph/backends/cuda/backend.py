@@ -45,7 +45,7 @@ from ..fusion import (
     sgd_update_scalars,
     split_reduction,
 )
-from ..lazy import LazyEngine, flatten
+from ..lazy import SCALAR_TYPES, LazyEngine, flatten
 from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
@@ -55,7 +55,6 @@ from .blas import GEMM_TYPES, Cublas
 #: ``cupy.ReductionKernel`` (for comparison and debugging).
 OWN_REDUCTIONS = os.environ.get("FLOWGRAPH_CUDA_OWN_REDUCTIONS", "1") != "0"
 
-_SCALARS = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
 _I64 = np.dtype(np.int64)
 
@@ -192,7 +191,6 @@ class CupyBackend(LazyEngine, ArrayBackend):
     def _use(self) -> None:
         if cupy.cuda.runtime.getDevice() != self.index:
             self._device.use()
-
 
     # ----------------------------------------------------------------- the lazy engine's hooks
     def _arr(self, x: Any) -> Any:
@@ -1157,7 +1155,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
             return out
         if out.ndim == 0:
             raise ShapeError("scatter: needs an array with at least one axis")
-        if isinstance(src, _SCALARS):
+        if isinstance(src, SCALAR_TYPES):
             values = cupy.full(index.shape, src, dtype=out.dtype)
         else:
             values = cupy.broadcast_to(self._arr(src).astype(out.dtype, copy=False), index.shape)

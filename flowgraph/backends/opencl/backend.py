@@ -38,7 +38,6 @@ from . import kernels as K
 from .array import CLArray, contiguous_strides, is_contiguous, nocopy_strides, shape_size
 from .runtime import build_program, cl, compile_stats, device_context, list_devices
 
-_SCALAR_TYPES = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
 _I64 = np.dtype(np.int64)
 _INT64 = np.dtype(np.int64)
