@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import operator
 import os
 import traceback
 from collections import OrderedDict
@@ -113,26 +114,25 @@ def _live_tensors() -> list[Tensor]:
 # ---------------------------------------------------------------------------------------------- signatures
 def _signature(args: tuple, kwargs: dict) -> tuple:
     """The cache key of a call: tensor metadata, constant values, grad mode and autocast."""
+    return (_signature_of(args), _signature_of(kwargs), STATE.enabled, repr(STATE.autocast))
 
-    def one(x: Any) -> Any:
-        if isinstance(x, Tensor):
-            return ("T", tuple(x._data.shape), str(x._data.dtype), x._backend.device, x.requires_grad)
-        if isinstance(x, (list, tuple)):
-            return (type(x).__name__, tuple(one(i) for i in x))
-        if isinstance(x, dict):
-            return ("dict", tuple((k, one(v)) for k, v in x.items()))
-        if _is_array(x):
-            return ("A", tuple(x.shape), str(x.dtype))
-        try:
-            hash(x)
-        except TypeError:
-            return ("id", id(x))
-        return ("V", type(x).__name__, x)
 
+def _signature_of(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        d = x._data
+        # The dtype object, not its name: ``str(dtype)`` was a tenth of a replay's host time.
+        return ("T", tuple(d.shape), d.dtype, x._backend.device, x.requires_grad)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(map(_signature_of, x)))
+    if isinstance(x, dict):
+        return ("dict", tuple((k, _signature_of(v)) for k, v in x.items()))
+    if _is_array(x):
+        return ("A", tuple(x.shape), x.dtype)
     try:
-        return (one(args), one(kwargs), STATE.enabled, repr(STATE.autocast))
-    finally:
-        one = None  # a self-calling closure is a reference cycle: without this the step's inputs outlive it
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return ("V", type(x).__name__, x)
 
 
 def _flat_inputs(args: tuple, kwargs: dict) -> list[Tensor]:
@@ -168,11 +168,34 @@ class _Guards:
             (k, id(v)) for k, v in m._buffers.items())
 
     @staticmethod
-    def _hyper(opt: Any) -> list:
-        return [
-            ({k: v for k, v in g.items() if k not in ("params", "lr")}, tuple(id(p) for p in g["params"]))
-            for g in opt.param_groups
-        ]
+    def _hyper(opt: Any) -> tuple:
+        """Per group: its dict, the hyper-parameter names (all but ``params`` and ``lr``), their values, and the
+        ids of its parameters. ``lr`` is read from the group on every replay (a device scalar refilled)."""
+        out = []
+        for g in opt.param_groups:
+            keys = tuple(k for k in g if k not in ("params", "lr"))
+            get = operator.itemgetter(*keys) if keys else (lambda _g: ())
+            out.append((g, len(g), get, get(g), tuple(map(id, g["params"]))))
+        return tuple(out)
+
+    @staticmethod
+    def _hyper_miss(opt: Any, hyper: tuple) -> bool:
+        """Whether ``opt``'s groups differ from ``hyper`` (see :meth:`_hyper`): C-level gets and compares, since
+        this runs before every replay."""
+        groups = opt.param_groups
+        if len(groups) != len(hyper):
+            return True
+        for g, (recorded, size, get, values, params) in zip(groups, hyper):
+            if g is not recorded or len(g) != size:
+                return True
+            try:
+                if get(g) != values:
+                    return True
+            except KeyError:
+                return True
+            if tuple(map(id, g["params"])) != params:
+                return True
+        return False
 
     def miss(self) -> str | None:
         """Why the recording no longer applies (None when it does).
@@ -191,7 +214,7 @@ class _Guards:
             if t.requires_grad != rg:
                 return "the set of frozen parameters changed"
         for opt, hyper in self.optimizers:
-            if self._hyper(opt) != hyper:
+            if self._hyper_miss(opt, hyper):
                 return f"{type(opt).__name__}'s hyper-parameters or parameter groups changed"
         self.version = version  # every registry still holds what was recorded
         return None
@@ -496,15 +519,12 @@ class _GraphProgram:
         self.guards = _Guards([t for t in state if t.requires_grad])
 
     def replay(self, inputs: list[Tensor]) -> Any:
-        bk = self.backend
-        for s, t in zip(self.static, inputs):
-            if t._data is not s._data:
-                bk.assign(s._data, t._data)
-        self.session.replay()
+        session = self.session
+        session.replay([(s._data, t._data) for s, t in zip(self.static, inputs) if t._data is not s._data])
         for fn, arrays in self.after_launch:
             fn(*arrays)
-        return _map_tensors(self.outputs, lambda t: _wrap(bk.assign(bk.full(t.shape, 0, t._data.dtype),
-                                                                    t._data), bk))
+        bk = self.backend
+        return _map_tensors(self.outputs, lambda t: _wrap(session.copy_out(t._data), bk))
 
 
 def _map_tensors(obj: Any, f: Callable[[Tensor], Any]) -> Any:

@@ -268,3 +268,64 @@ def param_grad_parts(rows: int, cols: int, target: int = 16384) -> tuple[int, in
     parts = max(1, min(rows, target // max(cols, 1)))
     chunk = -(-rows // parts)
     return -(-rows // chunk), chunk
+
+
+# ---------------------------------------------------------------------------------------------- block max pooling
+_POOL_PARAMS = [("long", "n"), ("long", "od"), ("long", "oh"), ("long", "ow"), ("long", "kd"), ("long", "kh"),
+                ("long", "kw"), ("in", "x"), ("long", "x_off")]
+
+# Work-item i owns output i of a contiguous (planes, od, oh, ow) result and the kd x kh x kw block of the
+# contiguous (planes, od*kd, oh*kh, ow*kw) input under it; the block is scanned in row-major order, a value
+# replacing the running maximum where it is greater or NaN (the first maximum wins, the last NaN), as the
+# generic ``Backend.max_pool_blocks`` and PyTorch do.
+_POOL_BLOCK = """
+  FG_LONG i = FG_GLOBAL_ID;
+  if (i >= n) return;
+  FG_LONG c = i % ow, t = i / ow;
+  FG_LONG b = t % oh;
+  t /= oh;
+  FG_LONG a = t % od, plane = t / od;
+  FG_LONG W = ow * kw, H = oh * kh;
+  FG_LONG base = x_off + ((plane * od * kd + a * kd) * H + b * kh) * W + c * kw;
+  T best = x[base];
+  FG_LONG win = 0, k = 0;
+  for (FG_LONG p = 0; p < kd; ++p)
+    for (FG_LONG q = 0; q < kh; ++q)
+      for (FG_LONG r = 0; r < kw; ++r, ++k) {
+        T v = x[base + (p * H + q) * W + r];
+        if (v > best || isnan(v)) {
+          best = v;
+          win = k;
+        }
+      }
+"""
+
+#: ``Backend.max_pool_blocks`` for 1-3 spatial dims: one work-item per output (see :func:`pool_blocks_dims`).
+MAX_POOL_BLOCKS = RowKernel("fg_max_pool_blocks", [*_POOL_PARAMS, ("out", "y")], _POOL_BLOCK + "  y[i] = best;\n")
+
+#: ``Backend.max_pool_blocks_backward``: one work-item per output finds its block's winner again (no index
+#: array kept from the forward) and writes the whole block of ``gx``, ``g`` at the winner and zeros elsewhere,
+#: so ``gx`` needs no zero fill.
+MAX_POOL_BLOCKS_BACKWARD = RowKernel(
+    "fg_max_pool_blocks_backward", [*_POOL_PARAMS, ("in", "g"), ("long", "g_off"), ("out", "gx")],
+    _POOL_BLOCK + """
+  T gi = g[g_off + i];
+  FG_LONG out = base - x_off;
+  k = 0;
+  for (FG_LONG p = 0; p < kd; ++p)
+    for (FG_LONG q = 0; q < kh; ++q)
+      for (FG_LONG r = 0; r < kw; ++r, ++k)
+        gx[out + (p * H + q) * W + r] = k == win ? gi : (T)0;
+""")
+
+
+def pool_blocks_dims(shape: Sequence[int], kernel: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
+    """For the block pooling kernels: the output shape of ``(N, C, *S)`` pooled by ``kernel`` and the kernels'
+    ``[od, oh, ow, kd, kh, kw]`` (leading spatial dims of size 1 where ``S`` has fewer than 3), or None when
+    ``S`` has more than 3 dims."""
+    nd = len(kernel)
+    if not 1 <= nd <= 3 or len(shape) != nd + 2:
+        return None
+    out = [s // k for s, k in zip(shape[2:], kernel)]
+    pad = [1] * (3 - nd)
+    return (*shape[:2], *out), pad + out + pad + list(kernel)

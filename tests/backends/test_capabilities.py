@@ -80,18 +80,27 @@ def test_sgd_step_first_momentum_step_copies_the_gradient(device):
     assert none is None
 
 
-@pytest.mark.parametrize("kernel", [(2, 2), (3, 1), (1, 1)])
-def test_max_pool_blocks_override_matches_generic_default(device, kernel):
+@pytest.mark.parametrize("kernel,spatial", [((2, 2), (6, 4)), ((3, 1), (6, 4)), ((1, 1), (6, 4)), ((2,), (6,)),
+                                            ((2, 1, 2), (4, 3, 4))])
+@pytest.mark.parametrize("dtype", [F32, np.float64])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_max_pool_blocks_override_matches_generic_default(device, kernel, spatial, dtype, transposed):
     be = get_backend(device)
+    if dtype == np.float64 and not be.supports_float64:
+        pytest.skip(f"{device} has no float64")
     rng = np.random.default_rng(2)
-    x = rng.integers(-2, 3, size=(2, 3, 6, 4)).astype(F32)  # many ties: the first maximum must win
-    x[0, 0, 0, 0] = x[1, 2, 3, 1] = np.nan
-    out = (2, 3, 6 // kernel[0], 4 // kernel[1])
-    gy = rng.standard_normal(out).astype(F32)
+    x = rng.integers(-2, 3, size=(2, 3, *spatial)).astype(dtype)  # many ties: the first maximum must win
+    x.reshape(-1)[[0, x.size - 5]] = np.nan
+    out = (2, 3, *(s // k for s, k in zip(spatial, kernel)))
+    gy = rng.standard_normal(out).astype(dtype)
     results = []
     for forward, backward in ((type(be).max_pool_blocks, type(be).max_pool_blocks_backward),
                               (Backend.max_pool_blocks, Backend.max_pool_blocks_backward)):
-        (a,) = _arrays(be, x)
+        if transposed:  # a channels-swapped view: not contiguous
+            (a,) = _arrays(be, np.ascontiguousarray(np.swapaxes(x, 0, 1)))
+            a = be.permute(a, (1, 0, *range(2, x.ndim)))
+        else:
+            (a,) = _arrays(be, x)
         best = forward(be, a, kernel)
         (g,) = _arrays(be, gy)
         results.append(_host(be, best, backward(be, a, best, g, kernel)))

@@ -882,6 +882,40 @@ class CupyBackend(LazyEngine, ArrayBackend):
             kernel = self._kernels[key] = cupy.RawKernel(K.row_kernel_source(spec, dtype), spec.name)
         return kernel
 
+    def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
+        """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
+        the generic window loop otherwise."""
+        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (K.F32, K.F64) else None
+        if dims is None:
+            return super().max_pool_blocks(a, kernel)
+        self._use()
+        out_shape, geometry = dims
+        x = cupy.ascontiguousarray(self._arr(a))
+        y = cupy.empty(out_shape, dtype=x.dtype)
+        if y.size:
+            k = self._row_kernel(R.MAX_POOL_BLOCKS, x.dtype, ("max_pool_blocks",))
+            k((-(-y.size // 256),), (256,), (np.int64(y.size), *map(np.int64, geometry), x, np.int64(0), y))
+        return y
+
+    def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
+        """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS_BACKWARD``: each block's winner found again,
+        the whole block written) where the forward took its kernel; the generic loop otherwise."""
+        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (K.F32, K.F64) and g.dtype == a.dtype else None
+        if dims is None:
+            return super().max_pool_blocks_backward(a, best, g, kernel)
+        self._use()
+        out_shape, geometry = dims
+        x = cupy.ascontiguousarray(self._arr(a))
+        gy = cupy.ascontiguousarray(self._arr(g))
+        gx = cupy.empty(x.shape, dtype=x.dtype)
+        if gy.size:
+            k = self._row_kernel(R.MAX_POOL_BLOCKS_BACKWARD, x.dtype, ("max_pool_blocks_backward",))
+            k((-(-gy.size // 256),), (256,), (np.int64(gy.size), *map(np.int64, geometry), x, np.int64(0), gy,
+                                              np.int64(0), gx))
+        elif gx.size:
+            gx.fill(0)
+        return gx
+
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one thread block per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise (16-bit

@@ -10,7 +10,7 @@ can scribble over memory handed to someone else. CuPy has no per-graph pool, hen
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import cupy
@@ -70,9 +70,38 @@ class GraphSession:
                     "without host synchronisation"
                 ) from exc
 
-    def replay(self) -> None:
-        """Launch the captured graph on the current stream (ordered after the input copies)."""
+    def replay(self, copies: Iterable[tuple[Any, Any]] = ()) -> None:
+        """Launch the captured graph on the current stream, after copying each ``(static, source)`` pair of
+        ``copies`` into the static input the graph reads.
+
+        A copy between dense arrays of one dtype and shape (a replay's usual batch) is one device-to-device
+        memcpy on the stream, not a kernel built by the lazy engine: a replay's host time before its launch is
+        what a step that reads its loss every time waits for."""
         if self.graph is None:
             raise FlowError("replay() before a successful capture")
-        with self.backend._device:
-            self.graph.launch(stream=cupy.cuda.get_current_stream())
+        backend = self.backend
+        with backend._device:
+            stream = cupy.cuda.get_current_stream()
+            for static, source in copies:
+                dst, src = backend._arr(static), backend._arr(source)
+                if (src.dtype == dst.dtype and src.shape == dst.shape and src.flags.c_contiguous
+                        and dst.flags.c_contiguous):
+                    if dst.nbytes:
+                        backend._flush_readers(id(dst.data.mem))  # pending readers of the old values first
+                        dst.data.copy_from_device_async(src.data, dst.nbytes, stream)
+                else:
+                    backend.assign(dst, src)
+            self.graph.launch(stream=stream)
+
+    def copy_out(self, a: Any) -> Any:
+        """A new array with ``a``'s values (a graph output, which the next launch overwrites), queued on the
+        current stream: one memcpy for a dense ``a``."""
+        backend = self.backend
+        with backend._device:
+            src = backend._arr(a)
+            if not src.flags.c_contiguous:
+                return src.copy()  # C order
+            out = cupy.empty(src.shape, dtype=src.dtype)
+            if src.nbytes:
+                out.data.copy_from_device_async(src.data, src.nbytes, cupy.cuda.get_current_stream())
+            return out

@@ -735,6 +735,40 @@ class OpenCLBackend(LazyEngine, Backend):
         group = R.row_group(cols, self._group_limit(kernel))
         kernel(self.queue, (rows * group,), (group,), *args)
 
+    def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
+        """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
+        the generic window loop otherwise."""
+        a = self._own(a, "max_pool_blocks")
+        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (_F32, _F64) else None
+        if dims is None:
+            return super().max_pool_blocks(a, kernel)
+        out_shape, geometry = dims
+        x = self._row_operand(a, "max_pool_blocks")
+        y = self.empty(out_shape, x.dtype)
+        n = shape_size(out_shape)
+        if n:
+            k = self._kernel(("max_pool_blocks", x.dtype.str), lambda: K.row_kernel_source(R.MAX_POOL_BLOCKS, x.dtype))
+            self._launch(k, n, [n, *geometry, x.buffer, x.offset, y.buffer])
+        return y
+
+    def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
+        """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS_BACKWARD``: each block's winner found again,
+        the whole block written) where the forward took its kernel; the generic loop otherwise."""
+        a, g = self._own(a, "max_pool_blocks_backward"), self._own(g, "max_pool_blocks_backward")
+        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (_F32, _F64) and g.dtype == a.dtype else None
+        if dims is None:
+            return super().max_pool_blocks_backward(a, best, g, kernel)
+        _, geometry = dims
+        x = self._row_operand(a, "max_pool_blocks_backward")
+        gy = self._row_operand(g, "max_pool_blocks_backward")
+        gx = self.empty(tuple(x.shape), x.dtype)
+        n = shape_size(tuple(gy.shape))
+        if n:
+            k = self._kernel(("max_pool_blocks_backward", x.dtype.str),
+                             lambda: K.row_kernel_source(R.MAX_POOL_BLOCKS_BACKWARD, x.dtype))
+            self._launch(k, n, [n, *geometry, x.buffer, x.offset, gy.buffer, gy.offset, gx.buffer])
+        return gx
+
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one work-group per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise."""
