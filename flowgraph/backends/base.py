@@ -255,6 +255,22 @@ class Backend:
         ``w_shape``/``b_shape`` None), ``gx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with
         ``gy = g * w``, ``gw = sum_to(g * xhat, w_shape)``, ``gb = sum_to(g, b_shape)``."""
         count = math.prod(xhat.shape[a] for a in axes)
+        if self._per_group(xhat.shape, axes, w, w_shape, b_shape):
+            # The affine is constant over each reduced group (batch norm's per-channel weight): two reductions
+            # serve all three gradients, sum(g) and sum(g * xhat), instead of four (mean(gy) and
+            # mean(gy * xhat) are the weight times them; gb and gw are them).
+            sg = self.sum(g, axes, True)
+            sgx = self.sum(self.mul(g, xhat), axes, True)
+            gx = None
+            if need_x:
+                mean_gy, mean_gyx = self.mul(sg, 1.0 / count), self.mul(sgx, 1.0 / count)
+                gy = g
+                if w is not None:
+                    gy, mean_gy, mean_gyx = self.mul(g, w), self.mul(mean_gy, w), self.mul(mean_gyx, w)
+                gx = self.mul(self.sub(self.sub(gy, mean_gy), self.mul(xhat, mean_gyx)), rstd)
+            gw = None if w_shape is None else self._sum_to(sgx, w_shape)
+            gb = None if b_shape is None else self._sum_to(sg, b_shape)
+            return gx, gw, gb
         gx = gw = gb = None
         if need_x:
             gy = g if w is None else self.mul(g, w)
@@ -266,6 +282,16 @@ class Backend:
         if b_shape is not None:
             gb = self._sum_to(g, b_shape)
         return gx, gw, gb
+
+    @staticmethod
+    def _per_group(shape: tuple[int, ...], axes: tuple[int, ...], w: Array | None, w_shape: tuple | None,
+                   b_shape: tuple | None) -> bool:
+        """Whether ``w`` and the asked ``w_shape``/``b_shape`` of ``standardize_backward`` are constant over
+        each reduced group: every one (right-aligned with ``shape``) has size 1 on every axis in ``axes``."""
+        ndim = len(shape)
+        shapes = [tuple(s) for s in (None if w is None else w.shape, w_shape, b_shape) if s is not None]
+        return bool(shapes) and all(
+            len(s) <= ndim and all(s[a - ndim + len(s)] == 1 for a in axes if a >= ndim - len(s)) for s in shapes)
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """LayerNorm's forward over the rows of a 2-d ``x`` ``(rows, cols)``: ``(y, mean, rstd)`` with
