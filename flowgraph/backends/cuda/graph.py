@@ -80,28 +80,32 @@ class GraphSession:
         if self.graph is None:
             raise FlowError("replay() before a successful capture")
         backend = self.backend
-        with backend._device:
-            stream = cupy.cuda.get_current_stream()
-            for static, source in copies:
-                dst, src = backend._arr(static), backend._arr(source)
-                if (src.dtype == dst.dtype and src.shape == dst.shape and src.flags.c_contiguous
-                        and dst.flags.c_contiguous):
-                    if dst.nbytes:
-                        backend._flush_readers(id(dst.data.mem))  # pending readers of the old values first
-                        dst.data.copy_from_device_async(src.data, dst.nbytes, stream)
-                else:
-                    backend.assign(dst, src)
-            self.graph.launch(stream=stream)
+        backend._use()
+        stream = cupy.cuda.get_current_stream()
+        runtime = cupy.cuda.runtime
+        for static, source in copies:
+            dst, src = backend._arr(static), backend._arr(source)
+            if src.dtype == dst.dtype and src.shape == dst.shape and src.flags.c_contiguous and dst.flags.c_contiguous:
+                if dst.nbytes:
+                    backend._flush_readers(id(dst.data.mem))  # pending readers of the old values first
+                    # The runtime call: MemoryPointer's copy checks peer access on every call.
+                    runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, runtime.memcpyDeviceToDevice,
+                                        stream.ptr)
+            else:
+                backend.assign(dst, src)
+        self.graph.launch(stream=stream)
 
     def copy_out(self, a: Any) -> Any:
         """A new array with ``a``'s values (a graph output, which the next launch overwrites), queued on the
         current stream: one memcpy for a dense ``a``."""
         backend = self.backend
-        with backend._device:
-            src = backend._arr(a)
-            if not src.flags.c_contiguous:
-                return src.copy()  # C order
-            out = cupy.empty(src.shape, dtype=src.dtype)
-            if src.nbytes:
-                out.data.copy_from_device_async(src.data, src.nbytes, cupy.cuda.get_current_stream())
-            return out
+        backend._use()
+        src = backend._arr(a)
+        if not src.flags.c_contiguous:
+            return src.copy()  # C order
+        out = cupy.empty(src.shape, dtype=src.dtype)
+        if src.nbytes:
+            runtime = cupy.cuda.runtime
+            runtime.memcpyAsync(out.data.ptr, src.data.ptr, src.nbytes, runtime.memcpyDeviceToDevice,
+                                cupy.cuda.get_current_stream().ptr)
+        return out
