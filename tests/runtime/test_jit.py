@@ -140,6 +140,32 @@ def test_each_call_is_one_step_and_the_body_runs_twice(device):
     np.testing.assert_allclose(w.grad.numpy(), [1.0, 1.0])
 
 
+def test_replays_read_each_call_s_inputs_whatever_their_layout(device):
+    """A replay copies each call's inputs into the recording's own (a CUDA graph reads fixed addresses): dense
+    inputs, a transposed view, a lazy result and the same tensor twice all give the eager answer, and a
+    returned output is the caller's (the next replay does not overwrite it)."""
+    w = fg.tensor(np.arange(6, dtype=F32).reshape(3, 2), device=device)
+
+    @fg.jit
+    def f(x, b):
+        return x.t() @ w + b
+
+    rng = np.random.default_rng(3)
+    outs, expected = [], []
+    for i in range(6):
+        xs = rng.standard_normal((3, 4)).astype(F32)
+        bs = rng.standard_normal((4, 2)).astype(F32)
+        x = fg.tensor(np.ascontiguousarray(xs.T), device=device).t() if i % 2 else fg.tensor(xs, device=device)
+        b = fg.tensor(bs, device=device) * 1.0 if i == 4 else fg.tensor(bs, device=device)  # i == 4: lazy
+        outs.append(f(x, b))
+        expected.append(xs.T @ np.arange(6, dtype=F32).reshape(3, 2) + bs)
+    same = fg.tensor(rng.standard_normal((3, 4)).astype(F32), device=device)
+    outs.append(f(same, same.t()[:, :2] * 0 + 1))
+    expected.append(same.numpy().T @ np.arange(6, dtype=F32).reshape(3, 2) + 1)
+    for out, exp in zip(outs, expected):
+        np.testing.assert_allclose(out.numpy(), exp, rtol=1e-5, atol=1e-5)
+
+
 def test_host_read_inside_a_jitted_step_names_the_line(device):
     w = fg.ones(3, device=device, requires_grad=True)
 
