@@ -218,6 +218,37 @@ class LazyEngine:
             self._add_readers(storage, (src, *(consumers or ())))
         return dst
 
+    def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:
+        """Join arrays of one dtype along ``axis``: each piece is written straight into its slice of one fresh
+        array, a pending piece by the kernel that computes it (no realized copy of it first)."""
+        pieces = [self._operand(x, "concatenate") for x in arrays]
+        if not pieces:
+            raise BackendError("concatenate: needs at least one array")
+        if any(x is None for x in pieces):
+            raise BackendError(f"concatenate: expected {self._array_name} for every piece")
+        first = pieces[0]
+        if not -len(first.shape) <= axis < len(first.shape):
+            raise ShapeError(f"concatenate: axis {axis} is out of range for arrays of {len(first.shape)} dims")
+        axis %= len(first.shape)
+        for x in pieces[1:]:
+            if x.dtype != first.dtype:
+                raise BackendError(f"concatenate: dtypes {first.dtype} and {x.dtype} differ; cast first")
+            if len(x.shape) != len(first.shape) or any(
+                    n != m for d, (n, m) in enumerate(zip(x.shape, first.shape)) if d != axis):
+                raise ShapeError(f"concatenate: shapes {[tuple(y.shape) for y in pieces]} differ outside axis "
+                                 f"{axis}")
+        shape = list(first.shape)
+        shape[axis] = sum(x.shape[axis] for x in pieces)
+        out = self._fresh(tuple(shape), first.dtype)
+        start = 0
+        for x in pieces:
+            size = x.shape[axis]
+            if size and all(shape):
+                index = tuple(slice(start, start + size) if d == axis else slice(None) for d in range(len(shape)))
+                self._write(self._as_leaf(self.slice(out, index)), self._as_leaf(x))
+            start += size
+        return out
+
     # ----------------------------------------------------------------- building
     def _broadcast_input(self, x: Any, shape: tuple, where: str) -> Any:
         """``x`` as an operand of ``shape``: a broadcast view, or a pending tree over broadcast leaves."""

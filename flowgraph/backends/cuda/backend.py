@@ -702,10 +702,6 @@ class CupyBackend(LazyEngine, ArrayBackend):
         out[tuple(slice(lo, lo + n) for n, (lo, _) in zip(a.shape, widths))] = a
         return out
 
-    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array:
-        self._use()
-        return cupy.concatenate([self._arr(x) for x in arrays], axis=axis)
-
     def is_contiguous(self, a: Array) -> bool:
         # A pending expression realizes into a fresh row-major array, so it counts as contiguous without running.
         if type(a) is LazyArray:

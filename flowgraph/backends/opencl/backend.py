@@ -10,6 +10,7 @@ never by sizes, and built programs are shared per context across backend instanc
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -583,29 +584,6 @@ class OpenCLBackend(LazyEngine, Backend):
         self._write(inner, a)
         return out
 
-    def concatenate(self, arrays: Sequence[Array], axis: int) -> Array:
-        arrays = [self._own(x, "concatenate") for x in arrays]
-        if not arrays:
-            raise BackendError("concatenate: needs at least one array")
-        first = arrays[0]
-        for x in arrays[1:]:
-            if x.dtype != first.dtype:
-                raise BackendError(f"concatenate: dtypes {first.dtype} and {x.dtype} differ; cast first")
-            same = x.ndim == first.ndim and all(
-                n == m for d, (n, m) in enumerate(zip(x.shape, first.shape)) if d != axis
-            )
-            if not same:
-                raise ShapeError(f"concatenate: shapes {[y.shape for y in arrays]} differ outside axis {axis}")
-        shape = list(first.shape)
-        shape[axis] = sum(x.shape[axis] for x in arrays)
-        out = self.empty(tuple(shape), first.dtype)
-        start = 0
-        for x in arrays:
-            index = tuple(slice(start, start + x.shape[axis]) if d == axis else slice(None) for d in range(x.ndim))
-            self._write(self.slice(out, index), x)
-            start += x.shape[axis]
-        return out
-
     def is_contiguous(self, a: Array) -> bool:
         # A pending expression realizes into a fresh row-major buffer; an offset into a buffer does not matter.
         a = self._own(a, "is_contiguous")
@@ -991,14 +969,14 @@ class OpenCLBackend(LazyEngine, Backend):
         found = cached[key] = (kernel, tiles)
         return found
 
-    @property
+    @functools.cached_property
     def _compute_units(self) -> int:
-        """``CL_DEVICE_MAX_COMPUTE_UNITS``."""
+        """``CL_DEVICE_MAX_COMPUTE_UNITS`` (asked once: a device query is a driver call)."""
         return int(self.cl_device.max_compute_units)
 
-    @property
+    @functools.cached_property
     def _conv_gpu_tiles(self) -> bool:
-        """Whether convolutions use the GPU tile table (a GPU device) or the CPU one."""
+        """Whether convolutions use the GPU tile table (a GPU device) or the CPU one (asked once)."""
         return bool(self.cl_device.type & cl.device_type.GPU)
 
     def _conv_splits(self, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
