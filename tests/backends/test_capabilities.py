@@ -140,3 +140,38 @@ def test_no_capability_probes_above_the_backends():
     found = [f"{path.relative_to(root)}:{n}" for path in root.rglob("*.py") if "backends" not in path.parts
              for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
     assert not found, f"capability probes: {found}"
+
+
+@pytest.mark.parametrize("axes,w_shape", [((0, 2, 3), (1, 3, 1, 1)), ((2, 3), (1, 3, 1, 1)), ((0, 2, 3), None),
+                                          ((1,), (5,)), ((3,), (1, 1, 1, 5))],
+                         ids=["batch", "instance", "no-affine", "layer-row", "row-4d"])
+def test_standardize_backward_generic_default_matches_the_formula(device, axes, w_shape):
+    """The generic ``standardize_backward``, whether it takes its two-reduction form (an affine constant over each
+    reduced group) or the general one, against the closed form in float64 NumPy."""
+    be = get_backend(device)
+    rng = np.random.default_rng(4)
+    shape = (4, 5) if axes == (1,) else (4, 3, 2, 5)
+    x = rng.standard_normal(shape).astype(F32)
+    g = rng.standard_normal(shape).astype(F32)
+    w = None if w_shape is None else rng.standard_normal(w_shape).astype(F32)
+    mean = x.astype(np.float64).mean(axis=axes, keepdims=True)
+    rstd = 1 / np.sqrt(x.astype(np.float64).var(axis=axes, keepdims=True) + 1e-5)
+    xhat = (x - mean) * rstd
+    gy = g if w is None else g * w
+    gx = rstd * (gy - gy.mean(axis=axes, keepdims=True) - xhat * (gy * xhat).mean(axis=axes, keepdims=True))
+
+    def summed(a, to):
+        lead = a.ndim - len(to)
+        red = tuple(i for i in range(a.ndim) if i < lead or (to[i - lead] == 1 and a.shape[i] != 1))
+        return a.sum(axis=red, keepdims=True).reshape(to)
+
+    arrays = _arrays(be, g, xhat.astype(F32), rstd.astype(F32), *(() if w is None else (w,)))
+    wd = arrays[3] if w is not None else None
+    out = Backend.standardize_backward(be, arrays[0], arrays[1], arrays[2], wd, axes, True, w_shape, w_shape)
+    got = _host(be, *out)
+    np.testing.assert_allclose(got[0], gx, rtol=2e-4, atol=2e-5)
+    if w_shape is not None:
+        np.testing.assert_allclose(got[1], summed(g * xhat, w_shape), rtol=2e-4, atol=2e-4)
+        np.testing.assert_allclose(got[2], summed(g.astype(np.float64), w_shape), rtol=2e-4, atol=2e-4)
+    else:
+        assert got[1] is None and got[2] is None
