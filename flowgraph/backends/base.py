@@ -336,6 +336,44 @@ class Backend:
         return self.standardize_backward(g, xhat, rstd2, weight, (1,), need_x, (cols,) if need_w else None,
                                          (cols,) if need_b else None)
 
+    def gru_cell(self, x: Array, p: Array, h: Array) -> tuple:
+        """One GRU step's pointwise part (PyTorch's gates r, z, n) from the input projection ``x`` and the hidden
+        projection ``p`` (both ``(B, 3H)``, biases included) and the previous state ``h`` ``(B, H)``::
+
+            r, z = sigmoid(x[:, :2H] + p[:, :2H]);  n = tanh(x[:, 2H:] + r * p[:, 2H:]);  h' = n + z * (h - n)
+
+        Returns ``(h', rz, n)`` with ``rz`` ``(B, 2H)`` and ``n`` ``(B, H)``, the values ``gru_cell_backward``
+        reads. Generic default: the primitives above (a lazy backend fuses them); CUDA and OpenCL override it
+        with one kernel (``row_kernels.GRU_CELL_FORWARD``) for float32/float64."""
+        hidden = h.shape[-1]
+        rows = slice(None)
+        rz = self.reciprocal(self.add(self.exp(self.neg(self.add(self.slice(x, (rows, slice(0, 2 * hidden))),
+                                                                 self.slice(p, (rows, slice(0, 2 * hidden)))))), 1.0))
+        r, z = self.slice(rz, (rows, slice(0, hidden))), self.slice(rz, (rows, slice(hidden, 2 * hidden)))
+        hn = self.slice(p, (rows, slice(2 * hidden, 3 * hidden)))
+        n = self.tanh(self.add(self.slice(x, (rows, slice(2 * hidden, 3 * hidden))), self.mul(r, hn)))
+        return self.add(n, self.mul(z, self.sub(h, n))), rz, n
+
+    def gru_cell_backward(self, g: Array, rz: Array, n: Array, h: Array, p: Array) -> tuple:
+        """The gradients ``(gx, gp, gh)`` of ``gru_cell`` from the output gradient ``g`` ``(B, H)``, the saved
+        ``rz`` and ``n``, the previous state ``h`` and the hidden projection ``p``::
+
+            dn = g * (1 - z) * (1 - n * n);  dr = dn * p[:, 2H:] * r * (1 - r);  dz = g * (h - n) * z * (1 - z)
+            gx = [dr, dz, dn];  gp = [dr, dz, dn * r];  gh = g * z
+
+        Generic default: the primitives above; CUDA and OpenCL override it with one kernel
+        (``row_kernels.GRU_CELL_BACKWARD``) for float32/float64."""
+        hidden = h.shape[-1]
+        rows = slice(None)
+        r, z = self.slice(rz, (rows, slice(0, hidden))), self.slice(rz, (rows, slice(hidden, 2 * hidden)))
+        hn = self.slice(p, (rows, slice(2 * hidden, 3 * hidden)))
+        srz = self.mul(rz, self.add(self.neg(rz), 1.0))  # r(1-r) and z(1-z) in one pass
+        dn = self.mul(self.mul(g, self.add(self.neg(z), 1.0)), self.add(self.neg(self.mul(n, n)), 1.0))
+        dr = self.mul(self.mul(dn, hn), self.slice(srz, (rows, slice(0, hidden))))
+        dz = self.mul(self.mul(g, self.sub(h, n)), self.slice(srz, (rows, slice(hidden, 2 * hidden))))
+        return (self.concatenate([dr, dz, dn], 1), self.concatenate([dr, dz, self.mul(dn, r)], 1),
+                self.mul(g, z))
+
     def _sum_to(self, a: Array, shape: tuple[int, ...]) -> Array:
         """``a`` summed over the axes broadcasting ``shape`` to ``a.shape`` expanded, reshaped to ``shape``."""
         lead = len(a.shape) - len(shape)

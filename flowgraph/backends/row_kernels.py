@@ -329,3 +329,54 @@ def pool_blocks_dims(shape: Sequence[int], kernel: Sequence[int]) -> tuple[tuple
     out = [s // k for s, k in zip(shape[2:], kernel)]
     pad = [1] * (3 - nd)
     return (*shape[:2], *out), pad + out + pad + list(kernel)
+
+
+# ---------------------------------------------------------------------------------------------- GRU cell
+_GRU_PARAMS = [("long", "n"), ("long", "hidden"), ("in", "x"), ("long", "x_off"), ("in", "p"), ("long", "p_off"),
+               ("in", "h"), ("long", "h_off")]
+
+# Work-item i owns element (b, j) of the (B, H) state: gate j of each third of the (B, 3H) projections.
+_GRU_INDEX = """
+  FG_LONG i = FG_GLOBAL_ID;
+  if (i >= n) return;
+  FG_LONG j = i % hidden, b = i / hidden;
+  FG_LONG row3 = b * 3 * hidden, row2 = b * 2 * hidden;
+"""
+
+#: ``Backend.gru_cell``: ``h'``, ``rz`` and ``n`` of one GRU step in one pass (the generic default's operations
+#: and association order, so the values match it up to the compiler's contractions).
+GRU_CELL_FORWARD = RowKernel(
+    "fg_gru_cell", [*_GRU_PARAMS, ("out", "h_new"), ("out", "rz"), ("out", "n_out")], _GRU_INDEX + """
+  FG_GLOBAL const T* xr = x + x_off + row3;
+  FG_GLOBAL const T* pr = p + p_off + row3;
+  T r = (T)1 / (exp(-(xr[j] + pr[j])) + (T)1);
+  T z = (T)1 / (exp(-(xr[hidden + j] + pr[hidden + j])) + (T)1);
+  T nv = tanh(xr[2 * hidden + j] + r * pr[2 * hidden + j]);
+  T hv = h[h_off + i];
+  rz[row2 + j] = r;
+  rz[row2 + hidden + j] = z;
+  n_out[i] = nv;
+  h_new[i] = nv + z * (hv - nv);
+""")
+
+#: ``Backend.gru_cell_backward``: ``gx = [dr, dz, dn]``, ``gp = [dr, dz, dn * r]`` and ``gh = g * z`` in one pass.
+GRU_CELL_BACKWARD = RowKernel(
+    "fg_gru_cell_backward",
+    [("long", "n"), ("long", "hidden"), ("in", "g"), ("long", "g_off"), ("in", "rz"), ("long", "rz_off"),
+     ("in", "nv"), ("long", "nv_off"), ("in", "h"), ("long", "h_off"), ("in", "p"), ("long", "p_off"),
+     ("out", "gx"), ("out", "gp"), ("out", "gh")], _GRU_INDEX + """
+  T gv = g[g_off + i];
+  T r = rz[rz_off + row2 + j], z = rz[rz_off + row2 + hidden + j];
+  T nn = nv[nv_off + i];
+  T hn = p[p_off + row3 + 2 * hidden + j];
+  T dn = (gv * (-z + (T)1)) * (-(nn * nn) + (T)1);
+  T dr = (dn * hn) * (r * (-r + (T)1));
+  T dz = (gv * (h[h_off + i] - nn)) * (z * (-z + (T)1));
+  gx[row3 + j] = dr;
+  gx[row3 + hidden + j] = dz;
+  gx[row3 + 2 * hidden + j] = dn;
+  gp[row3 + j] = dr;
+  gp[row3 + hidden + j] = dz;
+  gp[row3 + 2 * hidden + j] = dn * r;
+  gh[i] = gv * z;
+""")

@@ -176,35 +176,21 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
     if not (X.dtype == P.dtype == Hd.dtype and hp._backend is bk and h._backend is bk
             and X.ndim == P.ndim == 2 and X.shape == P.shape and X.dtype.kind == "f"):
         return _gru_pointwise_composed(xp, hp, h, hidden)
-    # The per-step values on backend arrays (no Tensor per intermediate: the step loop is host-bound).
-    H = hidden
-    rows = slice(None)
-    rz = bk.reciprocal(bk.add(bk.exp(bk.neg(bk.add(bk.slice(X, (rows, slice(0, 2 * H))),
-                                                   bk.slice(P, (rows, slice(0, 2 * H)))))), 1.0))
-    r, z = bk.slice(rz, (rows, slice(0, H))), bk.slice(rz, (rows, slice(H, 2 * H)))
-    hn = bk.slice(P, (rows, slice(2 * H, 3 * H)))
-    n = bk.tanh(bk.add(bk.slice(X, (rows, slice(2 * H, 3 * H))), bk.mul(r, hn)))
-    h_minus_n = bk.sub(Hd, n)
-    h_new = _wrap(bk.add(n, bk.mul(z, h_minus_n)), bk)
+    # The per-step values on backend arrays (no Tensor per intermediate: the step loop is host-bound), through
+    # the backend's ``gru_cell`` (one kernel on CUDA and OpenCL, as PyTorch's fused GRU cell).
+    h_new, rz, n = bk.gru_cell(X, P, Hd)
     needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
 
-    def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, rz_t: Tensor, n_t: Tensor, hmn_t: Tensor):
+    def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, rz_t: Tensor, n_t: Tensor):
         if grad.requires_grad:
             return _gru_pointwise_grads(grad, *_gru_pieces(xp, hp, h, hidden)[:4], h, needs)
         bk = grad._backend
-        G, rz, n, h_minus_n = grad._data, rz_t._data, n_t._data, hmn_t._data
-        r, z = bk.slice(rz, (rows, slice(0, H))), bk.slice(rz, (rows, slice(H, 2 * H)))
-        hn = bk.slice(hp._data, (rows, slice(2 * H, 3 * H)))
-        srz = bk.mul(rz, bk.add(bk.neg(rz), 1.0))  # r(1-r) and z(1-z) in one pass
-        dn = bk.mul(bk.mul(G, bk.add(bk.neg(z), 1.0)), bk.add(bk.neg(bk.mul(n, n)), 1.0))
-        dr = bk.mul(bk.mul(dn, hn), bk.slice(srz, (rows, slice(0, H))))
-        dz = bk.mul(bk.mul(G, h_minus_n), bk.slice(srz, (rows, slice(H, 2 * H))))
-        return (_wrap(bk.concatenate([dr, dz, dn], 1), bk) if needs[0] else None,
-                _wrap(bk.concatenate([dr, dz, bk.mul(dn, r)], 1), bk) if needs[1] else None,
-                _wrap(bk.mul(G, z), bk) if needs[2] else None)
+        gx, gp, gh = bk.gru_cell_backward(grad._data, rz_t._data, n_t._data, h._data, hp._data)
+        return (_wrap(gx, bk) if needs[0] else None, _wrap(gp, bk) if needs[1] else None,
+                _wrap(gh, bk) if needs[2] else None)
 
-    saved = (xp, hp, h, _wrap(rz, bk), _wrap(n, bk), _wrap(h_minus_n, bk))
-    return _record(h_new, "GRUCell", (xp, hp, h), saved, bw)
+    saved = (xp, hp, h, _wrap(rz, bk), _wrap(n, bk))
+    return _record(_wrap(h_new, bk), "GRUCell", (xp, hp, h), saved, bw)
 
 
 def _gru_pointwise_grads(grad: Tensor, r: Tensor, z: Tensor, n: Tensor, hn: Tensor, h_prev: Tensor,

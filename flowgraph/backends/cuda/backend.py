@@ -912,6 +912,52 @@ class CupyBackend(LazyEngine, ArrayBackend):
             gx.fill(0)
         return gx
 
+    def _gru_operands(self, arrays: Sequence[Array], shapes: Sequence[tuple]) -> list | None:
+        """``arrays`` as contiguous cupy arrays of one float32/float64 dtype and the expected ``shapes``, or None
+        (the generic default runs)."""
+        dtype = arrays[0].dtype
+        if dtype not in (K.F32, K.F64) or any(a.dtype != dtype or tuple(a.shape) != s for a, s in zip(arrays, shapes)):
+            return None
+        self._use()
+        return [cupy.ascontiguousarray(self._arr(a)) for a in arrays]
+
+    def gru_cell(self, x: Array, p: Array, h: Array) -> tuple:
+        """One kernel (the shared ``row_kernels.GRU_CELL_FORWARD``) for float32/float64; the generic default
+        otherwise."""
+        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
+        ops = self._gru_operands((x, p, h), ((rows, 3 * hidden),) * 2 + ((rows, hidden),)) if hidden else None
+        if ops is None:
+            return super().gru_cell(x, p, h)
+        x, p, h = ops
+        h_new, n = cupy.empty((rows, hidden), x.dtype), cupy.empty((rows, hidden), x.dtype)
+        rz = cupy.empty((rows, 2 * hidden), x.dtype)
+        total = rows * hidden
+        if total:
+            zero = np.int64(0)
+            k = self._row_kernel(R.GRU_CELL_FORWARD, x.dtype, ("gru_cell",))
+            k((-(-total // 256),), (256,), (np.int64(total), np.int64(hidden), x, zero, p, zero, h, zero, h_new, rz,
+                                            n))
+        return h_new, rz, n
+
+    def gru_cell_backward(self, g: Array, rz: Array, n: Array, h: Array, p: Array) -> tuple:
+        """One kernel (the shared ``row_kernels.GRU_CELL_BACKWARD``) for float32/float64; the generic default
+        otherwise."""
+        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
+        shapes = ((rows, hidden), (rows, 2 * hidden), (rows, hidden), (rows, hidden), (rows, 3 * hidden))
+        ops = self._gru_operands((g, rz, n, h, p), shapes) if hidden else None
+        if ops is None:
+            return super().gru_cell_backward(g, rz, n, h, p)
+        g, rz, n, h, p = ops
+        gx, gp = cupy.empty((rows, 3 * hidden), g.dtype), cupy.empty((rows, 3 * hidden), g.dtype)
+        gh = cupy.empty((rows, hidden), g.dtype)
+        total = rows * hidden
+        if total:
+            zero = np.int64(0)
+            k = self._row_kernel(R.GRU_CELL_BACKWARD, g.dtype, ("gru_cell_backward",))
+            k((-(-total // 256),), (256,), (np.int64(total), np.int64(hidden), g, zero, rz, zero, n, zero, h, zero,
+                                            p, zero, gx, gp, gh))
+        return gx, gp, gh
+
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one thread block per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise (16-bit

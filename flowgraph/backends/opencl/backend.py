@@ -747,6 +747,52 @@ class OpenCLBackend(LazyEngine, Backend):
             self._launch(k, n, [n, *geometry, x.buffer, x.offset, gy.buffer, gy.offset, gx.buffer])
         return gx
 
+    def _gru_operands(self, arrays: Sequence[Array], shapes: Sequence[tuple], where: str) -> list | None:
+        """``arrays`` realized and row-major, of one float32/float64 dtype and the expected ``shapes``, or None
+        (the generic default runs)."""
+        arrays = [self._own(a, where) for a in arrays]
+        dtype = arrays[0].dtype
+        if dtype not in (_F32, _F64) or any(a.dtype != dtype or tuple(a.shape) != s for a, s in zip(arrays, shapes)):
+            return None
+        return [self._row_operand(a, where) for a in arrays]
+
+    def gru_cell(self, x: Array, p: Array, h: Array) -> tuple:
+        """One kernel (the shared ``row_kernels.GRU_CELL_FORWARD``) for float32/float64; the generic default
+        otherwise."""
+        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
+        ops = self._gru_operands((x, p, h), ((rows, 3 * hidden),) * 2 + ((rows, hidden),), "gru_cell") \
+            if hidden else None
+        if ops is None:
+            return super().gru_cell(x, p, h)
+        x, p, h = ops
+        h_new, n = self.empty((rows, hidden), x.dtype), self.empty((rows, hidden), x.dtype)
+        rz = self.empty((rows, 2 * hidden), x.dtype)
+        total = rows * hidden
+        if total:
+            k = self._kernel(("gru_cell", x.dtype.str), lambda: K.row_kernel_source(R.GRU_CELL_FORWARD, x.dtype))
+            self._launch(k, total, [total, hidden, x.buffer, x.offset, p.buffer, p.offset, h.buffer, h.offset,
+                                    h_new.buffer, rz.buffer, n.buffer])
+        return h_new, rz, n
+
+    def gru_cell_backward(self, g: Array, rz: Array, n: Array, h: Array, p: Array) -> tuple:
+        """One kernel (the shared ``row_kernels.GRU_CELL_BACKWARD``) for float32/float64; the generic default
+        otherwise."""
+        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
+        shapes = ((rows, hidden), (rows, 2 * hidden), (rows, hidden), (rows, hidden), (rows, 3 * hidden))
+        ops = self._gru_operands((g, rz, n, h, p), shapes, "gru_cell_backward") if hidden else None
+        if ops is None:
+            return super().gru_cell_backward(g, rz, n, h, p)
+        g, rz, n, h, p = ops
+        gx, gp = self.empty((rows, 3 * hidden), g.dtype), self.empty((rows, 3 * hidden), g.dtype)
+        gh = self.empty((rows, hidden), g.dtype)
+        total = rows * hidden
+        if total:
+            k = self._kernel(("gru_cell_backward", g.dtype.str),
+                             lambda: K.row_kernel_source(R.GRU_CELL_BACKWARD, g.dtype))
+            self._launch(k, total, [total, hidden, g.buffer, g.offset, rz.buffer, rz.offset, n.buffer, n.offset,
+                                    h.buffer, h.offset, p.buffer, p.offset, gx.buffer, gp.buffer, gh.buffer])
+        return gx, gp, gh
+
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one work-group per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise."""
