@@ -344,7 +344,10 @@ class Backend:
 
         Returns ``(h', rz, n)`` with ``rz`` ``(B, 2H)`` and ``n`` ``(B, H)``, the values ``gru_cell_backward``
         reads. Generic default: the primitives above (a lazy backend fuses them); CUDA and OpenCL override it
-        with one kernel (``row_kernels.GRU_CELL_FORWARD``) for float32/float64."""
+        with one kernel (``row_kernels.GRU_CELL_FORWARD``) for float32/float64 through ``_gru_kernel``."""
+        found = self._gru_kernel(False, (x, p, h))
+        if found is not None:
+            return found
         hidden = h.shape[-1]
         rows = slice(None)
         rz = self.reciprocal(self.add(self.exp(self.neg(self.add(self.slice(x, (rows, slice(0, 2 * hidden))),
@@ -362,7 +365,10 @@ class Backend:
             gx = [dr, dz, dn];  gp = [dr, dz, dn * r];  gh = g * z
 
         Generic default: the primitives above; CUDA and OpenCL override it with one kernel
-        (``row_kernels.GRU_CELL_BACKWARD``) for float32/float64."""
+        (``row_kernels.GRU_CELL_BACKWARD``) for float32/float64 through ``_gru_kernel``."""
+        found = self._gru_kernel(True, (g, rz, n, h, p))
+        if found is not None:
+            return found
         hidden = h.shape[-1]
         rows = slice(None)
         r, z = self.slice(rz, (rows, slice(0, hidden))), self.slice(rz, (rows, slice(hidden, 2 * hidden)))
@@ -373,6 +379,12 @@ class Backend:
         dz = self.mul(self.mul(g, self.sub(h, n)), self.slice(srz, (rows, slice(hidden, 2 * hidden))))
         return (self.concatenate([dr, dz, dn], 1), self.concatenate([dr, dz, self.mul(dn, r)], 1),
                 self.mul(g, z))
+
+    def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
+        """The results of a backend's one-kernel GRU cell (forward, or ``backward``) over ``arrays`` in
+        ``gru_cell``'s / ``gru_cell_backward``'s argument order, or None where it has none for them (the
+        primitives then run)."""
+        return None
 
     def _sum_to(self, a: Array, shape: tuple[int, ...]) -> Array:
         """``a`` summed over the axes broadcasting ``shape`` to ``a.shape`` expanded, reshaped to ``shape``."""

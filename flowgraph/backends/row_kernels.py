@@ -380,3 +380,16 @@ GRU_CELL_BACKWARD = RowKernel(
   gp[row3 + 2 * hidden + j] = dn * r;
   gh[i] = gv * z;
 """)
+
+
+def gru_shapes(h_shape: Sequence[int], backward: bool) -> tuple[int, int, list, list] | None:
+    """``(rows, hidden, operand shapes, result shapes)`` of the GRU kernels for a ``(B, H)`` state, in their
+    argument order: forward ``(x, p, h) -> (h', rz, n)``, backward ``(g, rz, n, h, p) -> (gx, gp, gh)``; None
+    where the state is not 2-d with a positive ``H`` (the generic default runs)."""
+    if len(h_shape) != 2 or not h_shape[-1]:
+        return None
+    rows, hidden = h_shape
+    state, two, three = (rows, hidden), (rows, 2 * hidden), (rows, 3 * hidden)
+    if backward:
+        return rows, hidden, [state, two, state, state, three], [three, three, state]
+    return rows, hidden, [three, three, state], [state, two, state]

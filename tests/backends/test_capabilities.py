@@ -178,8 +178,9 @@ def test_standardize_backward_generic_default_matches_the_formula(device, axes, 
 
 
 @pytest.mark.parametrize("dtype", [F32, np.float64])
-def test_gru_cell_override_matches_generic_default(device, dtype):
-    """A backend's one-kernel ``gru_cell``/``gru_cell_backward`` against the generic default's primitives."""
+def test_gru_cell_override_matches_generic_default(device, dtype, monkeypatch):
+    """A backend's one-kernel GRU cell (``_gru_kernel``, CUDA and OpenCL) against the generic default's
+    primitives, forward and backward."""
     be = get_backend(device)
     if dtype == np.float64 and not be.supports_float64:
         pytest.skip(f"{device} has no float64")
@@ -187,15 +188,18 @@ def test_gru_cell_override_matches_generic_default(device, dtype):
     b, hidden = 5, 7
     x, p = (rng.standard_normal((b, 3 * hidden)).astype(dtype) * 2 for _ in range(2))
     h, g = (rng.standard_normal((b, hidden)).astype(dtype) for _ in range(2))
+    if not device.startswith("cpu"):  # the device backends take their kernel here
+        assert be._gru_kernel(False, tuple(_arrays(be, x, p, h))) is not None
     results = []
-    for forward, backward in ((type(be).gru_cell, type(be).gru_cell_backward),
-                              (Backend.gru_cell, Backend.gru_cell_backward)):
+    for generic in (False, True):
+        if generic:
+            monkeypatch.setattr(be, "_gru_kernel", lambda backward, arrays: None)
         xa, pa, ha, ga = _arrays(be, x, p, h, g)
-        h_new, rz, n = forward(be, xa, pa, ha)
-        results.append(_host(be, h_new, rz, n, *backward(be, ga, rz, n, ha, pa)))
+        h_new, rz, n = be.gru_cell(xa, pa, ha)
+        results.append(_host(be, h_new, rz, n, *be.gru_cell_backward(ga, rz, n, ha, pa)))
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == F32 else dict(rtol=1e-12, atol=1e-13)
-    for fast, generic in zip(*results):
-        np.testing.assert_allclose(fast, generic, **tol)
+    for fast, slow in zip(*results):
+        np.testing.assert_allclose(fast, slow, **tol)
     r, z = results[1][1][:, :hidden], results[1][1][:, hidden:]
     np.testing.assert_allclose(r, 1 / (1 + np.exp(-(x[:, :hidden] + p[:, :hidden]))), rtol=1e-5)
     np.testing.assert_allclose(results[0][5], g * z, rtol=1e-5)  # gh

@@ -921,42 +921,24 @@ class CupyBackend(LazyEngine, ArrayBackend):
         self._use()
         return [cupy.ascontiguousarray(self._arr(a)) for a in arrays]
 
-    def gru_cell(self, x: Array, p: Array, h: Array) -> tuple:
-        """One kernel (the shared ``row_kernels.GRU_CELL_FORWARD``) for float32/float64; the generic default
-        otherwise."""
-        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
-        ops = self._gru_operands((x, p, h), ((rows, 3 * hidden),) * 2 + ((rows, hidden),)) if hidden else None
+    def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
+        """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.GRU_CELL_*``) for
+        float32/float64 operands of the expected shapes; None otherwise (the primitives run)."""
+        spec = R.GRU_CELL_BACKWARD if backward else R.GRU_CELL_FORWARD
+        dims = R.gru_shapes(arrays[-2 if backward else -1].shape, backward)
+        ops = self._gru_operands(arrays, dims[2]) if dims else None
         if ops is None:
-            return super().gru_cell(x, p, h)
-        x, p, h = ops
-        h_new, n = cupy.empty((rows, hidden), x.dtype), cupy.empty((rows, hidden), x.dtype)
-        rz = cupy.empty((rows, 2 * hidden), x.dtype)
-        total = rows * hidden
-        if total:
+            return None
+        rows, hidden, _, result_shapes = dims
+        outs = tuple(cupy.empty(s, ops[0].dtype) for s in result_shapes)
+        if rows * hidden:
             zero = np.int64(0)
-            k = self._row_kernel(R.GRU_CELL_FORWARD, x.dtype, ("gru_cell",))
-            k((-(-total // 256),), (256,), (np.int64(total), np.int64(hidden), x, zero, p, zero, h, zero, h_new, rz,
-                                            n))
-        return h_new, rz, n
-
-    def gru_cell_backward(self, g: Array, rz: Array, n: Array, h: Array, p: Array) -> tuple:
-        """One kernel (the shared ``row_kernels.GRU_CELL_BACKWARD``) for float32/float64; the generic default
-        otherwise."""
-        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
-        shapes = ((rows, hidden), (rows, 2 * hidden), (rows, hidden), (rows, hidden), (rows, 3 * hidden))
-        ops = self._gru_operands((g, rz, n, h, p), shapes) if hidden else None
-        if ops is None:
-            return super().gru_cell_backward(g, rz, n, h, p)
-        g, rz, n, h, p = ops
-        gx, gp = cupy.empty((rows, 3 * hidden), g.dtype), cupy.empty((rows, 3 * hidden), g.dtype)
-        gh = cupy.empty((rows, hidden), g.dtype)
-        total = rows * hidden
-        if total:
-            zero = np.int64(0)
-            k = self._row_kernel(R.GRU_CELL_BACKWARD, g.dtype, ("gru_cell_backward",))
-            k((-(-total // 256),), (256,), (np.int64(total), np.int64(hidden), g, zero, rz, zero, n, zero, h, zero,
-                                            p, zero, gx, gp, gh))
-        return gx, gp, gh
+            k = self._row_kernel(spec, ops[0].dtype, (spec.name,))
+            args = [np.int64(rows * hidden), np.int64(hidden)]
+            for a in ops:
+                args += [a, zero]
+            k((-(-rows * hidden // 256),), (256,), (*args, *outs))
+        return outs
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one thread block per row, for

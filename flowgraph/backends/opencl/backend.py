@@ -756,42 +756,24 @@ class OpenCLBackend(LazyEngine, Backend):
             return None
         return [self._row_operand(a, where) for a in arrays]
 
-    def gru_cell(self, x: Array, p: Array, h: Array) -> tuple:
-        """One kernel (the shared ``row_kernels.GRU_CELL_FORWARD``) for float32/float64; the generic default
-        otherwise."""
-        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
-        ops = self._gru_operands((x, p, h), ((rows, 3 * hidden),) * 2 + ((rows, hidden),), "gru_cell") \
-            if hidden else None
+    def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
+        """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.GRU_CELL_*``) for
+        float32/float64 operands of the expected shapes; None otherwise (the primitives run)."""
+        spec = R.GRU_CELL_BACKWARD if backward else R.GRU_CELL_FORWARD
+        dims = R.gru_shapes(arrays[-2 if backward else -1].shape, backward)
+        ops = self._gru_operands(arrays, dims[2], spec.name) if dims else None
         if ops is None:
-            return super().gru_cell(x, p, h)
-        x, p, h = ops
-        h_new, n = self.empty((rows, hidden), x.dtype), self.empty((rows, hidden), x.dtype)
-        rz = self.empty((rows, 2 * hidden), x.dtype)
-        total = rows * hidden
-        if total:
-            k = self._kernel(("gru_cell", x.dtype.str), lambda: K.row_kernel_source(R.GRU_CELL_FORWARD, x.dtype))
-            self._launch(k, total, [total, hidden, x.buffer, x.offset, p.buffer, p.offset, h.buffer, h.offset,
-                                    h_new.buffer, rz.buffer, n.buffer])
-        return h_new, rz, n
-
-    def gru_cell_backward(self, g: Array, rz: Array, n: Array, h: Array, p: Array) -> tuple:
-        """One kernel (the shared ``row_kernels.GRU_CELL_BACKWARD``) for float32/float64; the generic default
-        otherwise."""
-        rows, hidden = (h.shape[0], h.shape[-1]) if len(h.shape) == 2 else (0, 0)
-        shapes = ((rows, hidden), (rows, 2 * hidden), (rows, hidden), (rows, hidden), (rows, 3 * hidden))
-        ops = self._gru_operands((g, rz, n, h, p), shapes, "gru_cell_backward") if hidden else None
-        if ops is None:
-            return super().gru_cell_backward(g, rz, n, h, p)
-        g, rz, n, h, p = ops
-        gx, gp = self.empty((rows, 3 * hidden), g.dtype), self.empty((rows, 3 * hidden), g.dtype)
-        gh = self.empty((rows, hidden), g.dtype)
-        total = rows * hidden
-        if total:
-            k = self._kernel(("gru_cell_backward", g.dtype.str),
-                             lambda: K.row_kernel_source(R.GRU_CELL_BACKWARD, g.dtype))
-            self._launch(k, total, [total, hidden, g.buffer, g.offset, rz.buffer, rz.offset, n.buffer, n.offset,
-                                    h.buffer, h.offset, p.buffer, p.offset, gx.buffer, gp.buffer, gh.buffer])
-        return gx, gp, gh
+            return None
+        rows, hidden, _, result_shapes = dims
+        dtype = ops[0].dtype
+        outs = tuple(self.empty(s, dtype) for s in result_shapes)
+        if rows * hidden:
+            k = self._kernel((spec.name, dtype.str), lambda: K.row_kernel_source(spec, dtype))
+            args: list[Any] = [rows * hidden, hidden]
+            for a in ops:
+                args += [a.buffer, a.offset]
+            self._launch(k, rows * hidden, args + [o.buffer for o in outs])
+        return outs
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one work-group per row, for
