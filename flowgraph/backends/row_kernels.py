@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .fusion import ADAM_UPDATE
 
 #: Work-group (thread-block) size cap of the row kernels and the size of their shared scratch array.
@@ -319,10 +321,13 @@ MAX_POOL_BLOCKS_BACKWARD = RowKernel(
 """)
 
 
-def pool_blocks_dims(shape: Sequence[int], kernel: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
+def pool_blocks_dims(shape: Sequence[int], kernel: Sequence[int], *dtypes: np.dtype
+                     ) -> tuple[tuple[int, ...], list[int]] | None:
     """For the block pooling kernels: the output shape of ``(N, C, *S)`` pooled by ``kernel`` and the kernels'
     ``[od, oh, ow, kd, kh, kw]`` (leading spatial dims of size 1 where ``S`` has fewer than 3), or None when
-    ``S`` has more than 3 dims."""
+    ``S`` has more than 3 dims or ``dtypes`` (the operands') are not one of float32/float64."""
+    if any(d != dtypes[0] for d in dtypes) or dtypes[0] not in (np.float32, np.float64):
+        return None
     nd = len(kernel)
     if not 1 <= nd <= 3 or len(shape) != nd + 2:
         return None
@@ -382,14 +387,19 @@ GRU_CELL_BACKWARD = RowKernel(
 """)
 
 
-def gru_shapes(h_shape: Sequence[int], backward: bool) -> tuple[int, int, list, list] | None:
-    """``(rows, hidden, operand shapes, result shapes)`` of the GRU kernels for a ``(B, H)`` state, in their
-    argument order: forward ``(x, p, h) -> (h', rz, n)``, backward ``(g, rz, n, h, p) -> (gx, gp, gh)``; None
-    where the state is not 2-d with a positive ``H`` (the generic default runs)."""
-    if len(h_shape) != 2 or not h_shape[-1]:
+def gru_layout(arrays: Sequence, backward: bool) -> tuple[int, int, list] | None:
+    """``(rows, hidden, result shapes)`` of the GRU kernel for ``arrays`` in its argument order (forward
+    ``(x, p, h) -> (h', rz, n)``, backward ``(g, rz, n, h, p) -> (gx, gp, gh)``), or None (the generic default
+    runs) unless the state ``h`` is ``(B, H)`` with ``H > 0`` and every array is float32/float64 of one dtype
+    and of its expected shape."""
+    h_shape = tuple(arrays[-2 if backward else -1].shape)
+    dtype = arrays[0].dtype
+    if len(h_shape) != 2 or not h_shape[-1] or dtype not in (np.float32, np.float64):
         return None
     rows, hidden = h_shape
     state, two, three = (rows, hidden), (rows, 2 * hidden), (rows, 3 * hidden)
-    if backward:
-        return rows, hidden, [state, two, state, state, three], [three, three, state]
-    return rows, hidden, [three, three, state], [state, two, state]
+    shapes, results = ([state, two, state, state, three], [three, three, state]) if backward else (
+        [three, three, state], [state, two, state])
+    if any(a.dtype != dtype or tuple(a.shape) != s for a, s in zip(arrays, shapes)):
+        return None
+    return rows, hidden, results

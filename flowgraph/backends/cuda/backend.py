@@ -881,7 +881,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
     def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
         the generic window loop otherwise."""
-        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (K.F32, K.F64) else None
+        dims = R.pool_blocks_dims(a.shape, kernel, a.dtype)
         if dims is None:
             return super().max_pool_blocks(a, kernel)
         self._use()
@@ -896,11 +896,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
     def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS_BACKWARD``: each block's winner found again,
         the whole block written) where the forward took its kernel; the generic loop otherwise."""
-        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (K.F32, K.F64) and g.dtype == a.dtype else None
+        dims = R.pool_blocks_dims(a.shape, kernel, a.dtype, g.dtype)
         if dims is None:
             return super().max_pool_blocks_backward(a, best, g, kernel)
         self._use()
-        out_shape, geometry = dims
+        _, geometry = dims
         x = cupy.ascontiguousarray(self._arr(a))
         gy = cupy.ascontiguousarray(self._arr(g))
         gx = cupy.empty(x.shape, dtype=x.dtype)
@@ -908,36 +908,25 @@ class CupyBackend(LazyEngine, ArrayBackend):
             k = self._row_kernel(R.MAX_POOL_BLOCKS_BACKWARD, x.dtype, ("max_pool_blocks_backward",))
             k((-(-gy.size // 256),), (256,), (np.int64(gy.size), *map(np.int64, geometry), x, np.int64(0), gy,
                                               np.int64(0), gx))
-        elif gx.size:
-            gx.fill(0)
-        return gx
-
-    def _gru_operands(self, arrays: Sequence[Array], shapes: Sequence[tuple]) -> list | None:
-        """``arrays`` as contiguous cupy arrays of one float32/float64 dtype and the expected ``shapes``, or None
-        (the generic default runs)."""
-        dtype = arrays[0].dtype
-        if dtype not in (K.F32, K.F64) or any(a.dtype != dtype or tuple(a.shape) != s for a, s in zip(arrays, shapes)):
-            return None
-        self._use()
-        return [cupy.ascontiguousarray(self._arr(a)) for a in arrays]
+        return gx  # an empty g tiles an empty input: nothing to write
 
     def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
         """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.GRU_CELL_*``) for
-        float32/float64 operands of the expected shapes; None otherwise (the primitives run)."""
-        spec = R.GRU_CELL_BACKWARD if backward else R.GRU_CELL_FORWARD
-        dims = R.gru_shapes(arrays[-2 if backward else -1].shape, backward)
-        ops = self._gru_operands(arrays, dims[2]) if dims else None
-        if ops is None:
+        the operands ``row_kernels.gru_layout`` takes; None otherwise (the primitives run)."""
+        layout = R.gru_layout(arrays, backward)
+        if layout is None:
             return None
-        rows, hidden, _, result_shapes = dims
+        rows, hidden, result_shapes = layout
+        self._use()
+        ops = [cupy.ascontiguousarray(self._arr(a)) for a in arrays]
         outs = tuple(cupy.empty(s, ops[0].dtype) for s in result_shapes)
         if rows * hidden:
+            spec = R.GRU_CELL_BACKWARD if backward else R.GRU_CELL_FORWARD
             zero = np.int64(0)
-            k = self._row_kernel(spec, ops[0].dtype, (spec.name,))
             args = [np.int64(rows * hidden), np.int64(hidden)]
             for a in ops:
                 args += [a, zero]
-            k((-(-rows * hidden // 256),), (256,), (*args, *outs))
+            self._row_kernel(spec, ops[0].dtype, (spec.name,))((-(-rows * hidden // 256),), (256,), (*args, *outs))
         return outs
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:

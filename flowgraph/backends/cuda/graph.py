@@ -82,15 +82,12 @@ class GraphSession:
         backend = self.backend
         backend._use()
         stream = cupy.cuda.get_current_stream()
-        runtime = cupy.cuda.runtime
         for static, source in copies:
             dst, src = backend._arr(static), backend._arr(source)
             if src.dtype == dst.dtype and src.shape == dst.shape and src.flags.c_contiguous and dst.flags.c_contiguous:
                 if dst.nbytes:
                     backend._flush_readers(id(dst.data.mem))  # pending readers of the old values first
-                    # The runtime call: MemoryPointer's copy checks peer access on every call.
-                    runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, runtime.memcpyDeviceToDevice,
-                                        stream.ptr)
+                    _copy(dst, src, stream.ptr)
             else:
                 backend.assign(dst, src)
         self.graph.launch(stream=stream)
@@ -105,7 +102,12 @@ class GraphSession:
             return src.copy()  # C order
         out = cupy.empty(src.shape, dtype=src.dtype)
         if src.nbytes:
-            runtime = cupy.cuda.runtime
-            runtime.memcpyAsync(out.data.ptr, src.data.ptr, src.nbytes, runtime.memcpyDeviceToDevice,
-                                cupy.cuda.get_current_stream().ptr)
+            _copy(out, src, cupy.cuda.get_current_stream().ptr)
         return out
+
+
+def _copy(dst: Any, src: Any, stream: int) -> None:
+    """Queue ``dst[...] = src`` (dense arrays of one dtype and size) as one device-to-device copy on ``stream``;
+    the runtime call, since ``MemoryPointer``'s copy checks peer access on every call."""
+    runtime = cupy.cuda.runtime
+    runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, runtime.memcpyDeviceToDevice, stream)

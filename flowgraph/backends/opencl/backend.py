@@ -717,7 +717,7 @@ class OpenCLBackend(LazyEngine, Backend):
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
         the generic window loop otherwise."""
         a = self._own(a, "max_pool_blocks")
-        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (_F32, _F64) else None
+        dims = R.pool_blocks_dims(a.shape, kernel, a.dtype)
         if dims is None:
             return super().max_pool_blocks(a, kernel)
         out_shape, geometry = dims
@@ -733,7 +733,7 @@ class OpenCLBackend(LazyEngine, Backend):
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS_BACKWARD``: each block's winner found again,
         the whole block written) where the forward took its kernel; the generic loop otherwise."""
         a, g = self._own(a, "max_pool_blocks_backward"), self._own(g, "max_pool_blocks_backward")
-        dims = R.pool_blocks_dims(a.shape, kernel) if a.dtype in (_F32, _F64) and g.dtype == a.dtype else None
+        dims = R.pool_blocks_dims(a.shape, kernel, a.dtype, g.dtype)
         if dims is None:
             return super().max_pool_blocks_backward(a, best, g, kernel)
         _, geometry = dims
@@ -747,24 +747,16 @@ class OpenCLBackend(LazyEngine, Backend):
             self._launch(k, n, [n, *geometry, x.buffer, x.offset, gy.buffer, gy.offset, gx.buffer])
         return gx
 
-    def _gru_operands(self, arrays: Sequence[Array], shapes: Sequence[tuple], where: str) -> list | None:
-        """``arrays`` realized and row-major, of one float32/float64 dtype and the expected ``shapes``, or None
-        (the generic default runs)."""
-        arrays = [self._own(a, where) for a in arrays]
-        dtype = arrays[0].dtype
-        if dtype not in (_F32, _F64) or any(a.dtype != dtype or tuple(a.shape) != s for a, s in zip(arrays, shapes)):
-            return None
-        return [self._row_operand(a, where) for a in arrays]
-
     def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
         """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.GRU_CELL_*``) for
-        float32/float64 operands of the expected shapes; None otherwise (the primitives run)."""
+        the operands ``row_kernels.gru_layout`` takes; None otherwise (the primitives run)."""
         spec = R.GRU_CELL_BACKWARD if backward else R.GRU_CELL_FORWARD
-        dims = R.gru_shapes(arrays[-2 if backward else -1].shape, backward)
-        ops = self._gru_operands(arrays, dims[2], spec.name) if dims else None
-        if ops is None:
+        arrays = tuple(self._own(a, spec.name) for a in arrays)
+        layout = R.gru_layout(arrays, backward)
+        if layout is None:
             return None
-        rows, hidden, _, result_shapes = dims
+        rows, hidden, result_shapes = layout
+        ops = [self._row_operand(a, spec.name) for a in arrays]
         dtype = ops[0].dtype
         outs = tuple(self.empty(s, dtype) for s in result_shapes)
         if rows * hidden:

@@ -122,11 +122,10 @@ def tile_class(is_gpu: bool, m: int, n: int, groups: int, compute_units: int) ->
 
 @functools.lru_cache(maxsize=256)
 def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, row_class: str) -> ConvTiles:
-    """Memoised (a search over every halving of the table's entry: it ran on each convolution, 5 ms a call).
-
-The tile configuration for a problem of ``row_class`` (see :func:`tile_class`) on a device with these
+    """The tile configuration for a problem of ``row_class`` (see :func:`tile_class`) on a device with these
     properties: the entry of the device kind's table where it fits ``max_group`` work-items and ``local_mem``
-    bytes, else the largest tile (then the deepest, then the widest work-group) among its halvings that does."""
+    bytes, else the largest tile (then the deepest, then the widest work-group) among its halvings that does.
+    Memoised: the search over every halving ran on each convolution (5 ms a call on PoCL)."""
     base = (GPU_TILES if is_gpu else CPU_TILES)[row_class]
 
     def halvings(n: int) -> list[int]:
