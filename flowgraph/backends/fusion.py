@@ -612,12 +612,29 @@ def is_host_scalar(x: Any) -> bool:
 
 
 # ------------------------------------------------------------------ strided indexing (C dialects)
-def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], tuple]:
     """Drop size-1 axes and merge neighbours that are contiguous in every operand.
 
     ``strides`` holds one stride tuple per operand (in elements). Returns the reduced shape and strides;
-    a C-contiguous elementwise op becomes rank 1, a 0-d or single-element one rank 0.
+    a C-contiguous elementwise op becomes rank 1, a 0-d or single-element one rank 0. Memoised: every
+    kernel launch of the device backends asks, and a training step asks the same few layouts again.
     """
+    key = (tuple(shape), tuple(strides))
+    found = _COLLAPSED.get(key)
+    if found is None:
+        if len(_COLLAPSED) >= LAYOUT_MEMO:
+            _COLLAPSED.clear()
+        found = _COLLAPSED[key] = _collapse(*key)
+    return found
+
+
+#: Entries the layout memos (:func:`collapse`, :func:`reduction_layout`) hold before they start again.
+LAYOUT_MEMO = 8192
+_COLLAPSED: dict[tuple, tuple] = {}
+_REDUCTION_LAYOUTS: dict[tuple, tuple] = {}
+
+
+def _collapse(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple:
     out_shape: list[int] = []
     out_strides: list[list[int]] = []
     for axis, n in enumerate(shape):
@@ -630,7 +647,7 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tu
         else:
             out_shape.append(n)
             out_strides.append(column)
-    per_operand = [tuple(col[k] for col in out_strides) for k in range(len(strides))]
+    per_operand = tuple(tuple(col[k] for col in out_strides) for k in range(len(strides)))
     return tuple(out_shape), per_operand
 
 
@@ -661,11 +678,18 @@ def reduction_layout(shape: Sequence[int], axes: tuple[int, ...], strides: Seque
     and the reduced axes are collapsed separately (:func:`collapse`), so the kernel indexes each operand by
     ``len(kdims)`` output coordinates and ``len(rdims)`` reduction coordinates.
     """
-    kept = [d for d in range(len(shape)) if d not in axes]
-    kept_shape = tuple(shape[d] for d in kept)
-    red_shape = tuple(shape[d] for d in axes)
-    return (kept_shape, collapse(kept_shape, [tuple(st[d] for d in kept) for st in strides]),
-            collapse(red_shape, [tuple(st[d] for d in axes) for st in strides]))
+    key = (tuple(shape), tuple(axes), tuple(strides))
+    found = _REDUCTION_LAYOUTS.get(key)
+    if found is None:
+        kept = [d for d in range(len(shape)) if d not in axes]
+        kept_shape = tuple(shape[d] for d in kept)
+        red_shape = tuple(shape[d] for d in axes)
+        found = (kept_shape, _collapse(kept_shape, tuple(tuple(st[d] for d in kept) for st in strides)),
+                 _collapse(red_shape, tuple(tuple(st[d] for d in axes) for st in strides)))
+        if len(_REDUCTION_LAYOUTS) >= LAYOUT_MEMO:
+            _REDUCTION_LAYOUTS.clear()
+        _REDUCTION_LAYOUTS[key] = found
+    return found
 
 
 #: ``cupy.ReductionKernel`` gives each output element one thread block: below this many outputs a long

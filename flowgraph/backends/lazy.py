@@ -41,6 +41,14 @@ _BOOL = np.dtype(bool)
 #: per output element, no kernel of its own) up to this many nodes; a larger one is realized first.
 BROADCAST_RECOMPUTE_NODES = 8
 
+#: Reader lists of an allocation drop the readers that were realized or freed each time they grow by this many.
+PRUNE_READERS = 64
+_ref = weakref.ref
+
+
+def _alive(refs: list) -> bool:
+    return any(r() is not None for r in refs)
+
 
 def flatten(root: Any) -> tuple[tuple, list[Any], list[Scalar]]:
     """``(structural key, leaves, scalars)`` of the lazy tree under ``root``, in ``fusion.linearize``'s order.
@@ -90,7 +98,8 @@ class LazyEngine:
     A backend supplies:
 
     * ``_lazy_type``: its array class. Instances carry ``lazy`` (the pending :class:`Expr` or None),
-      ``shape``, ``dtype`` and ``consumers`` (a WeakSet of pending arrays reading this pending one, or None).
+      ``shape``, ``dtype`` and ``consumers`` (weak references to the pending arrays reading this pending one,
+      or None).
     * ``_array_name``: how errors name an operand of this backend ("a CUDA array").
     * ``_operand(x, where)``: ``x`` itself when it is an array of this backend, None when it is not an
       array at all (a candidate scalar); raises for an array of another device.
@@ -113,7 +122,7 @@ class LazyEngine:
 
     def _init_lazy(self) -> None:
         #: Per allocation (``_storage_id``), the pending arrays that read it directly.
-        self._readers: dict[int, weakref.WeakSet] = {}
+        self._readers: dict[int, list[weakref.ref]] = {}
         self._readers_limit = 4096
         self._result_dtypes: dict[tuple[str, np.dtype], np.dtype] = {}
 
@@ -122,23 +131,36 @@ class LazyEngine:
         found = self._readers.get(storage)
         if found is None:
             if len(self._readers) > self._readers_limit:
-                # Entries of freed allocations are empty (a live pending reader keeps its input alive).
-                self._readers = {k: v for k, v in self._readers.items() if len(v)}
+                # Entries of freed allocations hold only dead references (a live pending reader keeps its
+                # input alive).
+                self._readers = {k: v for k, v in self._readers.items() if _alive(v)}
                 self._readers_limit = max(4096, 2 * len(self._readers))
-            found = self._readers[storage] = weakref.WeakSet()
-        found.update(readers)
+            found = self._readers[storage] = []
+        elif len(found) >= PRUNE_READERS and not len(found) % PRUNE_READERS:
+            # Readers realized since (no longer a hazard unless they share this storage) or freed.
+            found[:] = [r for r in found if (y := r()) is not None and (
+                y.lazy is not None or self._storage_id(y) == storage)]
+        found += [_ref(r) for r in readers]
 
     def _register_reads(self, out: Any, inputs: Sequence[Any]) -> None:
         """Record that pending ``out`` reads ``inputs``: under their allocations, or as a consumer of pending ones."""
+        ref = None
         for x in inputs:
             if type(x) is Scalar:
                 continue
+            if ref is None:
+                ref = _ref(out)
             if x.lazy is None:
-                self._add_readers(self._storage_id(x), (out,))
+                storage = self._storage_id(x)
+                found = self._readers.get(storage)
+                if found is None or len(found) >= PRUNE_READERS:
+                    self._add_readers(storage, (out,))
+                else:
+                    found.append(ref)
+            elif x.consumers is None:
+                x.consumers = [ref]
             else:
-                if x.consumers is None:
-                    x.consumers = weakref.WeakSet()
-                x.consumers.add(out)
+                x.consumers.append(ref)
 
     def _flush_readers(self, storage: int, keep: Any = None) -> None:
         """Realize the pending arrays that read the allocation ``storage`` (all but ``keep``) before it is
@@ -146,7 +168,10 @@ class LazyEngine:
         readers = self._readers.pop(storage, None)
         if not readers:
             return
-        for reader in list(readers):
+        for ref in readers:
+            reader = ref()
+            if reader is None:
+                continue
             if reader is keep:
                 self._add_readers(storage, (reader,))
             elif reader.lazy is not None:
@@ -165,10 +190,15 @@ class LazyEngine:
         out = self._fresh(x.shape, x.dtype)
         self._launch_fused(flatten(x), x, out)
         self._take_storage(x, out)
-        if x.consumers:
+        consumers = x.consumers
+        if consumers:
             # Whoever read this pending array now reads its allocation.
-            self._add_readers(self._storage_id(x), x.consumers)
             x.consumers = None
+            found = self._readers.get(self._storage_id(x))
+            if found is None:
+                self._readers[self._storage_id(x)] = consumers
+            else:
+                found += consumers
         return x
 
     def _write(self, dst: Any, src: Any) -> None:
@@ -215,7 +245,9 @@ class LazyEngine:
             consumers = src.consumers
             src.consumers = None
             self._take_storage(src, dst)
-            self._add_readers(storage, (src, *(consumers or ())))
+            self._add_readers(storage, (src,))
+            if consumers:
+                self._readers[storage] += consumers
         return dst
 
     def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:

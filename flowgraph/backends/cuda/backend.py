@@ -57,6 +57,8 @@ OWN_REDUCTIONS = os.environ.get("FLOWGRAPH_CUDA_OWN_REDUCTIONS", "1") != "0"
 
 _BOOL = np.dtype(bool)
 _I64 = np.dtype(np.int64)
+#: Launch plans (``_ew_plan``, ``_sum_plan``) a backend keeps before it starts again.
+PLAN_MEMO = 8192
 
 # Peak of the memory pool's used bytes per device index, tracked by the allocator below.
 _PEAK: dict[int, int] = {}
@@ -148,7 +150,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
         _install_peak_allocator()
         self._kernels: dict[tuple, Any] = {}
         self._init_lazy()
-        self._raw_ok: dict[tuple, bool] = {}  # per (program key, output dtype): runs as the strided kernel
+        self._ew_plans: dict[tuple, Any] = {}  # ``_ew_plan`` per program and layout
+        self._sum_plans: dict[tuple, Any] = {}  # ``_sum_plan`` per program, layout and axes
         self._rng_state: Any = None
         self._rng: Any = None
         self._blas: Cublas | None = None
@@ -271,6 +274,40 @@ class CupyBackend(LazyEngine, ArrayBackend):
     #: Threads per block of the strided elementwise kernel.
     EW_THREADS = 256
 
+    def _ew_plan(self, pkey: tuple, root: Any, dst: Any, values: list) -> Any:
+        """How ``_launch_fused`` runs a tree in one layout (``pkey``: structure, dtype, shape and the byte
+        strides of the output and each leaf): ``(kernel, grid, leading int arguments, the output's stride
+        arguments, each leaf's stride arguments)`` for the strided kernel, or False for programs touching
+        float16/bfloat16 (a ``cupy.ElementwiseKernel``). Kept per layout, so a training step's launches pay
+        neither the layout walk nor the argument conversions again."""
+        key, dtype = pkey[0], pkey[1]
+        types = {dtype, *key[1], *key[2], *(c[1] for c in key[0])}
+        if not types <= K.RAW_TYPES:
+            plan: Any = False
+        else:
+            shape, n = dst.shape, dst.size
+            if dst.flags.c_contiguous and all([v.shape == shape and v.flags.c_contiguous for v in values]):
+                # the common case, what ``collapse`` gives it without the per-axis walk: rank 1 (0 for one element)
+                dims: tuple = (n,) if n > 1 else ()
+                strides: Any = [(1,) * len(dims)] * (len(values) + 1)
+                it = np.int32 if n < 2**31 else np.int64
+            else:
+                dims, strides = collapse(shape, [tuple([s // v.itemsize for s in v.strides]) for v in (dst, *values)])
+                span = max([sum([(d - 1) * abs(s) for d, s in zip(dims, st)]) for st in strides])
+                it = np.int32 if n < 2**31 and span < 2**31 else np.int64
+            rank = len(dims)
+            kernel = self._kernels.get(("ew", key, dtype, rank, it))
+            if kernel is None:
+                source = K.strided_source(linearize(root), rank, dtype, "int" if it is np.int32 else "long long")
+                kernel = self._kernels[("ew", key, dtype, rank, it)] = cupy.RawKernel(source, "fg_ew")
+            threads = self.EW_THREADS
+            plan = (kernel, ((n + threads - 1) // threads,), (it(n), *[it(d) for d in dims]),
+                    tuple([it(s) for s in strides[0]]), tuple([tuple([it(s) for s in st]) for st in strides[1:]]))
+        if len(self._ew_plans) >= PLAN_MEMO:
+            self._ew_plans.clear()
+        self._ew_plans[pkey] = plan
+        return plan
+
     def _launch_fused(self, flat: tuple, root: Any, out: LazyArray) -> None:
         """Evaluate the tree ``root`` into the view ``out`` (same shape, any layout; converts).
 
@@ -288,34 +325,20 @@ class CupyBackend(LazyEngine, ArrayBackend):
         stats = self.stats
         stats["fused_launches"] += 1
         stats["fused_ops"] += len(key[0])
-        raw = self._raw_ok.get((key, dtype))
-        if raw is None:
-            types = {dtype, *key[1], *key[2], *(c[1] for c in key[0])}
-            raw = self._raw_ok[(key, dtype)] = types <= K.RAW_TYPES
         values = [leaf.value for leaf in leaves]
-        if raw:
-            shape = dst.shape
-            if dst.flags.c_contiguous and all([v.shape == shape and v.flags.c_contiguous for v in values]):
-                # the common case, what ``collapse`` gives it without the per-axis walk: rank 1 (0 for one element)
-                dims = (n,) if n > 1 else ()
-                strides = [(1,) * len(dims)] * (len(values) + 1)
-                it = np.int32 if n < 2**31 else np.int64
-            else:
-                dims, strides = collapse(shape, [tuple([s // v.itemsize for s in v.strides]) for v in (dst, *values)])
-                span = max([sum([(d - 1) * abs(s) for d, s in zip(dims, st)]) for st in strides])
-                it = np.int32 if n < 2**31 and span < 2**31 else np.int64
-            rank = len(dims)
-            kernel = self._kernels.get(("ew", key, dtype, rank, it))
-            if kernel is None:
-                source = K.strided_source(linearize(root), rank, dtype, "int" if it is np.int32 else "long long")
-                kernel = self._kernels[("ew", key, dtype, rank, it)] = cupy.RawKernel(source, "fg_ew")
-            args: list[Any] = [it(n), *[it(d) for d in dims], dst, *[it(s) for s in strides[0]]]
-            for value, st in zip(values, strides[1:]):
+        pkey = (key, dtype, dst.shape, dst.strides, *[v.strides for v in values])
+        plan = self._ew_plans.get(pkey)
+        if plan is None:
+            plan = self._ew_plan(pkey, root, dst, values)
+        if plan is not False:
+            kernel, grid, head, dst_strides, leaf_strides = plan
+            args: list[Any] = [*head, dst, *dst_strides]
+            for value, st in zip(values, leaf_strides):
                 args.append(value)
-                args += [it(s) for s in st]
-            args += [sc.value for sc in scalars]
-            threads = self.EW_THREADS
-            kernel(((n + threads - 1) // threads,), (threads,), tuple(args))
+                args += st
+            for sc in scalars:
+                args.append(sc.value)
+            kernel(grid, (self.EW_THREADS,), tuple(args))
             return
         kernel = self._kernel(root, (key, dtype), dtype)
         # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
@@ -558,6 +581,12 @@ class CupyBackend(LazyEngine, ArrayBackend):
         a = self._arr(a)
         if a.dtype in K.HALF_TYPES:
             return cupy.sum(a.astype(np.float32), axis=axes, keepdims=keepdims).astype(a.dtype)
+        if OWN_REDUCTIONS and axes and a.dtype in K.RSUM_TYPES and a.size:
+            # A realized float32/float64 array: the same kernel as a pending one (a copy program), whose
+            # launch is a few microseconds of host time against ``cupy.sum``'s ~30.
+            leaf = LazyArray(None, a.shape, a.dtype, a)
+            ndim = a.ndim
+            return self._own_sum(leaf, tuple(sorted({ax % ndim for ax in axes})), keepdims, a.dtype, flatten(leaf))
         return super().sum(a, axes, keepdims)
 
     def _fused_sum(self, a: LazyArray, axes: tuple[int, ...], keepdims: bool) -> Any:
@@ -599,15 +628,40 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
     def _own_sum(self, a: LazyArray, axes: tuple[int, ...], keepdims: bool, out_dtype: np.dtype,
                  flat: tuple) -> Any:
-        """``sum`` of a pending float32/float64 expression with this backend's reduction kernel.
+        """``sum`` of a float32/float64 expression (or realized array) with this backend's reduction kernel.
 
         Kept and reduced axes are collapsed separately (contiguous runs merge), each output gets ``parts``
-        thread blocks when there are too few outputs to fill the GPU, and the partial sums are added by
-        ``cupy.sum`` (small).
+        thread blocks when there are too few outputs to fill the GPU, and a second, small pass of the same
+        kernel adds the partial sums. The layout work is done once per program, layout and axes
+        (``_sum_plan``).
         """
         key_struct, leaves, scalars = flat
-        shape = a.shape
         values = [leaf.value for leaf in leaves]
+        pkey = (key_struct, out_dtype, a.shape, axes, keepdims, *[v.strides for v in values])
+        plan = self._sum_plans.get(pkey)
+        if plan is None:
+            plan = self._sum_plan(pkey, a, values)
+        kernel, size, grid, threads, head, value_strides, parts, n_out, out_shape = plan
+        out = cupy.empty(size, dtype=out_dtype)
+        args: list[Any] = [*head, out]
+        for v, st in zip(values, value_strides):
+            args.append(v)
+            args += st
+        for sc in scalars:
+            args.append(K.scalar_transport(sc.dtype).type(sc.value))
+        kernel(grid, threads, tuple(args))
+        stats = self.stats
+        stats["fused_launches"] += 1
+        stats["fused_ops"] += len(key_struct[0]) + 1
+        if parts > 1:
+            partial = LazyArray(None, (n_out, parts), out_dtype, out.reshape(n_out, parts))
+            out = self._own_sum(partial, (1,), False, out_dtype, flatten(partial))
+        return out.reshape(out_shape)
+
+    def _sum_plan(self, pkey: tuple, a: LazyArray, values: list) -> tuple:
+        """``(kernel, partials, grid, block, leading arguments, stride arguments per leaf, parts, outputs,
+        result shape)`` of one ``_own_sum`` layout (``pkey``: structure, dtype, shape, axes, keepdims, strides)."""
+        key_struct, out_dtype, shape, axes, keepdims = pkey[:5]
         kept_shape, (kdims, kstrides), (rdims, rstrides) = reduction_layout(
             shape, axes, [tuple(s // v.itemsize for s in v.strides) for v in values])
         n_out, n_in = math.prod(kept_shape), math.prod(shape[d] for d in axes)
@@ -621,20 +675,15 @@ class CupyBackend(LazyEngine, ArrayBackend):
             source = K.rsum_source(linearize(a), len(kdims), len(rdims), out_dtype, out_dtype)
             kernel = cupy.RawKernel(source, "fg_rsum")
             self._kernels[key] = kernel
-        out = cupy.empty(n_out * parts, dtype=out_dtype)
         i64 = np.int64
-        args: list[Any] = [i64(n_in), i64(parts), *map(i64, kdims), *map(i64, rdims), out]
-        for v, ks, rs in zip(values, kstrides, rstrides):
-            args += [v, *map(i64, ks), *map(i64, rs)]
-        args += [K.scalar_transport(sc.dtype).type(sc.value) for sc in scalars]
-        kernel((n_out * parts,), (threads,), tuple(args))
-        stats = self.stats
-        stats["fused_launches"] += 1
-        stats["fused_ops"] += len(key_struct[0]) + 1
-        if parts > 1:
-            out = out.reshape(n_out, parts).sum(axis=1)
+        head = (i64(n_in), i64(parts), *map(i64, kdims), *map(i64, rdims))
+        strides = tuple((*map(i64, ks), *map(i64, rs)) for ks, rs in zip(kstrides, rstrides))
         out_shape = tuple(1 if d in axes else n for d, n in enumerate(shape)) if keepdims else kept_shape
-        return out.reshape(out_shape)
+        plan = (kernel, n_out * parts, (n_out * parts,), (threads,), head, strides, parts, n_out, out_shape)
+        if len(self._sum_plans) >= PLAN_MEMO:
+            self._sum_plans.clear()
+        self._sum_plans[pkey] = plan
+        return plan
 
     def prod(self, a: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
         self._use()
@@ -986,7 +1035,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 kernel = self._row_kernel(R.LAYER_NORM_PARAM_GRADS, dtype, ("layer_norm_param_grads",))
                 kernel((-(-total // 256),), (256,), (np.int64(rows), np.int64(cols), np.int64(chunk),
                                                      np.int64(total), g, zero, x, zero, mean, rstd, partial))
-                sums = partial.reshape(2, cols) if parts == 1 else partial.sum(axis=1)
+                sums = partial.reshape(2, cols) if parts == 1 else self.sum(partial, (1,), False)
             gw = sums[0] if need_w else None
             gb = sums[1] if need_b else None
         return gx, gw, gb
@@ -1091,12 +1140,15 @@ class CupyBackend(LazyEngine, ArrayBackend):
         (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
         if k != k2:
             raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k} != {k2})")
-        try:
-            batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-        except ValueError:
-            raise ShapeError(
-                f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast"
-            ) from None
+        if a.ndim == 2 and b.ndim == 2:
+            batch: Shape = ()
+        else:
+            try:
+                batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+            except ValueError:
+                raise ShapeError(
+                    f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast"
+                ) from None
         out = cupy.empty(batch + (m, n), dtype=a.dtype)
         if out.size:
             if k == 0:

@@ -166,7 +166,8 @@ class Cublas:
                 a_ptr, t, lda, a_stride, ctypes.byref(self._zero[F32]), c_ptr, t, n, m * n, batch,
                 compute_type(dtype), _GEMM_DEFAULT,
             )
-        _check(status, f"gemm ({dtype}, m={m}, n={n}, k={k}, batch={batch})")
+        if status:  # the message is formatted only on failure (str(dtype) alone costs microseconds per call)
+            _check(status, f"gemm ({dtype}, m={m}, n={n}, k={k}, batch={batch})")
 
     def __del__(self) -> None:
         try:

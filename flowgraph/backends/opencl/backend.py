@@ -468,7 +468,7 @@ class OpenCLBackend(LazyEngine, Backend):
 
     def _line_layout(
         self, shape: Shape, axis: int, strides: Sequence[tuple[int, ...]]
-    ) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
         """Collapsed line space: ``shape`` with ``axis`` removed, for operands with ``strides``."""
         line_shape = tuple(1 if d == axis else n for d, n in enumerate(shape))
         return K.collapse(line_shape, strides)
