@@ -246,7 +246,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
     def _fresh(self, shape: Shape, dtype: np.dtype) -> LazyArray:
         self._use()
-        return LazyArray(None, tuple(shape), dtype, cupy.empty(shape, dtype=dtype))
+        return LazyArray(None, tuple(shape), dtype, cupy.ndarray(shape, dtype))  # cupy.empty without its Python
 
     @staticmethod
     def _take_storage(x: LazyArray, out: LazyArray) -> None:
@@ -642,7 +642,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         if plan is None:
             plan = self._sum_plan(pkey, a, values)
         kernel, size, grid, threads, head, value_strides, parts, n_out, out_shape = plan
-        out = cupy.empty(size, dtype=out_dtype)
+        out = cupy.ndarray(size, out_dtype)
         args: list[Any] = [*head, out]
         for v, st in zip(values, value_strides):
             args.append(v)
@@ -1149,7 +1149,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 raise ShapeError(
                     f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast"
                 ) from None
-        out = cupy.empty(batch + (m, n), dtype=a.dtype)
+        out = cupy.ndarray(batch + (m, n), a.dtype)
         if out.size:
             if k == 0:
                 out.fill(0)
