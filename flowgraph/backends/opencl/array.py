@@ -9,6 +9,8 @@ fresh contiguous buffer at the first point that needs one.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,8 +22,9 @@ if TYPE_CHECKING:
 Shape = tuple[int, ...]
 
 
+@functools.lru_cache(maxsize=4096)
 def contiguous_strides(shape: Shape) -> tuple[int, ...]:
-    """Row-major strides (in elements) of ``shape``."""
+    """Row-major strides (in elements) of ``shape`` (memoised: every new array asks, for a few shapes)."""
     strides = []
     step = 1
     for n in reversed(shape):
@@ -30,8 +33,9 @@ def contiguous_strides(shape: Shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_contiguous(shape: Shape, strides: tuple[int, ...]) -> bool:
-    """Whether ``strides`` lay ``shape`` out row-major (size-1 axes may have any stride)."""
+    """Whether ``strides`` lay ``shape`` out row-major (size-1 axes may have any stride); memoised."""
     step = 1
     for n, s in zip(reversed(shape), reversed(strides)):
         if n == 0:
@@ -76,10 +80,7 @@ def nocopy_strides(shape: Shape, strides: tuple[int, ...], new_shape: Shape) -> 
 
 def shape_size(shape: Shape) -> int:
     """Number of elements of ``shape``."""
-    size = 1
-    for n in shape:
-        size *= n
-    return size
+    return math.prod(shape)
 
 
 class CLArray:
