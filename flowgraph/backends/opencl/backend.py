@@ -844,12 +844,15 @@ class OpenCLBackend(LazyEngine, Backend):
         (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
         if k != k2:
             raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k} != {k2})")
-        try:
-            batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-        except ValueError:
-            raise ShapeError(f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast") from None
-        a = self._expand_view(a, batch + (m, k), "matmul")
-        b = self._expand_view(b, batch + (k, n), "matmul")
+        if a.ndim == 2 and b.ndim == 2:
+            batch: Shape = ()
+        else:
+            try:
+                batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+            except ValueError:
+                raise ShapeError(f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast") from None
+            a = self._expand_view(a, batch + (m, k), "matmul")
+            b = self._expand_view(b, batch + (k, n), "matmul")
         out = self.empty(batch + (m, n), a.dtype)
         if out.size:
             nb = len(batch)
