@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, ShapeError
 
 #: A fused tree is realized before it grows past this many op nodes ...
 MAX_NODES = 32
@@ -649,6 +649,20 @@ def _collapse(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> t
             out_strides.append(column)
     per_operand = tuple(tuple(col[k] for col in out_strides) for k in range(len(strides)))
     return tuple(out_shape), per_operand
+
+
+def matmul_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, int, int, tuple[int, ...]]:
+    """``(m, k, n, batch)`` of ``a @ b`` for operands of at least 2 axes (a vector already given its unit axis);
+    raises ShapeError naming both shapes when the inner dimensions differ or the batch axes do not broadcast."""
+    (m, k), (k2, n) = a_shape[-2:], b_shape[-2:]
+    if k != k2:
+        raise ShapeError(f"matmul: inner dimensions differ: {a_shape} @ {b_shape} ({k} != {k2})")
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return m, k, n, ()
+    try:
+        return m, k, n, tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions of {a_shape} and {b_shape} do not broadcast") from None
 
 
 def decompose(index: str, dims: str, coords: str, rank: int, itype: str = "long") -> list[str]:

@@ -41,6 +41,7 @@ from ..fusion import (
     collapse,
     is_host_scalar,
     linearize,
+    matmul_dims,
     reduction_layout,
     sgd_update_scalars,
     split_reduction,
@@ -1137,18 +1138,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
             a = a[None, :]
         if squeeze_b:
             b = b[:, None]
-        (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
-        if k != k2:
-            raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k} != {k2})")
-        if a.ndim == 2 and b.ndim == 2:
-            batch: Shape = ()
-        else:
-            try:
-                batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-            except ValueError:
-                raise ShapeError(
-                    f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast"
-                ) from None
+        m, k, n, batch = matmul_dims(a.shape, b.shape)
         out = cupy.ndarray(batch + (m, n), a.dtype)
         if out.size:
             if k == 0:

@@ -30,6 +30,7 @@ from ..fusion import (
     adam_update_scalars,
     is_host_scalar,
     linearize,
+    matmul_dims,
     reduction_layout,
     sgd_update_scalars,
 )
@@ -841,16 +842,8 @@ class OpenCLBackend(LazyEngine, Backend):
             a = self._view(a, (1, a.shape[0]), (0, a.strides[0]), a.offset)
         if squeeze_b:
             b = self._view(b, (b.shape[0], 1), (b.strides[0], 0), b.offset)
-        (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
-        if k != k2:
-            raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k} != {k2})")
-        if a.ndim == 2 and b.ndim == 2:
-            batch: Shape = ()
-        else:
-            try:
-                batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-            except ValueError:
-                raise ShapeError(f"matmul: batch dimensions of {a.shape} and {b.shape} do not broadcast") from None
+        m, k, n, batch = matmul_dims(a.shape, b.shape)
+        if batch:
             a = self._expand_view(a, batch + (m, k), "matmul")
             b = self._expand_view(b, batch + (k, n), "matmul")
         out = self.empty(batch + (m, n), a.dtype)
