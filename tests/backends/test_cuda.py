@@ -145,6 +145,7 @@ def test_long_reduction_to_few_outputs_runs_in_two_stages(be, dtype):
 @pytest.mark.parametrize("shape,axes", [
     ((256, 2048), (1,)), ((256, 2048), (0,)), ((256, 1024), (0, 1)), ((37,), (0,)), ((3, 5, 7), (1,)),
     ((16, 8, 32, 32), (0, 2, 3)), ((2, 3, 4, 5), (0, 3)), ((1 << 18,), (0,)), ((5, 1, 3), (1,)),
+    ((64, 32, 8), (2,)), ((64, 32, 8), (0, 2)), ((300, 3), (1,)),  # short: one thread per output
 ], ids=str)
 def test_own_reduction_kernel_matches_numpy(be, dtype, shape, axes):
     from flowgraph.backends.cuda import backend as cuda_backend

@@ -666,21 +666,24 @@ class CupyBackend(LazyEngine, ArrayBackend):
         kept_shape, (kdims, kstrides), (rdims, rstrides) = reduction_layout(
             shape, axes, [tuple(s // v.itemsize for s in v.strides) for v in values])
         n_out, n_in = math.prod(kept_shape), math.prod(shape[d] for d in axes)
-        threads = 256 if n_in >= 1024 else max(32, 1 << (n_in - 1).bit_length())
+        serial = n_in <= K.SERIAL_SUM_MAX
+        threads = 256 if n_in >= 1024 or serial else max(32, 1 << (n_in - 1).bit_length())
         parts = 1
         if n_out < MIN_REDUCTION_BLOCKS and n_in >= 16 * threads:
             parts = min(-(-MIN_REDUCTION_BLOCKS // n_out), n_in // (8 * threads), 1024)
-        key = ("rsum", key_struct, len(kdims), len(rdims), out_dtype)
+        key = ("rsum", serial, key_struct, len(kdims), len(rdims), out_dtype)
         kernel = self._kernels.get(key)
         if kernel is None:
-            source = K.rsum_source(linearize(a), len(kdims), len(rdims), out_dtype, out_dtype)
-            kernel = cupy.RawKernel(source, "fg_rsum")
+            make = K.rsum_serial_source if serial else K.rsum_source
+            source = make(linearize(a), len(kdims), len(rdims), out_dtype, out_dtype)
+            kernel = cupy.RawKernel(source, "fg_rsum_serial" if serial else "fg_rsum")
             self._kernels[key] = kernel
         i64 = np.int64
-        head = (i64(n_in), i64(parts), *map(i64, kdims), *map(i64, rdims))
+        head = (i64(n_in), i64(n_out if serial else parts), *map(i64, kdims), *map(i64, rdims))
         strides = tuple((*map(i64, ks), *map(i64, rs)) for ks, rs in zip(kstrides, rstrides))
         out_shape = tuple(1 if d in axes else n for d, n in enumerate(shape)) if keepdims else kept_shape
-        plan = (kernel, n_out * parts, (n_out * parts,), (threads,), head, strides, parts, n_out, out_shape)
+        grid = (-(-n_out // threads),) if serial else (n_out * parts,)
+        plan = (kernel, n_out * parts, grid, (threads,), head, strides, parts, n_out, out_shape)
         if len(self._sum_plans) >= PLAN_MEMO:
             self._sum_plans.clear()
         self._sum_plans[pkey] = plan
