@@ -214,6 +214,24 @@ def row_kernel_source(kernel: RowKernel, dtype: np.dtype) -> str:
 RSUM_TYPES = frozenset({F32, F64})
 
 
+def _rsum_parts(program: FusedProgram, kept_rank: int, red_rank: int, acc: np.dtype, out: np.dtype,
+                second: str) -> tuple:
+    """What the two reduction kernels share: ``(emitter, parameters, expression lines, result, accumulator
+    and output C types)``; ``second`` names the second integer parameter (``parts`` or ``n_out``)."""
+    emitter = CudaEmitter()
+    acc_t, out_t = emitter.ctype(acc), emitter.ctype(out)
+    params = ["long long n_in", f"long long {second}"]
+    params += [f"long long k{i}" for i in range(kept_rank)] + [f"long long r{i}" for i in range(red_rank)]
+    params.append(f"{out_t}* __restrict__ out")
+    for i, leaf in enumerate(program.leaves):
+        params.append(f"const {emitter.ctype(leaf.dtype)}* __restrict__ in{i}")
+        params += [f"long long in{i}_k{a}" for a in range(kept_rank)]
+        params += [f"long long in{i}_r{a}" for a in range(red_rank)]
+    params += [f"{emitter.ctype(scalar_transport(sc.dtype))} s{i}" for i, sc in enumerate(program.scalars)]
+    expr, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
+    return emitter, params, expr, result, acc_t, out_t
+
+
 def rsum_source(program: FusedProgram, kept_rank: int, red_rank: int, acc: np.dtype, out: np.dtype) -> str:
     """A sum of the fused ``program`` over collapsed reduced dims, ``parts`` thread blocks per output.
 
@@ -223,17 +241,7 @@ def rsum_source(program: FusedProgram, kept_rank: int, red_rank: int, acc: np.dt
     elements, as the OpenCL backend's reduction does. CuPy's ``ReductionKernel`` gives each output one
     block and indexes every operand through a full n-d indexer: LayerNorm's row sums took ~30 us there.
     """
-    emitter = CudaEmitter()
-    acc_t, out_t = emitter.ctype(acc), emitter.ctype(out)
-    params = ["long long n_in", "long long parts"]
-    params += [f"long long k{i}" for i in range(kept_rank)] + [f"long long r{i}" for i in range(red_rank)]
-    params.append(f"{out_t}* __restrict__ out")
-    for i, leaf in enumerate(program.leaves):
-        params.append(f"const {emitter.ctype(leaf.dtype)}* __restrict__ in{i}")
-        params += [f"long long in{i}_k{a}" for a in range(kept_rank)]
-        params += [f"long long in{i}_r{a}" for a in range(red_rank)]
-    params += [f"{emitter.ctype(scalar_transport(sc.dtype))} s{i}" for i, sc in enumerate(program.scalars)]
-    expr, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
+    emitter, params, expr, result, acc_t, out_t = _rsum_parts(program, kept_rank, red_rank, acc, out, "parts")
     lines = [
         "long long g = blockIdx.x;",
         "long long o = g / parts, part = g % parts;",
@@ -284,17 +292,7 @@ SERIAL_SUM_MAX = 64
 def rsum_serial_source(program: FusedProgram, kept_rank: int, red_rank: int, acc: np.dtype, out: np.dtype) -> str:
     """``rsum_source``'s sum with one thread per output, looping over its ``n_in`` elements (for short
     reductions); parameters as ``rsum_source``'s with ``n_out`` in place of ``parts``."""
-    emitter = CudaEmitter()
-    acc_t, out_t = emitter.ctype(acc), emitter.ctype(out)
-    params = ["long long n_in", "long long n_out"]
-    params += [f"long long k{i}" for i in range(kept_rank)] + [f"long long r{i}" for i in range(red_rank)]
-    params.append(f"{out_t}* __restrict__ out")
-    for i, leaf in enumerate(program.leaves):
-        params.append(f"const {emitter.ctype(leaf.dtype)}* __restrict__ in{i}")
-        params += [f"long long in{i}_k{a}" for a in range(kept_rank)]
-        params += [f"long long in{i}_r{a}" for a in range(red_rank)]
-    params += [f"{emitter.ctype(scalar_transport(sc.dtype))} s{i}" for i, sc in enumerate(program.scalars)]
-    expr, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
+    emitter, params, expr, result, acc_t, out_t = _rsum_parts(program, kept_rank, red_rank, acc, out, "n_out")
     lines = ["long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;", "if (o >= n_out) return;"]
     lines += decompose("o", "k", "kc", kept_rank)
     lines += [f"long long in{i}_b = {offset_expr('0', f'in{i}', 'kc', kept_rank, 'k')};"
