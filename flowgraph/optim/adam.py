@@ -124,6 +124,7 @@ class Adam(Optimizer):
             return
         shadows = self.__dict__.setdefault("_shadow_steps", {})
         batches: dict[tuple, list] = {}
+        on_device: list[dict[str, Any]] = []
         for p, state, group in items:
             step = state["step"]
             if isinstance(step, Tensor):
@@ -131,7 +132,7 @@ class Adam(Optimizer):
                 if shadow is None or shadow[0] is not step:
                     self._update(p, p.grad, state, group)
                     continue
-                state["step"] += 1  # in place, on the device
+                on_device.append(state)
                 count: Any = ("device", shadow[1] + 1)
                 shadows[id(state)] = (step, shadow[1] + 1)
             else:
@@ -139,6 +140,7 @@ class Adam(Optimizer):
                 count = state["step"]
             key = (id(group["params"]), id(p._backend), p._data.dtype, count)
             batches.setdefault(key, []).append((p, state, group))
+        self._increment_device_steps(on_device)
         for batch in batches.values():
             group = batch[0][2]
             amsgrad = group["amsgrad"]
@@ -154,15 +156,67 @@ class Adam(Optimizer):
                         t._data = arrays[i]
                         t._bump_version()
 
+    def _increment_device_steps(self, states: list[dict[str, Any]]) -> None:
+        """Add one to the device step counts of ``states``: one in-place add on a shared array of counts
+        (``_device_scalars``) when every count of it steps, else one add per count (inside a captured step
+        each add is a kernel: 28 of residual_tower's 245)."""
+        arrays = self.__dict__.get("_step_arrays", {})
+        done: set[int] = set()
+        stepping = {id(s) for s in states}
+        for state in states:
+            if id(state) in done:
+                continue
+            found = arrays.get(id(state["step"]))
+            if found is not None:
+                counts, members = found
+                if all(id(s) in stepping and s["step"] is view for s, view in members):
+                    counts += 1  # every member's count, in place, in one launch
+                    done.update(id(s) for s, _ in members)
+                    continue
+            state["step"] += 1  # in place, on the device
+            done.add(id(state))
+
     def _device_scalars(self, group: dict[str, Any], state: dict[str, Any], p: Tensor, hooks: list
                         ) -> dict[str, Any]:
         """As ``Optimizer._device_scalars``; a step count moved to the device gets its host shadow (see
-        ``_update_all``)."""
+        ``_update_all``). The counts of all of a group's parameters on ``p``'s device move together, as 0-d
+        views of one array, so a step that advances them all does it in one launch."""
         host = state.get("step")
+        if "step" in state and not isinstance(host, Tensor):
+            self._share_device_steps(group, p.device)
         view = super()._device_scalars(group, state, p, hooks)
         if not isinstance(host, Tensor) and isinstance(state.get("step"), Tensor):
             self.__dict__.setdefault("_shadow_steps", {})[id(state)] = (state["step"], float(host))
         return view
+
+    def _share_device_steps(self, group: dict[str, Any], device: Any) -> None:
+        """Move the host step counts of ``group``'s parameters on ``device`` into one float32 device array,
+        each state holding a 0-d view of its own element (its own count: nothing is shared but the storage),
+        each with its host shadow."""
+        from ..tensor import tensor
+
+        members = []
+        for q in group["params"]:  # the parameters this step updates, as ``_prepared`` picks them
+            if q.grad is None or not q.requires_grad or q.device != device:
+                continue
+            st = self.state[q]
+            if not st:
+                self._init_state(q, st, group)
+            if "step" in st and not isinstance(st["step"], Tensor):
+                members.append(st)
+        if len(members) < 2:
+            return
+        counts = tensor([float(st["step"]) for st in members], dtype="float32", device=device)
+        shadows = self.__dict__.setdefault("_shadow_steps", {})
+        arrays = self.__dict__.setdefault("_step_arrays", {})
+        views = []
+        for i, st in enumerate(members):
+            host = float(st["step"])
+            st["step"] = counts[i]
+            shadows[id(st)] = (st["step"], host)
+            views.append((st, st["step"]))
+        for _, v in views:
+            arrays[id(v)] = (counts, views)
 
 
 def _step_arguments(group: dict[str, Any], step: Any) -> tuple[tuple, dict[str, Any]]:

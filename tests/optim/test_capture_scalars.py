@@ -96,3 +96,37 @@ def test_batched_device_step_counts_match_per_parameter_counts(device):
     params = [q for grp in opt.param_groups for q in grp["params"]]
     assert [opt.state[q]["step"].item() for q in params] == [6.0, 4.0, 6.0]
     assert [opt._shadow_steps[id(opt.state[q])][1] for q in params] == [6.0, 4.0, 6.0]
+
+
+def _run_model(device, steps, capture_mode, frozen=range(0)):
+    fg.manual_seed(0)
+    model = fg.nn.Sequential(fg.nn.Linear(4, 8), fg.nn.GELU(), fg.nn.LayerNorm(8), fg.nn.Linear(8, 2)).to(device)
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    x = fg.randn(5, 4, device=device)
+    prev = STATE.capture_hooks
+    try:
+        for i in range(steps):
+            model[0].weight.requires_grad_(i not in frozen)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            STATE.capture_hooks = [] if capture_mode else prev
+            opt.step()
+            STATE.capture_hooks = prev
+    finally:
+        STATE.capture_hooks = prev
+    return [p.detach().numpy() for p in model.parameters()], opt
+
+
+@pytest.mark.parametrize("frozen", [range(0), range(2, 5)], ids=["all-step", "one-frozen-for-3-steps"])
+def test_adam_device_step_counts_share_one_array_and_keep_their_own_values(device, frozen):
+    """Adam's device step counts live in one array per group (one in-place add when all of them step) and
+    each keeps its own value: a parameter frozen for some steps ends with fewer, as in eager Adam."""
+    eager, _ = _run_model(device, 8, False, frozen)
+    captured, opt = _run_model(device, 8, True, frozen)
+    for got, ref in zip(captured, eager):
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=1e-6)
+    params = opt.param_groups[0]["params"]
+    counts = [opt.state[p]["step"].item() for p in params]
+    assert counts == [8 - len(frozen)] + [8] * (len(params) - 1)
+    arrays = opt.__dict__["_step_arrays"]
+    assert len({id(arrays[id(opt.state[p]["step"])][0]) for p in params}) == 1  # one array of counts
