@@ -25,6 +25,7 @@ The arrays themselves are opaque here: the only attributes read are ``lazy``, ``
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -619,21 +620,14 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[tu
     a C-contiguous elementwise op becomes rank 1, a 0-d or single-element one rank 0. Memoised: every
     kernel launch of the device backends asks, and a training step asks the same few layouts again.
     """
-    key = (tuple(shape), tuple(strides))
-    found = _COLLAPSED.get(key)
-    if found is None:
-        if len(_COLLAPSED) >= LAYOUT_MEMO:
-            _COLLAPSED.clear()
-        found = _COLLAPSED[key] = _collapse(*key)
-    return found
+    return _collapse(tuple(shape), tuple(strides))
 
 
-#: Entries the layout memos (:func:`collapse`, :func:`reduction_layout`) hold before they start again.
+#: Entries each layout memo (:func:`collapse`, :func:`reduction_layout`) keeps.
 LAYOUT_MEMO = 8192
-_COLLAPSED: dict[tuple, tuple] = {}
-_REDUCTION_LAYOUTS: dict[tuple, tuple] = {}
 
 
+@functools.lru_cache(maxsize=LAYOUT_MEMO)
 def _collapse(shape: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple:
     out_shape: list[int] = []
     out_strides: list[list[int]] = []
@@ -692,18 +686,16 @@ def reduction_layout(shape: Sequence[int], axes: tuple[int, ...], strides: Seque
     and the reduced axes are collapsed separately (:func:`collapse`), so the kernel indexes each operand by
     ``len(kdims)`` output coordinates and ``len(rdims)`` reduction coordinates.
     """
-    key = (tuple(shape), tuple(axes), tuple(strides))
-    found = _REDUCTION_LAYOUTS.get(key)
-    if found is None:
-        kept = [d for d in range(len(shape)) if d not in axes]
-        kept_shape = tuple(shape[d] for d in kept)
-        red_shape = tuple(shape[d] for d in axes)
-        found = (kept_shape, _collapse(kept_shape, tuple(tuple(st[d] for d in kept) for st in strides)),
-                 _collapse(red_shape, tuple(tuple(st[d] for d in axes) for st in strides)))
-        if len(_REDUCTION_LAYOUTS) >= LAYOUT_MEMO:
-            _REDUCTION_LAYOUTS.clear()
-        _REDUCTION_LAYOUTS[key] = found
-    return found
+    return _reduction_layout(tuple(shape), tuple(axes), tuple(strides))
+
+
+@functools.lru_cache(maxsize=LAYOUT_MEMO)
+def _reduction_layout(shape: tuple[int, ...], axes: tuple[int, ...], strides: tuple[tuple[int, ...], ...]) -> tuple:
+    kept = [d for d in range(len(shape)) if d not in axes]
+    kept_shape = tuple(shape[d] for d in kept)
+    red_shape = tuple(shape[d] for d in axes)
+    return (kept_shape, _collapse(kept_shape, tuple(tuple(st[d] for d in kept) for st in strides)),
+            _collapse(red_shape, tuple(tuple(st[d] for d in axes) for st in strides)))
 
 
 #: ``cupy.ReductionKernel`` gives each output element one thread block: below this many outputs a long

@@ -127,7 +127,8 @@ class LazyEngine:
         self._result_dtypes: dict[tuple[str, np.dtype], np.dtype] = {}
 
     # ----------------------------------------------------------------- hazards
-    def _add_readers(self, storage: int, readers: Any) -> None:
+    def _add_readers(self, storage: int, refs: list) -> None:
+        """Record ``refs`` (weak references to pending arrays) as readers of the allocation ``storage``."""
         found = self._readers.get(storage)
         if found is None:
             if len(self._readers) > self._readers_limit:
@@ -140,7 +141,7 @@ class LazyEngine:
             # Readers realized since (no longer a hazard unless they share this storage) or freed.
             found[:] = [r for r in found if (y := r()) is not None and (
                 y.lazy is not None or self._storage_id(y) == storage)]
-        found += [_ref(r) for r in readers]
+        found += refs
 
     def _register_reads(self, out: Any, inputs: Sequence[Any]) -> None:
         """Record that pending ``out`` reads ``inputs``: under their allocations, or as a consumer of pending ones."""
@@ -154,9 +155,9 @@ class LazyEngine:
                 storage = self._storage_id(x)
                 found = self._readers.get(storage)
                 if found is None or len(found) >= PRUNE_READERS:
-                    self._add_readers(storage, (out,))
+                    self._add_readers(storage, [ref])
                 else:
-                    found.append(ref)
+                    found.append(ref)  # the common case inline: no pruning due
             elif x.consumers is None:
                 x.consumers = [ref]
             else:
@@ -173,7 +174,7 @@ class LazyEngine:
             if reader is None:
                 continue
             if reader is keep:
-                self._add_readers(storage, (reader,))
+                self._add_readers(storage, [ref])
             elif reader.lazy is not None:
                 self.realize(reader)
             elif self._storage_id(reader) == storage:
@@ -194,11 +195,7 @@ class LazyEngine:
         if consumers:
             # Whoever read this pending array now reads its allocation.
             x.consumers = None
-            found = self._readers.get(self._storage_id(x))
-            if found is None:
-                self._readers[self._storage_id(x)] = consumers
-            else:
-                found += consumers
+            self._add_readers(self._storage_id(x), consumers)
         return x
 
     def _write(self, dst: Any, src: Any) -> None:
@@ -245,9 +242,7 @@ class LazyEngine:
             consumers = src.consumers
             src.consumers = None
             self._take_storage(src, dst)
-            self._add_readers(storage, (src,))
-            if consumers:
-                self._readers[storage] += consumers
+            self._add_readers(storage, [_ref(src), *(consumers or ())])
         return dst
 
     def concatenate(self, arrays: Sequence[Any], axis: int) -> Any:

@@ -585,13 +585,12 @@ class CupyBackend(LazyEngine, ArrayBackend):
         if OWN_REDUCTIONS and axes and a.dtype in K.RSUM_TYPES and a.size:
             # A realized float32/float64 array: the same kernel as a pending one (a copy program), whose
             # launch is a few microseconds of host time against ``cupy.sum``'s ~30.
-            leaf = LazyArray(None, a.shape, a.dtype, a)
-            ndim = a.ndim
-            return self._own_sum(leaf, tuple(sorted({ax % ndim for ax in axes})), keepdims, a.dtype, flatten(leaf))
+            return self._fused_sum(LazyArray(None, a.shape, a.dtype, a), tuple(axes), keepdims)
         return super().sum(a, axes, keepdims)
 
     def _fused_sum(self, a: LazyArray, axes: tuple[int, ...], keepdims: bool) -> Any:
-        """``sum`` of a pending expression as one reduction kernel that computes the expression on the fly."""
+        """``sum`` of a pending expression (or a realized array: a copy program) as one reduction kernel that
+        computes the expression on the fly."""
         dtype = a.dtype
         if dtype.kind == "f":
             out_dtype = dtype

@@ -282,7 +282,6 @@ def rsum_source(program: FusedProgram, kept_rank: int, red_rank: int, acc: np.dt
             + body + "}\n")
 
 
-
 #: Reductions this short per output run one thread per output (``rsum_serial_source``) instead of a thread
 #: block per output: gated_routing's weighted sum over 8 experts, (256, 512, 8) summed over the last axis,
 #: took ~0.12 ms as 131,072 blocks of 32 threads, 8 of them busy.
@@ -312,6 +311,7 @@ def rsum_serial_source(program: FusedProgram, kept_rank: int, red_rank: int, acc
     body = "".join(f"  {line}\n" for line in lines)
     return (emitter.helper_source() + f'extern "C" __global__ void fg_rsum_serial({", ".join(params)}) {{\n'
             + body + "}\n")
+
 
 # ---------------------------------------------------------------------------------------- random
 #: Values written per Philox block (one 4x32-bit draw) for each kernel.
