@@ -336,20 +336,26 @@ class Backend:
         return self.standardize_backward(g, xhat, rstd2, weight, (1,), need_x, (cols,) if need_w else None,
                                          (cols,) if need_b else None)
 
-    def gru_cell(self, x: Array, p: Array, h: Array) -> tuple:
+    def gru_cell(self, x: Array, p: Array, h: Array, bx: Array | None = None, bp: Array | None = None) -> tuple:
         """One GRU step's pointwise part (PyTorch's gates r, z, n) from the input projection ``x`` and the hidden
-        projection ``p`` (both ``(B, 3H)``, biases included) and the previous state ``h`` ``(B, H)``::
+        projection ``p`` (both ``(B, 3H)``), their biases ``bx`` and ``bp`` (``(3H,)`` or None, added here as
+        PyTorch's fused GRU cell adds them, so the projections are bias-free GEMMs) and the previous state ``h``
+        ``(B, H)``, with ``X = x + bx`` and ``P = p + bp``::
 
-            r, z = sigmoid(x[:, :2H] + p[:, :2H]);  n = tanh(x[:, 2H:] + r * p[:, 2H:]);  h' = n + z * (h - n)
+            r, z = sigmoid(X[:, :2H] + P[:, :2H]);  n = tanh(X[:, 2H:] + r * P[:, 2H:]);  h' = n + z * (h - n)
 
         Returns ``(h', rz, n)`` with ``rz`` ``(B, 2H)`` and ``n`` ``(B, H)``, the values ``gru_cell_backward``
         reads. Generic default: the primitives above (a lazy backend fuses them); CUDA and OpenCL override it
-        with one kernel (``row_kernels.GRU_CELL_FORWARD``) for float32/float64 through ``_gru_kernel``."""
-        found = self._gru_kernel(False, (x, p, h))
+        with one kernel (``row_kernels.gru_cell_forward``) for float32/float64 through ``_gru_kernel``."""
+        found = self._gru_kernel(False, (x, p, h), (bx, bp))
         if found is not None:
             return found
         hidden = h.shape[-1]
         rows = slice(None)
+        if bx is not None:
+            x = self.add(x, bx)
+        if bp is not None:
+            p = self.add(p, bp)
         rz = self.reciprocal(self.add(self.exp(self.neg(self.add(self.slice(x, (rows, slice(0, 2 * hidden))),
                                                                  self.slice(p, (rows, slice(0, 2 * hidden)))))), 1.0))
         r, z = self.slice(rz, (rows, slice(0, hidden))), self.slice(rz, (rows, slice(hidden, 2 * hidden)))
@@ -357,22 +363,26 @@ class Backend:
         n = self.tanh(self.add(self.slice(x, (rows, slice(2 * hidden, 3 * hidden))), self.mul(r, hn)))
         return self.add(n, self.mul(z, self.sub(h, n))), rz, n
 
-    def gru_cell_backward(self, g: Array, rz: Array, n: Array, h: Array, p: Array) -> tuple:
+    def gru_cell_backward(self, g: Array, rz: Array, n: Array, h: Array, p: Array, bp: Array | None = None) -> tuple:
         """The gradients ``(gx, gp, gh)`` of ``gru_cell`` from the output gradient ``g`` ``(B, H)``, the saved
-        ``rz`` and ``n``, the previous state ``h`` and the hidden projection ``p``::
+        ``rz`` and ``n``, the previous state ``h``, the hidden projection ``p`` and its bias ``bp``
+        (``hn = p[:, 2H:] + bp[2H:]``)::
 
-            dn = g * (1 - z) * (1 - n * n);  dr = dn * p[:, 2H:] * r * (1 - r);  dz = g * (h - n) * z * (1 - z)
+            dn = g * (1 - z) * (1 - n * n);  dr = dn * hn * r * (1 - r);  dz = g * (h - n) * z * (1 - z)
             gx = [dr, dz, dn];  gp = [dr, dz, dn * r];  gh = g * z
 
-        Generic default: the primitives above; CUDA and OpenCL override it with one kernel
-        (``row_kernels.GRU_CELL_BACKWARD``) for float32/float64 through ``_gru_kernel``."""
-        found = self._gru_kernel(True, (g, rz, n, h, p))
+        ``gx`` and ``gp`` are also the gradients of ``x + bx`` and ``p + bp``: the biases' gradients are their
+        sums over the batch. Generic default: the primitives above; CUDA and OpenCL override it with one kernel
+        (``row_kernels.gru_cell_backward``) for float32/float64 through ``_gru_kernel``."""
+        found = self._gru_kernel(True, (g, rz, n, h, p), (bp,))
         if found is not None:
             return found
         hidden = h.shape[-1]
         rows = slice(None)
         r, z = self.slice(rz, (rows, slice(0, hidden))), self.slice(rz, (rows, slice(hidden, 2 * hidden)))
         hn = self.slice(p, (rows, slice(2 * hidden, 3 * hidden)))
+        if bp is not None:
+            hn = self.add(hn, self.slice(bp, (slice(2 * hidden, 3 * hidden),)))
         srz = self.mul(rz, self.add(self.neg(rz), 1.0))  # r(1-r) and z(1-z) in one pass
         dn = self.mul(self.mul(g, self.add(self.neg(z), 1.0)), self.add(self.neg(self.mul(n, n)), 1.0))
         dr = self.mul(self.mul(dn, hn), self.slice(srz, (rows, slice(0, hidden))))
@@ -380,10 +390,10 @@ class Backend:
         return (self.concatenate([dr, dz, dn], 1), self.concatenate([dr, dz, self.mul(dn, r)], 1),
                 self.mul(g, z))
 
-    def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
+    def _gru_kernel(self, backward: bool, arrays: tuple, biases: tuple) -> tuple | None:
         """The results of a backend's one-kernel GRU cell (forward, or ``backward``) over ``arrays`` in
-        ``gru_cell``'s / ``gru_cell_backward``'s argument order, or None where it has none for them (the
-        primitives then run)."""
+        ``gru_cell``'s / ``gru_cell_backward``'s argument order and its ``biases`` (forward ``(bx, bp)``,
+        backward ``(bp,)``, None where absent), or None where it has none for them (the primitives then run)."""
         return None
 
     def _sum_to(self, a: Array, shape: tuple[int, ...]) -> Array:

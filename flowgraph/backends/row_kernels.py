@@ -31,6 +31,7 @@ OpenCL its scalar-argument dtypes, from one place) and its body. :func:`render` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -348,15 +349,30 @@ _GRU_INDEX = """
   FG_LONG row3 = b * 3 * hidden, row2 = b * 2 * hidden;
 """
 
-#: ``Backend.gru_cell``: ``h'``, ``rz`` and ``n`` of one GRU step in one pass (the generic default's operations
-#: and association order, so the values match it up to the compiler's contractions).
-GRU_CELL_FORWARD = RowKernel(
-    "fg_gru_cell", [*_GRU_PARAMS, ("out", "h_new"), ("out", "rz"), ("out", "n_out")], _GRU_INDEX + """
+
+def _gru_term(buf: str, bias: bool, k: str) -> str:
+    """Element ``k`` of a projection's row (``xr``/``pr``), plus its bias (``bx``/``bp``) where the kernel has one:
+    the projection and its bias add first, as PyTorch's fused GRU cell and the generic default do."""
+    row = f"{buf}r[{k}]"
+    return f"({row} + b{buf}[b{buf}_off + {k}])" if bias else row
+
+
+@functools.cache
+def gru_cell_forward(has_bx: bool, has_bp: bool) -> RowKernel:
+    """``Backend.gru_cell``: ``h'``, ``rz`` and ``n`` of one GRU step in one pass, the biases ``bx``/``bp`` (3H,)
+    added in the kernel where given (the generic default's operations and association order, so the values
+    match it up to the compiler's contractions)."""
+    x0, x1, x2 = (_gru_term("x", has_bx, k) for k in ("j", "hidden + j", "2 * hidden + j"))
+    p0, p1, p2 = (_gru_term("p", has_bp, k) for k in ("j", "hidden + j", "2 * hidden + j"))
+    biases = [("in", "bx"), ("long", "bx_off")] * has_bx + [("in", "bp"), ("long", "bp_off")] * has_bp
+    return RowKernel(
+        "fg_gru_cell" + "_bx" * has_bx + "_bp" * has_bp,
+        [*_GRU_PARAMS, *biases, ("out", "h_new"), ("out", "rz"), ("out", "n_out")], _GRU_INDEX + f"""
   FG_GLOBAL const T* xr = x + x_off + row3;
   FG_GLOBAL const T* pr = p + p_off + row3;
-  T r = (T)1 / (exp(-(xr[j] + pr[j])) + (T)1);
-  T z = (T)1 / (exp(-(xr[hidden + j] + pr[hidden + j])) + (T)1);
-  T nv = tanh(xr[2 * hidden + j] + r * pr[2 * hidden + j]);
+  T r = (T)1 / (exp(-({x0} + {p0})) + (T)1);
+  T z = (T)1 / (exp(-({x1} + {p1})) + (T)1);
+  T nv = tanh({x2} + r * {p2});
   T hv = h[h_off + i];
   rz[row2 + j] = r;
   rz[row2 + hidden + j] = z;
@@ -364,16 +380,23 @@ GRU_CELL_FORWARD = RowKernel(
   h_new[i] = nv + z * (hv - nv);
 """)
 
-#: ``Backend.gru_cell_backward``: ``gx = [dr, dz, dn]``, ``gp = [dr, dz, dn * r]`` and ``gh = g * z`` in one pass.
-GRU_CELL_BACKWARD = RowKernel(
-    "fg_gru_cell_backward",
-    [("long", "n"), ("long", "hidden"), ("in", "g"), ("long", "g_off"), ("in", "rz"), ("long", "rz_off"),
-     ("in", "nv"), ("long", "nv_off"), ("in", "h"), ("long", "h_off"), ("in", "p"), ("long", "p_off"),
-     ("out", "gx"), ("out", "gp"), ("out", "gh")], _GRU_INDEX + """
+
+@functools.cache
+def gru_cell_backward(has_bp: bool) -> RowKernel:
+    """``Backend.gru_cell_backward``: ``gx = [dr, dz, dn]``, ``gp = [dr, dz, dn * r]`` and ``gh = g * z`` in one
+    pass (``W_hn h + b_hn`` read from the hidden projection ``p`` plus its bias ``bp`` where given)."""
+    hn = _gru_term("p", has_bp, "2 * hidden + j")
+    return RowKernel(
+        "fg_gru_cell_backward" + "_bp" * has_bp,
+        [("long", "n"), ("long", "hidden"), ("in", "g"), ("long", "g_off"), ("in", "rz"), ("long", "rz_off"),
+         ("in", "nv"), ("long", "nv_off"), ("in", "h"), ("long", "h_off"), ("in", "p"), ("long", "p_off"),
+         *[("in", "bp"), ("long", "bp_off")] * has_bp, ("out", "gx"), ("out", "gp"), ("out", "gh")],
+        _GRU_INDEX + f"""
+  FG_GLOBAL const T* pr = p + p_off + row3;
   T gv = g[g_off + i];
   T r = rz[rz_off + row2 + j], z = rz[rz_off + row2 + hidden + j];
   T nn = nv[nv_off + i];
-  T hn = p[p_off + row3 + 2 * hidden + j];
+  T hn = {hn};
   T dn = (gv * (-z + (T)1)) * (-(nn * nn) + (T)1);
   T dr = (dn * hn) * (r * (-r + (T)1));
   T dz = (gv * (h[h_off + i] - nn)) * (z * (-z + (T)1));
@@ -387,11 +410,12 @@ GRU_CELL_BACKWARD = RowKernel(
 """)
 
 
-def gru_layout(arrays: Sequence, backward: bool) -> tuple[int, int, list] | None:
+def gru_layout(arrays: Sequence, biases: Sequence, backward: bool) -> tuple[int, int, list] | None:
     """``(rows, hidden, result shapes)`` of the GRU kernel for ``arrays`` in its argument order (forward
-    ``(x, p, h) -> (h', rz, n)``, backward ``(g, rz, n, h, p) -> (gx, gp, gh)``), or None (the generic default
-    runs) unless the state ``h`` is ``(B, H)`` with ``H > 0`` and every array is float32/float64 of one dtype
-    and of its expected shape."""
+    ``(x, p, h) -> (h', rz, n)``, backward ``(g, rz, n, h, p) -> (gx, gp, gh)``) and ``biases`` (forward
+    ``(bx, bp)``, backward ``(bp,)``, each ``(3H,)`` or None), or None (the generic default runs) unless the
+    state ``h`` is ``(B, H)`` with ``H > 0`` and every array is float32/float64 of one dtype and of its
+    expected shape."""
     h_shape = tuple(arrays[-2 if backward else -1].shape)
     dtype = arrays[0].dtype
     if len(h_shape) != 2 or not h_shape[-1] or dtype not in (np.float32, np.float64):
@@ -402,4 +426,13 @@ def gru_layout(arrays: Sequence, backward: bool) -> tuple[int, int, list] | None
         [three, three, state], [state, two, state])
     if any(a.dtype != dtype or tuple(a.shape) != s for a, s in zip(arrays, shapes)):
         return None
+    if any(b is not None and (b.dtype != dtype or tuple(b.shape) != (3 * hidden,)) for b in biases):
+        return None
     return rows, hidden, results
+
+
+def gru_kernel(biases: Sequence, backward: bool) -> RowKernel:
+    """The GRU kernel for ``biases`` (forward ``(bx, bp)``, backward ``(bp,)``, None where absent)."""
+    if backward:
+        return gru_cell_backward(biases[0] is not None)
+    return gru_cell_forward(biases[0] is not None, biases[1] is not None)

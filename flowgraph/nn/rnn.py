@@ -166,31 +166,49 @@ def _gru_pieces(xp: Tensor, hp: Tensor, h: Tensor, hidden: int):
     return r, z, n, h_n, n + z * (h - n)
 
 
-def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> Tensor:
-    """``h'`` of a GRU step from the projections, as ONE autograd node with a closed-form backward
-    (recomputed from the inputs under ``create_graph``, like ``_lstm_pointwise``)."""
-    if not (STATE.enabled and (xp.requires_grad or hp.requires_grad or h.requires_grad)):
-        return _gru_pieces(xp, hp, h, hidden)[-1]
+def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int, bx: Tensor | None = None,
+                   bp: Tensor | None = None) -> Tensor:
+    """``h'`` of a GRU step from the bias-free projections ``xp``, ``hp`` and their biases ``bx``, ``bp``
+    (None where absent), as ONE autograd node with a closed-form backward (recomputed from the inputs under
+    ``create_graph``, like ``_lstm_pointwise``). The biases are added inside the backend's GRU kernel, as
+    PyTorch's fused cell adds them: no separate bias-add pass per step; their gradients are the batch sums of
+    the projections' gradients."""
+    biases = (bx, bp)
+    needs_b = tuple(b is not None and b.requires_grad for b in biases)
+    if not (STATE.enabled and (xp.requires_grad or hp.requires_grad or h.requires_grad or any(needs_b))):
+        return _gru_pieces(*_with_biases(xp, hp, bx, bp), h, hidden)[-1]
     bk = xp._backend
     X, P, Hd = xp._data, hp._data, h._data
     if not (X.dtype == P.dtype == Hd.dtype and hp._backend is bk and h._backend is bk
-            and X.ndim == P.ndim == 2 and X.shape == P.shape and X.dtype.kind == "f"):
-        return _gru_pointwise_composed(xp, hp, h, hidden)
+            and X.ndim == P.ndim == 2 and X.shape == P.shape and X.dtype.kind == "f"
+            and all(b is None or (b._backend is bk and b._data.dtype == X.dtype and b.ndim == 1) for b in biases)):
+        return _gru_pointwise_composed(*_with_biases(xp, hp, bx, bp), h, hidden)
     # The per-step values on backend arrays (no Tensor per intermediate: the step loop is host-bound), through
     # the backend's ``gru_cell`` (one kernel on CUDA and OpenCL, as PyTorch's fused GRU cell).
-    h_new, rz, n = bk.gru_cell(X, P, Hd)
-    needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
+    h_new, rz, n = bk.gru_cell(X, P, Hd, None if bx is None else bx._data, None if bp is None else bp._data)
+    # gx / gp are also the biases' gradients before their batch sums
+    needs = (xp.requires_grad or needs_b[0], hp.requires_grad or needs_b[1], h.requires_grad)
+    which = (xp.requires_grad, hp.requires_grad, h.requires_grad)
 
-    def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, rz_t: Tensor, n_t: Tensor):
+    def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, rz_t: Tensor, n_t: Tensor, *bs: Tensor):
         if grad.requires_grad:
-            return _gru_pointwise_grads(grad, *_gru_pieces(xp, hp, h, hidden)[:4], h, needs)
-        bk = grad._backend
-        gx, gp, gh = bk.gru_cell_backward(grad._data, rz_t._data, n_t._data, h._data, hp._data)
-        return (_wrap(gx, bk) if needs[0] else None, _wrap(gp, bk) if needs[1] else None,
-                _wrap(gh, bk) if needs[2] else None)
+            xb, hb = _with_biases(xp, hp, bx, bp)
+            gs = _gru_pointwise_grads(grad, *_gru_pieces(xb, hb, h, hidden)[:4], h, needs)
+            gb = tuple(gs[k].sum(0) if needs_b[k] else None for k in range(2))
+        else:
+            bk = grad._backend
+            gs = tuple(_wrap(a, bk) for a in bk.gru_cell_backward(grad._data, rz_t._data, n_t._data, h._data,
+                                                                  hp._data, None if bp is None else bp._data))
+            gb = tuple(_wrap(bk.sum(gs[k]._data, (0,), False), bk) if needs_b[k] else None for k in range(2))
+        return (*(gs[k] if which[k] else None for k in range(3)), *gb)
 
-    saved = (xp, hp, h, _wrap(rz, bk), _wrap(n, bk))
-    return _record(_wrap(h_new, bk), "GRUCell", (xp, hp, h), saved, bw)
+    saved = (xp, hp, h, _wrap(rz, bk), _wrap(n, bk), *(b for b in biases if b is not None))
+    return _record(_wrap(h_new, bk), "GRUCell", (xp, hp, h, bx, bp), saved, bw)
+
+
+def _with_biases(xp: Tensor, hp: Tensor, bx: Tensor | None, bp: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The projections with their biases added (tensor ops, recorded where grad mode records)."""
+    return (xp if bx is None else xp + bx), (hp if bp is None else hp + bp)
 
 
 def _gru_pointwise_grads(grad: Tensor, r: Tensor, z: Tensor, n: Tensor, hn: Tensor, h_prev: Tensor,
@@ -218,12 +236,11 @@ def _gru_pointwise_composed(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> T
     return _record(h_new, "GRUCell", (xp, hp, h), (xp, hp, h, r, z, n, h_n), bw)
 
 
-def _gru_step(xp: Tensor, h: Tensor, project, b_hh: Tensor | None, hidden: int) -> Tensor:
-    """PyTorch's GRU cell, gates r, z, n: ``n = tanh(x_n + r * (W_hn h + b_hn))``, ``h' = (1 - z) n + z h``."""
-    hp = project(h)
-    if b_hh is not None:
-        hp = hp + b_hh
-    return _gru_pointwise(xp, hp, h, hidden)
+def _gru_step(xp: Tensor, h: Tensor, project, b_ih: Tensor | None, b_hh: Tensor | None, hidden: int) -> Tensor:
+    """PyTorch's GRU cell, gates r, z, n: ``n = tanh(x_n + b_in + r * (W_hn h + b_hn))``,
+    ``h' = (1 - z) n + z h``; ``xp`` is ``x @ W_ih.T`` (with ``b_ih`` already added when ``b_ih`` is None),
+    ``project(h)`` is ``h @ W_hh.T``; the biases are added inside the step's kernel."""
+    return _gru_pointwise(xp, project(h), h, hidden, b_ih, b_hh)
 
 
 # ---------------------------------------------------------------------- multi-layer recurrent layers
@@ -344,7 +361,7 @@ class RNNBase(Module):
             if mode == "LSTM":
                 h, c = _lstm_step(steps[t], h, c, project, step_bias, w_hr_t, hidden)
             elif mode == "GRU":
-                h = _gru_step(steps[t], h, project, step_bias, hidden)
+                h = _gru_step(steps[t], h, project, None, step_bias, hidden)
             else:
                 h = _rnn_step(steps[t], h, project, step_bias, mode == "RNN_RELU")
             outs[t] = h
@@ -555,5 +572,7 @@ class GRUCell(RNNCellBase):
         x, h, batched = self._prepare(input, hx)
         if h is None:
             h = zeros(x.shape[0], self.hidden_size, dtype=x.dtype, device=x.device)
-        out = _gru_step(self._projection(x), h, self._hidden, None, self.hidden_size)
+        # bias-free projections: the biases are added inside the step's kernel (PyTorch's fused GRU cell)
+        xp = linear(x, self.weight_ih)
+        out = _gru_step(xp, h, lambda s: linear(s, self.weight_hh), self.bias_ih, self.bias_hh, self.hidden_size)
         return out if batched else out.squeeze(0)

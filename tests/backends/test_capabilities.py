@@ -177,10 +177,12 @@ def test_standardize_backward_generic_default_matches_the_formula(device, axes, 
         assert got[1] is None and got[2] is None
 
 
+@pytest.mark.parametrize("biases", ["none", "both", "hidden"])
 @pytest.mark.parametrize("dtype", [F32, np.float64])
-def test_gru_cell_override_matches_generic_default(device, dtype, monkeypatch):
+def test_gru_cell_override_matches_generic_default(device, dtype, biases, monkeypatch):
     """A backend's one-kernel GRU cell (``_gru_kernel``, CUDA and OpenCL) against the generic default's
-    primitives, forward and backward."""
+    primitives, forward and backward, with the biases added in the kernel (both, the hidden one only as
+    ``nn.GRU`` passes it, or none)."""
     be = get_backend(device)
     if dtype == np.float64 and not be.supports_float64:
         pytest.skip(f"{device} has no float64")
@@ -188,18 +190,24 @@ def test_gru_cell_override_matches_generic_default(device, dtype, monkeypatch):
     b, hidden = 5, 7
     x, p = (rng.standard_normal((b, 3 * hidden)).astype(dtype) * 2 for _ in range(2))
     h, g = (rng.standard_normal((b, hidden)).astype(dtype) for _ in range(2))
+    bx, bp = (rng.standard_normal(3 * hidden).astype(dtype) for _ in range(2))
+    bx, bp = {"none": (None, None), "both": (bx, bp), "hidden": (None, bp)}[biases]
     if not device.startswith("cpu"):  # the device backends take their kernel here
-        assert be._gru_kernel(False, tuple(_arrays(be, x, p, h))) is not None
+        assert be._gru_kernel(False, tuple(_arrays(be, x, p, h)), (None, None)) is not None
     results = []
     for generic in (False, True):
         if generic:
-            monkeypatch.setattr(be, "_gru_kernel", lambda backward, arrays: None)
+            monkeypatch.setattr(be, "_gru_kernel", lambda backward, arrays, biases: None)
         xa, pa, ha, ga = _arrays(be, x, p, h, g)
-        h_new, rz, n = be.gru_cell(xa, pa, ha)
-        results.append(_host(be, h_new, rz, n, *be.gru_cell_backward(ga, rz, n, ha, pa)))
+        bxa, bpa = (None if v is None else _arrays(be, v)[0] for v in (bx, bp))
+        h_new, rz, n = be.gru_cell(xa, pa, ha, bxa, bpa)
+        results.append(_host(be, h_new, rz, n, *be.gru_cell_backward(ga, rz, n, ha, pa, bpa)))
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == F32 else dict(rtol=1e-12, atol=1e-13)
     for fast, slow in zip(*results):
         np.testing.assert_allclose(fast, slow, **tol)
+    xb, pb = x + (0 if bx is None else bx), p + (0 if bp is None else bp)
     r, z = results[1][1][:, :hidden], results[1][1][:, hidden:]
-    np.testing.assert_allclose(r, 1 / (1 + np.exp(-(x[:, :hidden] + p[:, :hidden]))), rtol=1e-5)
+    np.testing.assert_allclose(r, 1 / (1 + np.exp(-(xb[:, :hidden] + pb[:, :hidden]))), rtol=1e-5)
+    n_ref = np.tanh(xb[:, 2 * hidden:] + r * pb[:, 2 * hidden:])
+    np.testing.assert_allclose(results[0][2], n_ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(results[0][5], g * z, rtol=1e-5)  # gh

@@ -962,18 +962,18 @@ class CupyBackend(LazyEngine, ArrayBackend):
                                               np.int64(0), gx))
         return gx  # an empty g tiles an empty input: nothing to write
 
-    def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
-        """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.GRU_CELL_*``) for
+    def _gru_kernel(self, backward: bool, arrays: tuple, biases: tuple) -> tuple | None:
+        """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.gru_cell_*``) for
         the operands ``row_kernels.gru_layout`` takes; None otherwise (the primitives run)."""
-        layout = R.gru_layout(arrays, backward)
+        layout = R.gru_layout(arrays, biases, backward)
         if layout is None:
             return None
         rows, hidden, result_shapes = layout
         self._use()
-        ops = [cupy.ascontiguousarray(self._arr(a)) for a in arrays]
+        ops = [cupy.ascontiguousarray(self._arr(a)) for a in (*arrays, *(b for b in biases if b is not None))]
         outs = tuple(cupy.empty(s, ops[0].dtype) for s in result_shapes)
         if rows * hidden:
-            spec = R.GRU_CELL_BACKWARD if backward else R.GRU_CELL_FORWARD
+            spec = R.gru_kernel(biases, backward)
             zero = np.int64(0)
             args = [np.int64(rows * hidden), np.int64(hidden)]
             for a in ops:

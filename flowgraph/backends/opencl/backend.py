@@ -748,16 +748,17 @@ class OpenCLBackend(LazyEngine, Backend):
             self._launch(k, n, [n, *geometry, x.buffer, x.offset, gy.buffer, gy.offset, gx.buffer])
         return gx
 
-    def _gru_kernel(self, backward: bool, arrays: tuple) -> tuple | None:
-        """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.GRU_CELL_*``) for
+    def _gru_kernel(self, backward: bool, arrays: tuple, biases: tuple) -> tuple | None:
+        """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.gru_cell_*``) for
         the operands ``row_kernels.gru_layout`` takes; None otherwise (the primitives run)."""
-        spec = R.GRU_CELL_BACKWARD if backward else R.GRU_CELL_FORWARD
+        spec = R.gru_kernel(biases, backward)
         arrays = tuple(self._own(a, spec.name) for a in arrays)
-        layout = R.gru_layout(arrays, backward)
+        biases = tuple(None if b is None else self._own(b, spec.name) for b in biases)
+        layout = R.gru_layout(arrays, biases, backward)
         if layout is None:
             return None
         rows, hidden, result_shapes = layout
-        ops = [self._row_operand(a, spec.name) for a in arrays]
+        ops = [self._row_operand(a, spec.name) for a in (*arrays, *(b for b in biases if b is not None))]
         dtype = ops[0].dtype
         outs = tuple(self.empty(s, dtype) for s in result_shapes)
         if rows * hidden:
