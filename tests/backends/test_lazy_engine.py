@@ -104,3 +104,31 @@ def test_fusion_off_realizes_every_op(be):
     finally:
         fusion.set_enabled(True)
     np.testing.assert_array_equal(host(be, y), np.where(np.arange(4) > 1, np.arange(4), 0))
+
+
+@pytest.mark.parametrize("shape, pshape", [((3, 5, 7, 2), (1, 5, 1, 1)), ((4, 6, 9), (4, 1, 9)), ((7, 3), (7, 1))])
+def test_kernels_with_dims_baked_in_match_the_general_kernel(be, monkeypatch, shape, pshape):
+    """A large launch has its collapsed dims written into the kernel source as constants
+    (``fusion.BAKE_DIMS_MIN``); lowered to 1 here, small broadcast and strided operations take that path and
+    give the same values as the general kernel, and the baked kernel is cached per shape."""
+    import sys
+
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal(shape).astype(F32), rng.standard_normal(pshape).astype(F32)
+    expected = np.maximum((x - w) * w + 1.5, 0)
+    expected_t = np.swapaxes(x, 0, -1) * 2  # a transposed (strided) read
+    module = sys.modules[type(be).__module__]
+    got = []
+    for limit in (1 << 62, 1):
+        monkeypatch.setattr(module, "BAKE_DIMS_MIN", limit)
+        getattr(be, "_ew_plans", {}).clear()  # CUDA keeps a launch plan per layout
+        xa, wa = be.from_host(x), be.from_host(w)
+        y = be.maximum(be.add(be.mul(be.sub(xa, wa), wa), 1.5), 0.0)
+        t = be.mul(be.permute(xa, tuple(range(len(shape)))[::-1][:1] + tuple(range(1, len(shape) - 1)) + (0,)),
+                   2.0)
+        got.append((host(be, y), host(be, t)))
+    for y, t in got:
+        np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(t, expected_t, rtol=1e-6)
+    baked = [k for k in be._kernels if isinstance(k, tuple) and k[0] == "ew" and k[-1] is not None]
+    assert any(len(k[-1]) > 1 for k in baked)

@@ -32,6 +32,7 @@ from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
 from ..fusion import (
     ADAM_UPDATE,
+    BAKE_DIMS_MIN,
     MIN_REDUCTION_BLOCKS,
     SGD_UPDATE,
     Expr,
@@ -297,10 +298,13 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 span = max([sum([(d - 1) * abs(s) for d, s in zip(dims, st)]) for st in strides])
                 it = np.int32 if n < 2**31 and span < 2**31 else np.int64
             rank = len(dims)
-            kernel = self._kernels.get(("ew", key, dtype, rank, it))
+            baked = tuple(dims) if rank > 1 and n >= BAKE_DIMS_MIN else None
+            kkey = ("ew", key, dtype, rank, it, baked)
+            kernel = self._kernels.get(kkey)
             if kernel is None:
-                source = K.strided_source(linearize(root), rank, dtype, "int" if it is np.int32 else "long long")
-                kernel = self._kernels[("ew", key, dtype, rank, it)] = cupy.RawKernel(source, "fg_ew")
+                source = K.strided_source(linearize(root), rank, dtype, "int" if it is np.int32 else "long long",
+                                          baked)
+                kernel = self._kernels[kkey] = cupy.RawKernel(source, "fg_ew")
             threads = self.EW_THREADS
             plan = (kernel, ((n + threads - 1) // threads,), (it(n), *[it(d) for d in dims]),
                     tuple([it(s) for s in strides[0]]), tuple([tuple([it(s) for s in st]) for st in strides[1:]]))

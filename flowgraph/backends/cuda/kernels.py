@@ -11,6 +11,7 @@ op rounds back, as NumPy's float16 ufuncs do).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
@@ -101,13 +102,16 @@ _PLACEHOLDERS = "TUVWXYZABCDEFGHJKLMNPQRS"
 RAW_TYPES = frozenset(CudaEmitter.CTYPES) - HALF_TYPES
 
 
-def strided_source(program: FusedProgram, rank: int, out_dtype: np.dtype, index_type: str) -> str:
+def strided_source(program: FusedProgram, rank: int, out_dtype: np.dtype, index_type: str,
+                   baked: Sequence[int] | None = None) -> str:
     """``fg_ew``: one thread per element of a ``rank``-d collapsed output, every operand by its own strides.
 
     Parameters: ``n``, the collapsed dims ``d0..``, ``out`` and its strides ``out_s0..``, each leaf
     ``in{i}`` and its strides, the scalars; strides in elements, ``index_type`` (``int`` where every offset
     fits) for the index arithmetic. A contiguous operation collapses to rank 1: the index is the offset, no
-    per-operand n-d indexing. CuPy's ``ElementwiseKernel`` costs several times this launch on the host
+    per-operand n-d indexing. ``baked``: the collapsed dims written into the source as constants (the launch
+    still passes them), for large launches where the per-element divisions by variable dims bound the kernel
+    (``fusion.BAKE_DIMS_MIN``). CuPy's ``ElementwiseKernel`` costs several times this launch on the host
     (argument type resolution and its own indexer per call).
     """
     emitter = CudaEmitter()
@@ -119,7 +123,7 @@ def strided_source(program: FusedProgram, rank: int, out_dtype: np.dtype, index_
     params += [f"{emitter.ctype(sc.dtype)} s{i}" for i, sc in enumerate(program.scalars)]
     expr, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines = [f"{it} idx = ({it})blockIdx.x * blockDim.x + threadIdx.x;", "if (idx >= n) return;"]
-    lines += decompose("idx", "d", "c", rank, it)
+    lines += decompose("idx", "d", "c", rank, it, baked)
     lines += [f"{it} in{i}_p = {offset_expr('0', f'in{i}', 'c', rank)};" for i in range(len(program.leaves))]
     lines.append(f"{it} out_p = {offset_expr('0', 'out', 'c', rank)};")
     lines += expr

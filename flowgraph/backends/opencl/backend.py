@@ -23,6 +23,7 @@ from .. import row_kernels as R
 from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
 from ..fusion import (
     ADAM_UPDATE,
+    BAKE_DIMS_MIN,
     SGD_UPDATE,
     Expr,
     Scalar,
@@ -275,7 +276,9 @@ class OpenCLBackend(LazyEngine, Backend):
         key, leaves, scalars = flat
         dims, cstrides = K.collapse(out.shape, [out.strides] + [leaf.strides for leaf in leaves])
         rank, dtype = len(dims), out.dtype
-        kernel = self._kernel(("ew", key, dtype, rank), lambda: K.elementwise_source(linearize(root), rank, dtype))
+        baked = tuple(dims) if rank > 1 and n >= BAKE_DIMS_MIN else None
+        kernel = self._kernel(("ew", key, dtype, rank, baked),
+                              lambda: K.elementwise_source(linearize(root), rank, dtype, baked))
         args: list[Any] = [n, *dims, out.buffer, out.offset, *cstrides[0]]
         for leaf, leaf_strides in zip(leaves, cstrides[1:]):
             args += [leaf.buffer, leaf.offset, *leaf_strides]

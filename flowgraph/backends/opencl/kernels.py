@@ -130,11 +130,13 @@ def strided_kernel(
     body: Sequence[str],
     emitter: OpenCLEmitter | None = None,
     extra_dtypes: set[np.dtype] | None = None,
+    baked: Sequence[int] | None = None,
 ) -> KernelSource:
     """A kernel with one work-item per element of a ``rank``-d index space.
 
     ``operands`` are ``(name, dtype, const)`` strided buffers; the body sees ``{name}_p``, each operand's
     element offset at the current index, and ``gid``. ``params_after`` are extra parameters appended.
+    ``baked``: the dims written into the source as constants (still passed; ``fusion.BAKE_DIMS_MIN``).
     """
     emitter = emitter or OpenCLEmitter()
     params = Params()
@@ -144,7 +146,7 @@ def strided_kernel(
     params.decls += params_after.decls
     params.dtypes += params_after.dtypes
     lines = ["long gid = get_global_id(0);", "if (gid >= n) return;"]
-    lines += decompose("gid", "d", "c", rank)
+    lines += decompose("gid", "d", "c", rank, "long", baked)
     lines += [f"long {op_name}_p = {offset_expr(f'{op_name}_off', op_name, 'c', rank)};" for op_name, _, _ in operands]
     lines += list(body)
     dtypes = {dt for _, dt, _ in operands} | (extra_dtypes or set())
@@ -152,8 +154,10 @@ def strided_kernel(
 
 
 # ----------------------------------------------------------------------------------------- elementwise
-def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype) -> KernelSource:
-    """One kernel evaluating a fused program into a strided output of ``out_dtype``."""
+def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype,
+                       baked: Sequence[int] | None = None) -> KernelSource:
+    """One kernel evaluating a fused program into a strided output of ``out_dtype`` (``baked``: see
+    ``strided_kernel``)."""
     emitter = OpenCLEmitter()
     lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines.append(f"out[out_p] = {emitter.convert(result, program.dtype, out_dtype)};")
@@ -161,7 +165,7 @@ def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype) ->
     scalars = Params()
     for i, s in enumerate(program.scalars):
         scalars.scalar(s.dtype, f"s{i}")
-    return strided_kernel("fg_elementwise", rank, operands, scalars, lines, emitter, program.dtypes())
+    return strided_kernel("fg_elementwise", rank, operands, scalars, lines, emitter, program.dtypes(), baked)
 
 
 # ----------------------------------------------------------------------------------------- reductions
