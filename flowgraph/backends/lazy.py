@@ -190,13 +190,33 @@ class LazyEngine:
             return x
         out = self._fresh(x.shape, x.dtype)
         self._launch_fused(flatten(x), x, out)
+        self._realized_into(x, out)
+        return x
+
+    def _realized_into(self, x: Any, out: Any) -> None:
+        """Pending ``x`` becomes realized, holding ``out`` (a fresh allocation some kernel wrote ``x``'s
+        values into)."""
         self._take_storage(x, out)
         consumers = x.consumers
         if consumers:
             # Whoever read this pending array now reads its allocation.
             x.consumers = None
             self._add_readers(self._storage_id(x), consumers)
-        return x
+
+    def _pending_pair_sum(self, x: Any) -> tuple | None:
+        """``(a, b)`` where ``x`` is a pending ``a + b`` of two realized arrays of its own shape and dtype (the
+        autograd engine's sum of two gradient contributions), else None. A row kernel reading ``x`` may add
+        the two itself and write the sum out too (``_realized_into``): one pass instead of an add kernel
+        before it."""
+        expr = x.lazy if type(x) is self._lazy_type else None
+        if expr is None or expr.op != "add" or len(expr.inputs) != 2:
+            return None
+        a, b = expr.inputs
+        if type(a) is Scalar or type(b) is Scalar or a.lazy is not None or b.lazy is not None:
+            return None
+        if a.shape != x.shape or b.shape != x.shape or a.dtype != x.dtype or b.dtype != x.dtype:
+            return None
+        return a, b
 
     def _write(self, dst: Any, src: Any) -> None:
         """Evaluate ``src`` (a ``_lazy_type`` or a :class:`Scalar`, broadcast, converted) into the realized view

@@ -382,18 +382,23 @@ def gru_cell_forward(has_bx: bool, has_bp: bool) -> RowKernel:
 
 
 @functools.cache
-def gru_cell_backward(has_bp: bool) -> RowKernel:
+def gru_cell_backward(has_bp: bool, g_pair: bool = False) -> RowKernel:
     """``Backend.gru_cell_backward``: ``gx = [dr, dz, dn]``, ``gp = [dr, dz, dn * r]`` and ``gh = g * z`` in one
-    pass (``W_hn h + b_hn`` read from the hidden projection ``p`` plus its bias ``bp`` where given)."""
+    pass (``W_hn h + b_hn`` read from the hidden projection ``p`` plus its bias ``bp`` where given). With
+    ``g_pair`` the output gradient arrives as two contributions ``g + g2`` (a pending sum,
+    ``LazyEngine._pending_pair_sum``) that the kernel adds and also writes out (``g_sum``)."""
     hn = _gru_term("p", has_bp, "2 * hidden + j")
+    pair = [("in", "g2"), ("long", "g2_off")] * g_pair
+    store_sum = "\n  g_sum[i] = gv;" if g_pair else ""
     return RowKernel(
-        "fg_gru_cell_backward" + "_bp" * has_bp,
-        [("long", "n"), ("long", "hidden"), ("in", "g"), ("long", "g_off"), ("in", "rz"), ("long", "rz_off"),
+        "fg_gru_cell_backward" + "_bp" * has_bp + "_g2" * g_pair,
+        [("long", "n"), ("long", "hidden"), ("in", "g"), ("long", "g_off"), *pair, ("in", "rz"), ("long", "rz_off"),
          ("in", "nv"), ("long", "nv_off"), ("in", "h"), ("long", "h_off"), ("in", "p"), ("long", "p_off"),
-         *[("in", "bp"), ("long", "bp_off")] * has_bp, ("out", "gx"), ("out", "gp"), ("out", "gh")],
+         *[("in", "bp"), ("long", "bp_off")] * has_bp, ("out", "gx"), ("out", "gp"), ("out", "gh"),
+         *[("out", "g_sum")] * g_pair],
         _GRU_INDEX + f"""
   FG_GLOBAL const T* pr = p + p_off + row3;
-  T gv = g[g_off + i];
+  T gv = g[g_off + i]{" + g2[g2_off + i]" if g_pair else ""};
   T r = rz[rz_off + row2 + j], z = rz[rz_off + row2 + hidden + j];
   T nn = nv[nv_off + i];
   T hn = {hn};
@@ -406,7 +411,7 @@ def gru_cell_backward(has_bp: bool) -> RowKernel:
   gp[row3 + j] = dr;
   gp[row3 + hidden + j] = dz;
   gp[row3 + 2 * hidden + j] = dn * r;
-  gh[i] = gv * z;
+  gh[i] = gv * z;{store_sum}
 """)
 
 
@@ -431,8 +436,9 @@ def gru_layout(arrays: Sequence, biases: Sequence, backward: bool) -> tuple[int,
     return rows, hidden, results
 
 
-def gru_kernel(biases: Sequence, backward: bool) -> RowKernel:
-    """The GRU kernel for ``biases`` (forward ``(bx, bp)``, backward ``(bp,)``, None where absent)."""
+def gru_kernel(biases: Sequence, backward: bool, g_pair: bool = False) -> RowKernel:
+    """The GRU kernel for ``biases`` (forward ``(bx, bp)``, backward ``(bp,)``, None where absent; ``g_pair``:
+    the backward's output gradient as two contributions, see ``gru_cell_backward``)."""
     if backward:
-        return gru_cell_backward(biases[0] is not None)
+        return gru_cell_backward(biases[0] is not None, g_pair)
     return gru_cell_forward(biases[0] is not None, biases[1] is not None)

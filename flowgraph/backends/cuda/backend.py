@@ -974,15 +974,22 @@ class CupyBackend(LazyEngine, ArrayBackend):
             return None
         rows, hidden, result_shapes = layout
         self._use()
-        ops = [cupy.ascontiguousarray(self._arr(a)) for a in (*arrays, *(b for b in biases if b is not None))]
+        # a pending sum of two gradient contributions is added (and written out) by the backward kernel itself
+        pair = self._pending_pair_sum(arrays[0]) if backward and rows * hidden else None
+        operands = (*pair, *arrays[1:]) if pair else arrays
+        ops = [cupy.ascontiguousarray(self._arr(a)) for a in (*operands, *(b for b in biases if b is not None))]
         outs = tuple(cupy.empty(s, ops[0].dtype) for s in result_shapes)
         if rows * hidden:
-            spec = R.gru_kernel(biases, backward)
+            spec = R.gru_kernel(biases, backward, pair is not None)
+            g_sum = (self._fresh(arrays[0].shape, arrays[0].dtype),) if pair else ()
             zero = np.int64(0)
             args = [np.int64(rows * hidden), np.int64(hidden)]
             for a in ops:
                 args += [a, zero]
-            self._row_kernel(spec, ops[0].dtype, (spec.name,))((-(-rows * hidden // 256),), (256,), (*args, *outs))
+            self._row_kernel(spec, ops[0].dtype, (spec.name,))(
+                (-(-rows * hidden // 256),), (256,), (*args, *outs, *[s.value for s in g_sum]))
+            if pair:
+                self._realized_into(arrays[0], g_sum[0])
         return outs
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:

@@ -754,22 +754,29 @@ class OpenCLBackend(LazyEngine, Backend):
     def _gru_kernel(self, backward: bool, arrays: tuple, biases: tuple) -> tuple | None:
         """``Backend.gru_cell``/``gru_cell_backward`` as one kernel (the shared ``row_kernels.gru_cell_*``) for
         the operands ``row_kernels.gru_layout`` takes; None otherwise (the primitives run)."""
-        spec = R.gru_kernel(biases, backward)
-        arrays = tuple(self._own(a, spec.name) for a in arrays)
-        biases = tuple(None if b is None else self._own(b, spec.name) for b in biases)
+        where = "gru_cell_backward" if backward else "gru_cell"
+        arrays = tuple(self._own(a, where) for a in arrays)
+        biases = tuple(None if b is None else self._own(b, where) for b in biases)
         layout = R.gru_layout(arrays, biases, backward)
         if layout is None:
             return None
         rows, hidden, result_shapes = layout
-        ops = [self._row_operand(a, spec.name) for a in (*arrays, *(b for b in biases if b is not None))]
+        # a pending sum of two gradient contributions is added (and written out) by the backward kernel itself
+        pair = self._pending_pair_sum(arrays[0]) if backward and rows * hidden else None
+        spec = R.gru_kernel(biases, backward, pair is not None)
+        operands = (*pair, *arrays[1:]) if pair else arrays
+        ops = [self._row_operand(a, spec.name) for a in (*operands, *(b for b in biases if b is not None))]
         dtype = ops[0].dtype
         outs = tuple(self.empty(s, dtype) for s in result_shapes)
         if rows * hidden:
+            g_sum = [self.empty(arrays[0].shape, dtype)] if pair else []
             k = self._kernel((spec.name, dtype.str), lambda: K.row_kernel_source(spec, dtype))
             args: list[Any] = [rows * hidden, hidden]
             for a in ops:
                 args += [a.buffer, a.offset]
-            self._launch(k, rows * hidden, args + [o.buffer for o in outs])
+            self._launch(k, rows * hidden, args + [o.buffer for o in (*outs, *g_sum)])
+            if pair:
+                self._realized_into(arrays[0], g_sum[0])
         return outs
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
