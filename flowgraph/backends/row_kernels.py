@@ -138,25 +138,37 @@ def layer_norm_forward(has_w: bool, has_b: bool) -> RowKernel:
     return RowKernel("fg_layer_norm", params, body)
 
 
-def layer_norm_backward(has_w: bool) -> RowKernel:
+def layer_norm_backward(has_w: bool, g_pair: bool = False) -> RowKernel:
     """The input gradient, one work-group per row: ``gy = g * w``, ``xhat = (x - mean) * rstd``,
-    ``gx = (gy - mean(gy) - xhat * mean(gy * xhat)) * rstd`` (both means from one pass of two group sums)."""
-    params = [("long", "cols"), ("in", "g"), ("long", "g_off"), ("in", "x"), ("long", "x_off"), ("in", "mean"),
-              ("in", "rstd")]
+    ``gx = (gy - mean(gy) - xhat * mean(gy * xhat)) * rstd`` (both means from one pass of two group sums).
+    With ``g_pair`` the output gradient arrives as two contributions ``g + g2`` (a pending sum,
+    ``LazyEngine._pending_pair_sum``: a residual branch's gradient plus the skip path's) that the first pass
+    adds and writes out (``g_sum``, which the second pass and the parameter gradients then read)."""
+    params = [("long", "cols"), ("in", "g"), ("long", "g_off")]
+    params += [("in", "g2"), ("long", "g2_off")] if g_pair else []
+    params += [("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd")]
     params += [("in", "w"), ("long", "w_off")] if has_w else []
-    params += [("out", "gx")]
-    gy = "gr[j] * w[w_off + j]" if has_w else "gr[j]"
+    params += [("out", "gx")] + ([("out", "g_sum")] if g_pair else [])
+    weighted = " * w[w_off + j]" if has_w else ""
+    if g_pair:
+        pair_rows = """
+  FG_GLOBAL const T* g2r = g2 + g2_off + row * cols;
+  FG_GLOBAL T* gsr = g_sum + row * cols;"""
+        first, second = "T gv = gr[j] + g2r[j];\n    gsr[j] = gv;", "T gv = gsr[j];"  # the same work-item's j
+    else:
+        pair_rows, first, second = "", "T gv = gr[j];", "T gv = gr[j];"
     body = f"""
   FG_LOCAL T scratch[FG_MAX_GROUP];
   FG_LONG row = FG_GID;
   int t = FG_LID, L = FG_LSIZE;
-  FG_GLOBAL const T* gr = g + g_off + row * cols;
+  FG_GLOBAL const T* gr = g + g_off + row * cols;{pair_rows}
   FG_GLOBAL const T* xr = x + x_off + row * cols;
   FG_GLOBAL T* out = gx + row * cols;
   T mu = mean[row], rs = rstd[row];
   T a = (T)0, c = (T)0;
   for (FG_LONG j = t; j < cols; j += L) {{
-    T gy = {gy};
+    {first}
+    T gy = gv{weighted};
     T xh = (xr[j] - mu) * rs;
     a += gy;
     c += gy * xh;
@@ -165,12 +177,13 @@ def layer_norm_backward(has_w: bool) -> RowKernel:
   a = fg_group_sum(scratch, a, t, L) * inv;
   c = fg_group_sum(scratch, c, t, L) * inv;
   for (FG_LONG j = t; j < cols; j += L) {{
-    T gy = {gy};
+    {second}
+    T gy = gv{weighted};
     T xh = (xr[j] - mu) * rs;
     out[j] = (gy - a - xh * c) * rs;
   }}
 """
-    return RowKernel("fg_layer_norm_backward", params, body)
+    return RowKernel("fg_layer_norm_backward" + "_g2" * g_pair, params, body)
 
 
 #: The weight and bias gradients' partial sums: work-item ``i = part * cols + j`` adds rows

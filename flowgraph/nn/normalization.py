@@ -132,7 +132,9 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
         if t is None:
             return None
         data = t._data if t._data.dtype == dtype else backend.cast(t._data, dtype)
-        return backend.reshape(data, size)
+        # no reshape when the shape is already right: a device reshape realizes a pending value, and the
+        # backward kernel adds a pending sum of two gradients itself (``LazyEngine._pending_pair_sum``)
+        return data if tuple(data.shape) == size else backend.reshape(data, size)
 
     d = x._data
     y, mean, rstd = bk.layer_norm(bk.reshape(d, (rows, cols)), flat(weight, bk, d.dtype, (cols,)),

@@ -1027,18 +1027,32 @@ class CupyBackend(LazyEngine, ArrayBackend):
             return super().layer_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
         rows, cols = x.shape
         dtype = x.dtype
-        g, x, mean, rstd = (cupy.ascontiguousarray(self._arr(a)) for a in (g, x, mean, rstd))
+        # a pending sum of two gradient contributions is added (and written out) by the gx kernel itself
+        pair = self._pending_pair_sum(g) if need_x and rows and cols else None
+        if pair:
+            pending, g_sum = g, self._fresh((rows, cols), dtype)
+            gs = [cupy.ascontiguousarray(self._arr(a)) for a in pair]
+        else:
+            gs = [cupy.ascontiguousarray(self._arr(g))]
+        x, mean, rstd = (cupy.ascontiguousarray(self._arr(a)) for a in (x, mean, rstd))
         zero = np.int64(0)
         gx = gw = gb = None
         if need_x:
             gx = cupy.empty((rows, cols), dtype=dtype)
             if rows and cols:
-                args: list[Any] = [np.int64(cols), g, zero, x, zero, mean, rstd]
+                args: list[Any] = [np.int64(cols)]
+                for a in gs:
+                    args += [a, zero]
+                args += [x, zero, mean, rstd]
                 if weight is not None:
                     args += [cupy.ascontiguousarray(self._arr(weight)), zero]
-                kernel = self._row_kernel(R.layer_norm_backward(weight is not None), dtype,
-                                          ("layer_norm_backward", weight is not None))
-                kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), (*args, gx))
+                kernel = self._row_kernel(R.layer_norm_backward(weight is not None, pair is not None), dtype,
+                                          ("layer_norm_backward", weight is not None, pair is not None))
+                kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),),
+                       (*args, gx, *([g_sum.value] if pair else [])))
+        if pair:
+            self._realized_into(pending, g_sum)
+        g = gs[0] if not pair else g_sum.value
         if need_w or need_b:
             if rows == 0:
                 sums = cupy.zeros((2, cols), dtype=dtype)

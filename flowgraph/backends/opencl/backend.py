@@ -811,17 +811,29 @@ class OpenCLBackend(LazyEngine, Backend):
             return super().layer_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
         rows, cols = x.shape
         dtype = x.dtype
-        x, g = self._row_operand(x, "layer_norm_backward"), self._row_operand(g, "layer_norm_backward")
+        # a pending sum of two gradient contributions is added (and written out) by the gx kernel itself
+        pair = self._pending_pair_sum(g) if need_x and rows and cols else None
+        pending = g
+        gs = [self._row_operand(a, "layer_norm_backward") for a in (pair or (g,))]
+        x = self._row_operand(x, "layer_norm_backward")
         mean, rstd = self._row_operand(mean, "layer_norm_backward"), self._row_operand(rstd, "layer_norm_backward")
         gx = gw = gb = None
         if need_x:
             gx = self.empty((rows, cols), dtype)
             if rows and cols:
                 w = None if weight is None else self._row_operand(weight, "layer_norm_backward")
-                args: list[Any] = [cols, g.buffer, g.offset, x.buffer, x.offset, mean.buffer, rstd.buffer]
+                args: list[Any] = [cols]
+                for a in gs:
+                    args += [a.buffer, a.offset]
+                args += [x.buffer, x.offset, mean.buffer, rstd.buffer]
                 args += [] if w is None else [w.buffer, w.offset]
-                self._row_launch(R.layer_norm_backward(w is not None), ("layer_norm_backward", dtype.str,
-                                 w is not None), dtype, rows, cols, args + [gx.buffer])
+                g_sum = [self.empty((rows, cols), dtype)] if pair else []
+                self._row_launch(R.layer_norm_backward(w is not None, pair is not None),
+                                 ("layer_norm_backward", dtype.str, w is not None, pair is not None), dtype, rows,
+                                 cols, args + [o.buffer for o in (gx, *g_sum)])
+                if pair:
+                    self._realized_into(pending, g_sum[0])
+        g = pending if pair else gs[0]
         if need_w or need_b:
             if rows == 0:
                 sums = self.full((2, cols), 0, dtype)
