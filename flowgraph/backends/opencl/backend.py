@@ -24,6 +24,7 @@ from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
 from ..fusion import (
     ADAM_UPDATE,
     BAKE_DIMS_MIN,
+    MIN_REDUCTION_BLOCKS,
     SGD_UPDATE,
     Expr,
     Scalar,
@@ -92,9 +93,10 @@ class OpenCLBackend(LazyEngine, Backend):
     _array_name = "a CLArray"
     #: Work-group size cap for reductions (a power of two).
     REDUCE_GROUP = 256
-    #: Reductions with fewer outputs than this and more inputs per output than SPLIT_ABOVE_INPUTS are
-    #: split over up to MAX_PARTS work-groups per output, then the partial results are folded.
-    SPLIT_BELOW_OUTPUTS = 64
+    #: Reductions with fewer outputs than ``fusion.MIN_REDUCTION_BLOCKS`` and more inputs per output than
+    #: SPLIT_ABOVE_INPUTS are split over up to MAX_PARTS work-groups per output (enough for that many
+    #: work-groups in all, at least SPLIT_ABOVE_INPUTS inputs each), then the partial results are folded.
+    #: BatchNorm2d(128)'s per-channel sums over (128, 32, 32) ran as 128 work-groups before: most of a GPU idle.
     SPLIT_ABOVE_INPUTS = 16384
     MAX_PARTS = 256
     #: Work-group size of elementwise and line kernels.
@@ -418,8 +420,8 @@ class OpenCLBackend(LazyEngine, Backend):
             return self.empty(out_shape, out_dtype)
         # Few outputs over many inputs: split each output over several work-groups, then fold the parts.
         parts = 1
-        if n_out < self.SPLIT_BELOW_OUTPUTS and n_in > self.SPLIT_ABOVE_INPUTS and op not in ("argmax", "argmin"):
-            parts = min(self.MAX_PARTS, -(-n_in // self.SPLIT_ABOVE_INPUTS))
+        if n_out < MIN_REDUCTION_BLOCKS and n_in > self.SPLIT_ABOVE_INPUTS and op not in ("argmax", "argmin"):
+            parts = min(self.MAX_PARTS, -(-n_in // self.SPLIT_ABOVE_INPUTS), -(-MIN_REDUCTION_BLOCKS // n_out))
         out = self.empty(out_shape if parts == 1 else (n_out, parts), out_dtype if parts == 1 else acc_dtype)
         kr, rr = len(kdims), len(rdims)
         written = out.dtype  # out_dtype, or acc_dtype for partial results
