@@ -196,3 +196,31 @@ def test_collapse_merges_contiguous_axes():
     assert collapse((3, 4), [(1, 3)]) == ((3, 4), ((1, 3),))
     # memoised: the same layout again is the same answer, a list of strides keys like a tuple
     assert collapse([2, 3, 4], ((12, 4, 1), (12, 4, 1))) is collapse((2, 3, 4), [(12, 4, 1), (12, 4, 1)])
+
+
+@pytest.mark.parametrize("limit", [2**31 - 1, 0], ids=["int-index", "long-index"])
+def test_index_type_of_elementwise_and_reductions(be, monkeypatch, limit):
+    """Elementwise kernels and reductions use 32-bit index arithmetic where every offset fits
+    (``INT_INDEX_LIMIT``) and 64-bit otherwise (forced here with a limit of 0): the same values either way,
+    broadcast, transposed and offset views included, and each kernel keyed by its index type."""
+    from flowgraph.backends.opencl import backend as ocl
+
+    monkeypatch.setattr(ocl, "INT_INDEX_LIMIT", limit)
+    want = "int" if limit else "long"
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((6, 5, 9, 4)).astype(np.float32)
+    w = rng.standard_normal((1, 5, 1, 1)).astype(np.float32)
+    xa, wa = be.from_host(x), be.from_host(w)
+    t = be.permute(xa, (3, 1, 2, 0))  # strided
+    s = be.slice(xa, (slice(1, 5), slice(None), slice(2, 9), slice(None)))  # an offset view
+    y = be.maximum(be.add(be.mul(be.sub(xa, wa), wa), 0.5), 0.0)
+    np.testing.assert_allclose(be.to_host(y), np.maximum((x - w) * w + 0.5, 0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(be.to_host(be.mul(t, 3.0)), np.transpose(x, (3, 1, 2, 0)) * 3, rtol=1e-6)
+    np.testing.assert_allclose(be.to_host(be.sum(be.mul(be.sub(xa, wa), xa), (0, 2, 3), False)),
+                               ((x - w) * x).astype(np.float64).sum((0, 2, 3)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(be.to_host(be.sum(s, (1, 3), False)), x[1:5, :, 2:9].sum((1, 3)), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(be.to_host(be.argmax(t, 3, False)), np.transpose(x, (3, 1, 2, 0)).argmax(3))
+    keys = [k for k in be._kernels if isinstance(k, tuple) and k and k[0] in ("ew", "reduce")]
+    assert any(k[0] == "ew" and k[-1] == want for k in keys) and any(k[0] == "reduce" and k[-1] == want
+                                                                      for k in keys)

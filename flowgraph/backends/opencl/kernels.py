@@ -18,6 +18,7 @@ from ..fusion import CEmitter, FusedProgram, UpdateKernel, collapse, decompose, 
 from ..row_kernels import MAX_GROUP, RowKernel, render
 
 LONG = np.dtype(np.int64)
+INT = np.dtype(np.int32)
 BOOL = np.dtype(bool)
 
 
@@ -81,9 +82,13 @@ class Params:
 
     def long(self, *names: str) -> None:
         """``long`` scalar parameters."""
+        self.index("long", *names)
+
+    def index(self, index_type: str, *names: str) -> None:
+        """Index scalar parameters of ``index_type`` (``long``, or ``int`` where every offset fits)."""
         for name in names:
-            self.decls.append(f"long {name}")
-            self.dtypes.append(LONG)
+            self.decls.append(f"{index_type} {name}")
+            self.dtypes.append(INT if index_type == "int" else LONG)
 
     def scalar(self, dtype: np.dtype, name: str, c_type: str | None = None) -> None:
         """A scalar parameter of ``dtype`` (bool travels as uchar)."""
@@ -101,10 +106,11 @@ class Params:
         self.decls.append(f"__local {c_type}* {name}")
         self.dtypes.append(None)
 
-    def strided(self, dtype: np.dtype, name: str, rank: int, const: bool, suffix: str = "s") -> None:
+    def strided(self, dtype: np.dtype, name: str, rank: int, const: bool, suffix: str = "s",
+                index_type: str = "long") -> None:
         """A buffer with its element offset and ``rank`` strides: ``name``, ``name_off``, ``name_s0``..."""
         self.buffer(dtype, name, const)
-        self.long(f"{name}_off", *[f"{name}_{suffix}{i}" for i in range(rank)])
+        self.index(index_type, f"{name}_off", *[f"{name}_{suffix}{i}" for i in range(rank)])
 
     def signature(self, name: str) -> str:
         """The kernel's declaration line."""
@@ -131,23 +137,27 @@ def strided_kernel(
     emitter: OpenCLEmitter | None = None,
     extra_dtypes: set[np.dtype] | None = None,
     baked: Sequence[int] | None = None,
+    index_type: str = "long",
 ) -> KernelSource:
     """A kernel with one work-item per element of a ``rank``-d index space.
 
     ``operands`` are ``(name, dtype, const)`` strided buffers; the body sees ``{name}_p``, each operand's
     element offset at the current index, and ``gid``. ``params_after`` are extra parameters appended.
     ``baked``: the dims written into the source as constants (still passed; ``fusion.BAKE_DIMS_MIN``).
+    ``index_type``: ``int`` where the caller knows every index and offset fits (32-bit index arithmetic:
+    ~25% faster elementwise kernels on NVIDIA's driver, which emulates 64-bit multiplies and divisions).
     """
     emitter = emitter or OpenCLEmitter()
     params = Params()
-    params.long("n", *[f"d{i}" for i in range(rank)])
+    it = index_type
+    params.index(it, "n", *[f"d{i}" for i in range(rank)])
     for op_name, dtype, const in operands:
-        params.strided(dtype, op_name, rank, const)
+        params.strided(dtype, op_name, rank, const, index_type=it)
     params.decls += params_after.decls
     params.dtypes += params_after.dtypes
-    lines = ["long gid = get_global_id(0);", "if (gid >= n) return;"]
-    lines += decompose("gid", "d", "c", rank, "long", baked)
-    lines += [f"long {op_name}_p = {offset_expr(f'{op_name}_off', op_name, 'c', rank)};" for op_name, _, _ in operands]
+    lines = [f"{it} gid = get_global_id(0);", "if (gid >= n) return;"]
+    lines += decompose("gid", "d", "c", rank, it, baked)
+    lines += [f"{it} {op_name}_p = {offset_expr(f'{op_name}_off', op_name, 'c', rank)};" for op_name, _, _ in operands]
     lines += list(body)
     dtypes = {dt for _, dt, _ in operands} | (extra_dtypes or set())
     return assemble(name, emitter, dtypes, params, lines)
@@ -155,9 +165,9 @@ def strided_kernel(
 
 # ----------------------------------------------------------------------------------------- elementwise
 def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype,
-                       baked: Sequence[int] | None = None) -> KernelSource:
-    """One kernel evaluating a fused program into a strided output of ``out_dtype`` (``baked``: see
-    ``strided_kernel``)."""
+                       baked: Sequence[int] | None = None, index_type: str = "long") -> KernelSource:
+    """One kernel evaluating a fused program into a strided output of ``out_dtype`` (``baked``, ``index_type``:
+    see ``strided_kernel``)."""
     emitter = OpenCLEmitter()
     lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines.append(f"out[out_p] = {emitter.convert(result, program.dtype, out_dtype)};")
@@ -165,7 +175,8 @@ def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype,
     scalars = Params()
     for i, s in enumerate(program.scalars):
         scalars.scalar(s.dtype, f"s{i}")
-    return strided_kernel("fg_elementwise", rank, operands, scalars, lines, emitter, program.dtypes(), baked)
+    return strided_kernel("fg_elementwise", rank, operands, scalars, lines, emitter, program.dtypes(), baked,
+                          index_type)
 
 
 # ----------------------------------------------------------------------------------------- reductions
@@ -220,7 +231,8 @@ def _arg_better(op: str, dtype: np.dtype, v: str, i: str, bv: str, bi: str) -> s
 
 
 def reduce_source(
-    program: FusedProgram, kept_rank: int, red_rank: int, op: str, acc_dtype: np.dtype, out_dtype: np.dtype
+    program: FusedProgram, kept_rank: int, red_rank: int, op: str, acc_dtype: np.dtype, out_dtype: np.dtype,
+    index_type: str = "long",
 ) -> KernelSource:
     """``parts`` work-groups per output element: strided partial folds, then a tree in local memory.
 
@@ -230,16 +242,19 @@ def reduce_source(
     The input is a fused program (so ``sum(x * y)`` is one kernel). Leaves are addressed by ``kept_rank``
     strides (``in{i}_k*``) over the kept axes and ``red_rank`` strides (``in{i}_r*``) over the reduced ones.
     ``op`` is a name of REDUCE_OPS or ``argmax``/``argmin`` (which track the index along one axis).
+    ``index_type``: ``int`` where every index and offset fits (see ``strided_kernel``).
     """
+    it = index_type
     emitter = OpenCLEmitter()
     arg = op in ("argmax", "argmin")
     acc_t = ctype(acc_dtype)
     params = Params()
-    params.long("n_in", "parts", *[f"k{i}" for i in range(kept_rank)], *[f"r{i}" for i in range(red_rank)])
+    params.index(it, "n_in", "parts", *[f"k{i}" for i in range(kept_rank)], *[f"r{i}" for i in range(red_rank)])
     params.buffer(out_dtype, "out", const=False)
     for i, leaf in enumerate(program.leaves):
         params.buffer(leaf.dtype, f"in{i}", const=True)
-        params.long(
+        params.index(
+            it,
             f"in{i}_off",
             *[f"in{i}_k{a}" for a in range(kept_rank)],
             *[f"in{i}_r{a}" for a in range(red_rank)],
@@ -251,14 +266,14 @@ def reduce_source(
         params.local("long", "sidx")
     expr_lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines = [
-        "long g = get_group_id(0);",
-        "long o = g / parts, part = g % parts;",
+        f"{it} g = get_group_id(0);",
+        f"{it} o = g / parts, part = g % parts;",
         "int t = get_local_id(0);",
         "int L = get_local_size(0);",
     ]
-    lines += decompose("o", "k", "kc", kept_rank)
+    lines += decompose("o", "k", "kc", kept_rank, it)
     lines += [
-        f"long in{i}_b = {offset_expr(f'in{i}_off', f'in{i}', 'kc', kept_rank, 'k')};"
+        f"{it} in{i}_b = {offset_expr(f'in{i}_off', f'in{i}', 'kc', kept_rank, 'k')};"
         for i in range(len(program.leaves))
     ]
     lines += [f"{acc_t} acc = {reduce_identity(op, acc_dtype)};"]
@@ -268,12 +283,12 @@ def reduce_source(
     # carry (as the CUDA kernel does): a 64-bit division per element and reduced axis made BatchNorm's
     # (N, H, W) sums several times slower than the elementwise kernels over the same data.
     # (only where the work-item has inputs: an empty reduced axis would divide by zero, which traps on CPUs)
-    lines.append("long j = part * L + t, S = (long)L * parts;")
+    lines.append(f"{it} j = part * L + t, S = ({it})L * parts;")
     lines.append("if (j < n_in) {")
-    lines += [f"  {line}" for line in decompose("j", "r", "rc", red_rank) + decompose("S", "r", "sd", red_rank)]
+    lines += [f"  {line}" for line in decompose("j", "r", "rc", red_rank, it) + decompose("S", "r", "sd", red_rank, it)]
     lines.append("for (; j < n_in; j += S) {")
     inner = [
-        f"long in{i}_p = {offset_expr(f'in{i}_b', f'in{i}', 'rc', red_rank, 'r')};" for i in range(len(program.leaves))
+        f"{it} in{i}_p = {offset_expr(f'in{i}_b', f'in{i}', 'rc', red_rank, 'r')};" for i in range(len(program.leaves))
     ]
     inner += expr_lines
     inner.append(f"{acc_t} v = {emitter.convert(result, program.dtype, acc_dtype)};")
