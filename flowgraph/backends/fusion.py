@@ -667,6 +667,29 @@ def matmul_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int
 BAKE_DIMS_MIN = 1 << 18
 
 
+#: Kernels index with 32-bit ``int`` arithmetic when every index and offset they form stays at or below this
+#: (:func:`index_fits_int`). 64-bit multiplies and divisions are emulated on NVIDIA GPUs: on an H200 through
+#: NVIDIA's OpenCL, BatchNorm's normalise + ReLU over (128, 128, 32, 32) took 110 us with 64-bit indexing and
+#: 84 us with 32-bit, a per-channel sum over (128, 512, 8, 8) 22 and 17 us.
+INT_INDEX_LIMIT = 2**31 - 1
+
+
+def index_fits_int(count: int, dims: Sequence[int], strides: Sequence[Sequence[int]],
+                   offsets: Sequence[int] | None = None) -> bool:
+    """Whether ``count`` (work-items or elements) and every operand's furthest element (its offset, when
+    ``offsets`` are given, plus ``(d - 1) * |stride|`` over ``dims``) fit in :data:`INT_INDEX_LIMIT`."""
+    limit = INT_INDEX_LIMIT
+    if count > limit:
+        return False
+    for k, st in enumerate(strides):
+        span = offsets[k] if offsets is not None else 0
+        for d, s in zip(dims, st):
+            span += (d - 1) * (s if s >= 0 else -s)
+        if span > limit:
+            return False
+    return True
+
+
 def decompose(index: str, dims: str, coords: str, rank: int, itype: str = "long",
               values: Sequence[int] | None = None) -> list[str]:
     """C lines splitting the linear ``index`` over ``rank`` dims ``{dims}0..`` (row-major) into ``{coords}0..``,

@@ -218,6 +218,15 @@ class LazyEngine:
             return None
         return a, b
 
+    def _gradient_reads(self, g: Any, allowed: bool) -> tuple[tuple, Any]:
+        """``(arrays, g_sum)`` a row kernel reads for the gradient ``g``: the two contributions of a pending
+        pair sum (``_pending_pair_sum``, where ``allowed``) and a fresh allocation for the kernel to write their
+        sum into (``_realized_into(g, g_sum)`` after the launch), else ``((g,), None)``."""
+        pair = self._pending_pair_sum(g) if allowed else None
+        if pair is None:
+            return (g,), None
+        return pair, self._fresh(g.shape, g.dtype)
+
     def _write(self, dst: Any, src: Any) -> None:
         """Evaluate ``src`` (a ``_lazy_type`` or a :class:`Scalar`, broadcast, converted) into the realized view
         ``dst``. Pending readers of ``dst`` are the caller's business (``assign`` flushes them)."""

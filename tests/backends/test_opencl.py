@@ -201,11 +201,9 @@ def test_collapse_merges_contiguous_axes():
 @pytest.mark.parametrize("limit", [2**31 - 1, 0], ids=["int-index", "long-index"])
 def test_index_type_of_elementwise_and_reductions(be, monkeypatch, limit):
     """Elementwise kernels and reductions use 32-bit index arithmetic where every offset fits
-    (``INT_INDEX_LIMIT``) and 64-bit otherwise (forced here with a limit of 0): the same values either way,
+    (``fusion.INT_INDEX_LIMIT``) and 64-bit otherwise (forced here with a limit of 0): the same values either way,
     broadcast, transposed and offset views included, and each kernel keyed by its index type."""
-    from flowgraph.backends.opencl import backend as ocl
-
-    monkeypatch.setattr(ocl, "INT_INDEX_LIMIT", limit)
+    monkeypatch.setattr(fusion, "INT_INDEX_LIMIT", limit)
     want = "int" if limit else "long"
     rng = np.random.default_rng(11)
     x = rng.standard_normal((6, 5, 9, 4)).astype(np.float32)

@@ -40,6 +40,7 @@ from ..fusion import (
     UpdateKernel,
     adam_update_scalars,
     collapse,
+    index_fits_int,
     is_host_scalar,
     linearize,
     matmul_dims,
@@ -295,8 +296,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 it = np.int32 if n < 2**31 else np.int64
             else:
                 dims, strides = collapse(shape, [tuple([s // v.itemsize for s in v.strides]) for v in (dst, *values)])
-                span = max([sum([(d - 1) * abs(s) for d, s in zip(dims, st)]) for st in strides])
-                it = np.int32 if n < 2**31 and span < 2**31 else np.int64
+                it = np.int32 if index_fits_int(n, dims, strides) else np.int64
             rank = len(dims)
             baked = tuple(dims) if rank > 1 and n >= BAKE_DIMS_MIN else None
             kkey = ("ew", key, dtype, rank, it, baked)
@@ -975,21 +975,20 @@ class CupyBackend(LazyEngine, ArrayBackend):
         rows, hidden, result_shapes = layout
         self._use()
         # a pending sum of two gradient contributions is added (and written out) by the backward kernel itself
-        pair = self._pending_pair_sum(arrays[0]) if backward and rows * hidden else None
-        operands = (*pair, *arrays[1:]) if pair else arrays
+        reads, g_sum = self._gradient_reads(arrays[0], backward and rows * hidden > 0)
+        operands = (*reads, *arrays[1:])
         ops = [cupy.ascontiguousarray(self._arr(a)) for a in (*operands, *(b for b in biases if b is not None))]
         outs = tuple(cupy.empty(s, ops[0].dtype) for s in result_shapes)
         if rows * hidden:
-            spec = R.gru_kernel(biases, backward, pair is not None)
-            g_sum = (self._fresh(arrays[0].shape, arrays[0].dtype),) if pair else ()
+            spec = R.gru_kernel(biases, backward, g_sum is not None)
             zero = np.int64(0)
             args = [np.int64(rows * hidden), np.int64(hidden)]
             for a in ops:
                 args += [a, zero]
-            self._row_kernel(spec, ops[0].dtype, (spec.name,))(
-                (-(-rows * hidden // 256),), (256,), (*args, *outs, *[s.value for s in g_sum]))
-            if pair:
-                self._realized_into(arrays[0], g_sum[0])
+            written = outs if g_sum is None else (*outs, g_sum.value)
+            self._row_kernel(spec, ops[0].dtype, (spec.name,))((-(-rows * hidden // 256),), (256,), (*args, *written))
+            if g_sum is not None:
+                self._realized_into(arrays[0], g_sum)
         return outs
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
@@ -1028,12 +1027,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
         rows, cols = x.shape
         dtype = x.dtype
         # a pending sum of two gradient contributions is added (and written out) by the gx kernel itself
-        pair = self._pending_pair_sum(g) if need_x and rows and cols else None
-        if pair:
-            pending, g_sum = g, self._fresh((rows, cols), dtype)
-            gs = [cupy.ascontiguousarray(self._arr(a)) for a in pair]
-        else:
-            gs = [cupy.ascontiguousarray(self._arr(g))]
+        reads, g_sum = self._gradient_reads(g, need_x and rows * cols > 0)
+        gs = [cupy.ascontiguousarray(self._arr(a)) for a in reads]
         x, mean, rstd = (cupy.ascontiguousarray(self._arr(a)) for a in (x, mean, rstd))
         zero = np.int64(0)
         gx = gw = gb = None
@@ -1046,13 +1041,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 args += [x, zero, mean, rstd]
                 if weight is not None:
                     args += [cupy.ascontiguousarray(self._arr(weight)), zero]
-                kernel = self._row_kernel(R.layer_norm_backward(weight is not None, pair is not None), dtype,
-                                          ("layer_norm_backward", weight is not None, pair is not None))
+                paired = g_sum is not None
+                kernel = self._row_kernel(R.layer_norm_backward(weight is not None, paired), dtype,
+                                          ("layer_norm_backward", weight is not None, paired))
                 kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),),
-                       (*args, gx, *([g_sum.value] if pair else [])))
-        if pair:
-            self._realized_into(pending, g_sum)
-        g = gs[0] if not pair else g_sum.value
+                       (*args, gx, *([g_sum.value] if paired else [])))
+        if g_sum is not None:
+            self._realized_into(g, g_sum)
+        g = gs[0] if g_sum is None else g_sum.value
         if need_w or need_b:
             if rows == 0:
                 sums = cupy.zeros((2, cols), dtype=dtype)

@@ -30,6 +30,7 @@ from ..fusion import (
     Scalar,
     UpdateKernel,
     adam_update_scalars,
+    index_fits_int,
     is_host_scalar,
     linearize,
     matmul_dims,
@@ -73,28 +74,6 @@ def _reduce_dtype(op: str, dtype: np.dtype) -> np.dtype:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
-
-
-#: Kernels index with 32-bit ``int`` arithmetic when every index and offset they form stays at or below this
-#: (``_index_type``); NVIDIA's OpenCL emulates 64-bit multiplies and divisions, which cost elementwise kernels
-#: and reductions about a quarter of their time (an H200: BatchNorm's normalise + ReLU over (128, 128, 32, 32)
-#: 110 -> 84 us, a per-channel sum over (128, 512, 8, 8) 22 -> 17 us).
-INT_INDEX_LIMIT = 2**31 - 1
-
-
-def _index_type(count: int, dims: Sequence[int], offsets: Sequence[int], strides: Sequence[Sequence[int]]) -> str:
-    """``"int"`` when ``count`` (work-items or elements) and every operand's furthest element (its offset plus
-    ``(d - 1) * |stride|`` over ``dims``) fit in :data:`INT_INDEX_LIMIT`, else ``"long"``."""
-    limit = INT_INDEX_LIMIT
-    if count > limit:
-        return "long"
-    for off, st in zip(offsets, strides):
-        span = off
-        for d, s in zip(dims, st):
-            span += (d - 1) * (s if s >= 0 else -s)
-        if span > limit:
-            return "long"
-    return "int"
 
 
 def _floor_pow2(n: int) -> int:
@@ -301,7 +280,8 @@ class OpenCLBackend(LazyEngine, Backend):
         dims, cstrides = K.collapse(out.shape, [out.strides] + [leaf.strides for leaf in leaves])
         rank, dtype = len(dims), out.dtype
         baked = tuple(dims) if rank > 1 and n >= BAKE_DIMS_MIN else None
-        it = _index_type(n + 1024, dims, [out.offset] + [leaf.offset for leaf in leaves], cstrides)  # + a group
+        offsets = [out.offset] + [leaf.offset for leaf in leaves]
+        it = "int" if index_fits_int(n + 1024, dims, cstrides, offsets) else "long"  # + a group's rounding up
         kernel = self._kernel(("ew", key, dtype, rank, baked, it),
                               lambda: K.elementwise_source(linearize(root), rank, dtype, baked, it))
         args: list[Any] = [n, *dims, out.buffer, out.offset, *cstrides[0]]
@@ -449,8 +429,9 @@ class OpenCLBackend(LazyEngine, Backend):
         kr, rr = len(kdims), len(rdims)
         written = out.dtype  # out_dtype, or acc_dtype for partial results
         # the global size is at most n_out * parts * REDUCE_GROUP work-items
-        it = _index_type(max(n_in, n_out * parts * self.REDUCE_GROUP), (*kdims, *rdims),
-                         [leaf.offset for leaf in leaves], [(*ks, *rs) for ks, rs in zip(kstrides, rstrides)])
+        fits = index_fits_int(max(n_in, n_out * parts * self.REDUCE_GROUP), (*kdims, *rdims),
+                              [(*ks, *rs) for ks, rs in zip(kstrides, rstrides)], [leaf.offset for leaf in leaves])
+        it = "int" if fits else "long"
         key = ("reduce", op, flat[0], acc_dtype, written, kr, rr, it)
         kernel = self._kernel(key, lambda: K.reduce_source(linearize(a), kr, rr, op, acc_dtype, written, it))
         group = min(self._group_limit(kernel), _next_pow2(max(-(-n_in // parts), 1)))
@@ -790,21 +771,21 @@ class OpenCLBackend(LazyEngine, Backend):
             return None
         rows, hidden, result_shapes = layout
         # a pending sum of two gradient contributions is added (and written out) by the backward kernel itself
-        pair = self._pending_pair_sum(arrays[0]) if backward and rows * hidden else None
-        spec = R.gru_kernel(biases, backward, pair is not None)
-        operands = (*pair, *arrays[1:]) if pair else arrays
+        reads, g_sum = self._gradient_reads(arrays[0], backward and rows * hidden > 0)
+        spec = R.gru_kernel(biases, backward, g_sum is not None)
+        operands = (*reads, *arrays[1:])
         ops = [self._row_operand(a, spec.name) for a in (*operands, *(b for b in biases if b is not None))]
         dtype = ops[0].dtype
         outs = tuple(self.empty(s, dtype) for s in result_shapes)
         if rows * hidden:
-            g_sum = [self.empty(arrays[0].shape, dtype)] if pair else []
             k = self._kernel((spec.name, dtype.str), lambda: K.row_kernel_source(spec, dtype))
             args: list[Any] = [rows * hidden, hidden]
             for a in ops:
                 args += [a.buffer, a.offset]
-            self._launch(k, rows * hidden, args + [o.buffer for o in (*outs, *g_sum)])
-            if pair:
-                self._realized_into(arrays[0], g_sum[0])
+            written = outs if g_sum is None else (*outs, g_sum)
+            self._launch(k, rows * hidden, args + [o.buffer for o in written])
+            if g_sum is not None:
+                self._realized_into(arrays[0], g_sum)
         return outs
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
@@ -840,9 +821,8 @@ class OpenCLBackend(LazyEngine, Backend):
         rows, cols = x.shape
         dtype = x.dtype
         # a pending sum of two gradient contributions is added (and written out) by the gx kernel itself
-        pair = self._pending_pair_sum(g) if need_x and rows and cols else None
-        pending = g
-        gs = [self._row_operand(a, "layer_norm_backward") for a in (pair or (g,))]
+        reads, g_sum = self._gradient_reads(g, need_x and rows * cols > 0)
+        gs = [self._row_operand(a, "layer_norm_backward") for a in reads]
         x = self._row_operand(x, "layer_norm_backward")
         mean, rstd = self._row_operand(mean, "layer_norm_backward"), self._row_operand(rstd, "layer_norm_backward")
         gx = gw = gb = None
@@ -855,13 +835,13 @@ class OpenCLBackend(LazyEngine, Backend):
                     args += [a.buffer, a.offset]
                 args += [x.buffer, x.offset, mean.buffer, rstd.buffer]
                 args += [] if w is None else [w.buffer, w.offset]
-                g_sum = [self.empty((rows, cols), dtype)] if pair else []
-                self._row_launch(R.layer_norm_backward(w is not None, pair is not None),
-                                 ("layer_norm_backward", dtype.str, w is not None, pair is not None), dtype, rows,
-                                 cols, args + [o.buffer for o in (gx, *g_sum)])
-                if pair:
-                    self._realized_into(pending, g_sum[0])
-        g = pending if pair else gs[0]
+                paired = g_sum is not None
+                self._row_launch(R.layer_norm_backward(w is not None, paired),
+                                 ("layer_norm_backward", dtype.str, w is not None, paired), dtype, rows, cols,
+                                 args + [o.buffer for o in ((gx, g_sum) if paired else (gx,))])
+        if g_sum is not None:
+            self._realized_into(g, g_sum)
+        g = gs[0] if g_sum is None else g
         if need_w or need_b:
             if rows == 0:
                 sums = self.full((2, cols), 0, dtype)
