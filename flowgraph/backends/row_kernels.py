@@ -186,26 +186,47 @@ def layer_norm_backward(has_w: bool, g_pair: bool = False) -> RowKernel:
     return RowKernel("fg_layer_norm_backward" + "_g2" * g_pair, params, body)
 
 
-#: The weight and bias gradients' partial sums: work-item ``i = part * cols + j`` adds rows
-#: ``[part * chunk, (part + 1) * chunk)`` of column ``j`` (adjacent work-items read adjacent columns), writing
-#: ``sum(g * xhat)`` to ``partial[i]`` and ``sum(g)`` to ``partial[total + i]``; the caller sums the parts.
+#: Columns one work-group of :data:`LAYER_NORM_PARAM_GRADS` covers (adjacent work-items read adjacent columns);
+#: a device whose work-groups are smaller runs strips as wide as its group.
+PARAM_STRIP = 32
+
+#: The weight and bias gradients as column sums, one work-group per ``width`` columns of one chunk of rows:
+#: group ``part * strips + s`` sums rows ``[part * chunk, (part + 1) * chunk)`` of its columns, its
+#: ``FG_LSIZE / width`` lanes each taking every lane-th row, then lane 0 adds the lanes' sums in order.
+#: ``sum(g * xhat)`` goes to ``partial[part * cols + j]``, ``sum(g)`` to ``partial[total + part * cols + j]``.
+#: With one part (``param_grad_parts``) these are the gradients themselves: one launch, as PyTorch's
+#: ``GammaBetaBackward``; with more the caller sums the parts.
 LAYER_NORM_PARAM_GRADS = RowKernel(
     "fg_layer_norm_param_grads",
-    [("long", "rows"), ("long", "cols"), ("long", "chunk"), ("long", "total"), ("in", "g"), ("long", "g_off"),
-     ("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd"), ("out", "partial")],
+    [("long", "rows"), ("long", "cols"), ("long", "chunk"), ("long", "width"), ("long", "strips"), ("long", "total"),
+     ("in", "g"), ("long", "g_off"), ("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd"), ("out", "partial")],
     """
-  FG_LONG i = FG_GLOBAL_ID;
-  if (i >= total) return;
-  FG_LONG part = i / cols, j = i - part * cols;
+  FG_LOCAL T sw_lanes[FG_MAX_GROUP];
+  FG_LOCAL T sb_lanes[FG_MAX_GROUP];
+  int t = FG_LID, w = (int)width, lanes = FG_LSIZE / w;
+  int tx = t % w, ty = t / w;
+  FG_LONG part = FG_GID / strips;
+  FG_LONG j = (FG_GID - part * strips) * width + tx;
   FG_LONG r0 = part * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
   T sw = (T)0, sb = (T)0;
-  for (FG_LONG r = r0; r < r1; ++r) {
-    T gv = g[g_off + r * cols + j];
-    sw += gv * ((x[x_off + r * cols + j] - mean[r]) * rstd[r]);
-    sb += gv;
+  if (j < cols) {
+    for (FG_LONG r = r0 + ty; r < r1; r += lanes) {
+      T gv = g[g_off + r * cols + j];
+      sw += gv * ((x[x_off + r * cols + j] - mean[r]) * rstd[r]);
+      sb += gv;
+    }
   }
-  partial[i] = sw;
-  partial[total + i] = sb;
+  sw_lanes[t] = sw;
+  sb_lanes[t] = sb;
+  FG_BARRIER;
+  if (ty == 0 && j < cols) {
+    for (int k = 1; k < lanes; ++k) {
+      sw += sw_lanes[k * w + tx];
+      sb += sb_lanes[k * w + tx];
+    }
+    partial[part * cols + j] = sw;
+    partial[total + part * cols + j] = sb;
+  }
 """,
 )
 
@@ -278,10 +299,33 @@ def row_group(cols: int, limit: int) -> int:
     return min(limit, 1 << max(0, (max(cols, 1) - 1).bit_length()))
 
 
-def param_grad_parts(rows: int, cols: int, target: int = 16384) -> tuple[int, int]:
-    """``(parts, chunk)``: the rows split into ``parts`` chunks of ``chunk`` rows, so the weight-gradient kernel
-    has about ``target`` work-items (``parts * cols``) when the rows allow it."""
-    parts = max(1, min(rows, target // max(cols, 1)))
+#: ``param_grad_parts`` sums the columns in one pass (one launch) up to this many rows when the columns give at
+#: least ``PARAM_SINGLE_PASS_STRIPS`` work-groups; beyond, it splits the rows so about
+#: ``PARAM_TARGET_GROUPS`` work-groups run, and a second launch sums the parts.
+PARAM_SINGLE_PASS_ROWS = 1024
+PARAM_SINGLE_PASS_STRIPS = 16
+PARAM_TARGET_GROUPS = 256
+
+
+def param_grad_layout(rows: int, cols: int, group_limit: int) -> tuple[int, int, int, int]:
+    """``(width, lanes, parts, chunk)`` for :data:`LAYER_NORM_PARAM_GRADS` on a device whose work-groups take at
+    most ``group_limit`` (a power of two) items: strips of ``width`` columns, ``lanes`` rows at a time per column
+    (a work-group of ``width * lanes``, at most ``MAX_GROUP``), the rows in ``parts`` chunks of ``chunk``."""
+    group = min(group_limit, MAX_GROUP)
+    width = min(PARAM_STRIP, group)
+    lanes = group // width
+    return (width, lanes, *param_grad_parts(rows, cols, lanes, width))
+
+
+def param_grad_parts(rows: int, cols: int, lanes: int = 8, width: int = PARAM_STRIP) -> tuple[int, int]:
+    """``(parts, chunk)``: the rows split into ``parts`` chunks of ``chunk`` rows for
+    :data:`LAYER_NORM_PARAM_GRADS` run on strips of ``width`` columns with ``lanes`` rows at a time per column. One part (no second launch)
+    when the rows are few or the columns alone give the device enough work-groups; otherwise enough parts for
+    about ``PARAM_TARGET_GROUPS`` work-groups, each lane still summing at least 8 rows."""
+    strips = -(-cols // width)
+    if rows <= lanes * 8 or (rows <= PARAM_SINGLE_PASS_ROWS and strips >= PARAM_SINGLE_PASS_STRIPS):
+        return 1, max(rows, 1)
+    parts = max(1, min(-(-rows // (lanes * 8)), -(-PARAM_TARGET_GROUPS // strips)))
     chunk = -(-rows // parts)
     return -(-rows // chunk), chunk
 

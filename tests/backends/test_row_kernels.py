@@ -20,7 +20,7 @@ def _host(be, arrays):
     return [None if a is None else be.to_host(a) for a in arrays]
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 5), (6, 33), (3, 600), (40, 7)])
+@pytest.mark.parametrize("rows,cols", [(1, 5), (6, 33), (3, 600), (40, 7), (300, 520), (2100, 40)])
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("g_sum", [False, True], ids=["g", "g-pending-sum"])
 def test_layer_norm_override_matches_the_generic_default(device, rows, cols, affine, g_sum):
@@ -47,6 +47,23 @@ def test_layer_norm_override_matches_the_generic_default(device, rows, cols, aff
             assert fast is None
         else:
             np.testing.assert_allclose(fast, generic, rtol=2e-5, atol=2e-5)
+
+
+def test_layer_norm_param_grads_on_small_work_groups(device, monkeypatch):
+    """A device whose work-groups take 16 items runs 16-column strips of one lane: the same gradients."""
+    be = get_backend(device)
+    if not str(device).startswith("opencl"):
+        pytest.skip("the work-group limit is queried per kernel on OpenCL only")
+    rng = np.random.default_rng(7)
+    x, g = (rng.standard_normal((70, 45)).astype(F32) for _ in range(2))
+    w = rng.standard_normal(45).astype(F32)
+    ops = [be.from_host(a) for a in (x, g, w)]
+    _, mean, rstd = be.layer_norm(ops[0], ops[2], None, 1e-5)
+    want = _host(be, Backend.layer_norm_backward(be, ops[1], ops[0], mean, rstd, ops[2], False, True, True))
+    monkeypatch.setattr(type(be), "_group_limit", lambda self, kernel: 16)
+    got = _host(be, be.layer_norm_backward(ops[1], ops[0], mean, rstd, ops[2], False, True, True))
+    for a, b in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
 
 
 # (p, g, m, v) sizes: more than one OpenCL launch (8 tensors each), a tensor over several CUDA chunks, an empty one
@@ -106,8 +123,13 @@ def test_row_group_and_param_grad_parts():
     assert row_kernels.row_group(700, 100) == 64  # a kernel limit that is not a power of two
     assert row_kernels.row_group(1, 256) == 1
     parts, chunk = row_kernels.param_grad_parts(4096, 64)
-    assert parts * chunk >= 4096 and (parts - 1) * chunk < 4096 and parts * 64 <= 16384
+    assert parts * chunk >= 4096 and (parts - 1) * chunk < 4096 and parts * 2 <= row_kernels.PARAM_TARGET_GROUPS
+    assert chunk >= 64  # each of the 8 lanes sums at least 8 rows
     assert row_kernels.param_grad_parts(1, 1000) == (1, 1)
+    assert row_kernels.param_grad_parts(256, 1024) == (1, 256)  # LayerNorm(1024) at batch 256: one launch
+    assert row_kernels.param_grad_parts(60, 3) == (1, 60)
+    assert row_kernels.param_grad_layout(256, 1024, 1024) == (32, 8, 1, 256)
+    assert row_kernels.param_grad_layout(256, 1024, 16)[:2] == (16, 1)  # a device with 16-item work-groups
 
 
 def test_shared_source_is_dialect_neutral():

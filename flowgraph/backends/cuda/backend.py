@@ -1019,7 +1019,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
     def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
                             need_x: bool, need_w: bool, need_b: bool) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm_backward``): ``gx`` in one kernel (one thread
-        block per row), ``gw``/``gb`` in one kernel of per-chunk column sums plus one sum of the chunks."""
+        block per row), ``gw``/``gb`` in one kernel of column sums (plus one sum of row chunks for many rows)."""
         self._use()
         if x.dtype not in (K.F32, K.F64) or len(x.shape) != 2 or g.dtype != x.dtype or mean.dtype != x.dtype or (
                 weight is not None and weight.dtype != x.dtype):
@@ -1053,12 +1053,13 @@ class CupyBackend(LazyEngine, ArrayBackend):
             if rows == 0:
                 sums = cupy.zeros((2, cols), dtype=dtype)
             else:
-                parts, chunk = R.param_grad_parts(rows, cols)
-                total = parts * cols
+                width, lanes, parts, chunk = R.param_grad_layout(rows, cols, R.MAX_GROUP)
+                strips, total = -(-cols // width), parts * cols
                 partial = cupy.empty((2, parts, cols), dtype=dtype)
                 kernel = self._row_kernel(R.LAYER_NORM_PARAM_GRADS, dtype, ("layer_norm_param_grads",))
-                kernel((-(-total // 256),), (256,), (np.int64(rows), np.int64(cols), np.int64(chunk),
-                                                     np.int64(total), g, zero, x, zero, mean, rstd, partial))
+                kernel((parts * strips,), (width * lanes,),
+                       (*(np.int64(v) for v in (rows, cols, chunk, width, strips, total)), g, zero, x, zero, mean,
+                        rstd, partial))
                 sums = partial.reshape(2, cols) if parts == 1 else self.sum(partial, (1,), False)
             gw = sums[0] if need_w else None
             gb = sums[1] if need_b else None

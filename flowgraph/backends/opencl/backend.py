@@ -813,7 +813,7 @@ class OpenCLBackend(LazyEngine, Backend):
     def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
                             need_x: bool, need_w: bool, need_b: bool) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm_backward``): ``gx`` in one kernel (one work-group
-        per row), ``gw``/``gb`` in one kernel of per-chunk column sums plus one sum of the chunks."""
+        per row), ``gw``/``gb`` in one kernel of column sums (plus one sum of row chunks for many rows)."""
         x, g = self._own(x, "layer_norm_backward"), self._own(g, "layer_norm_backward")
         if x.dtype not in (_F32, _F64) or x.ndim != 2 or g.dtype != x.dtype or mean.dtype != x.dtype or (
                 weight is not None and weight.dtype != x.dtype):
@@ -846,13 +846,14 @@ class OpenCLBackend(LazyEngine, Backend):
             if rows == 0:
                 sums = self.full((2, cols), 0, dtype)
             else:
-                parts, chunk = R.param_grad_parts(rows, cols)
-                partial = self.empty((2, parts, cols), dtype)
                 kernel = self._kernel(("layer_norm_param_grads", dtype.str),
                                       lambda: K.row_kernel_source(R.LAYER_NORM_PARAM_GRADS, dtype))
-                total = parts * cols
-                self._launch(kernel, total, [rows, cols, chunk, total, g.buffer, g.offset, x.buffer, x.offset,
-                                             mean.buffer, rstd.buffer, partial.buffer])
+                width, lanes, parts, chunk = R.param_grad_layout(rows, cols, self._group_limit(kernel))
+                strips, total = -(-cols // width), parts * cols
+                partial = self.empty((2, parts, cols), dtype)
+                group = width * lanes
+                kernel(self.queue, (parts * strips * group,), (group,), rows, cols, chunk, width, strips, total,
+                       g.buffer, g.offset, x.buffer, x.offset, mean.buffer, rstd.buffer, partial.buffer)
                 sums = self.reshape(partial, (2, cols)) if parts == 1 else self.sum(partial, (1,), False)
             if need_w:
                 gw = self.reshape(self.slice(sums, (slice(0, 1),)), (cols,))
