@@ -41,6 +41,10 @@ _BOOL = np.dtype(bool)
 #: per output element, no kernel of its own) up to this many nodes; a larger one is realized first.
 BROADCAST_RECOMPUTE_NODES = 8
 
+#: A row kernel computes a pending input itself (``LazyEngine._row_input``) when its expression reads at most
+#: this many arrays (each one a kernel argument with its offset and strides).
+ROW_INPUT_LEAVES = 8
+
 #: Reader lists of an allocation drop the readers that were realized or freed each time they grow by this many.
 PRUNE_READERS = 64
 _ref = weakref.ref
@@ -226,6 +230,24 @@ class LazyEngine:
         if pair is None:
             return (g,), None
         return pair, self._fresh(g.shape, g.dtype)
+
+    def _row_input(self, x: Any, allowed: bool) -> tuple | None:
+        """``(flat, out)`` where ``x`` is a pending 2-d expression a row kernel can compute itself at each
+        element (``row_kernels.Prologue``): at most ``ROW_INPUT_LEAVES`` leaves, and its leaves, scalars and
+        intermediate values of ``x``'s dtype (or bool). ``flat = flatten(x)``; ``out`` is a fresh allocation
+        for the kernel to write ``x``'s values into (``_realized_into(x, out)`` after the launch), so every
+        other reader finds them realized. None otherwise (the kernel reads ``x`` realized)."""
+        if not allowed or type(x) is not self._lazy_type or x.lazy is None or len(x.shape) != 2:
+            return None
+        flat = flatten(x)
+        code, leaves, scalars = flat
+        dtype = x.dtype
+        if len(leaves) > ROW_INPUT_LEAVES or any(leaf.dtype != dtype for leaf in leaves) or any(
+                s.dtype != dtype for s in scalars) or any(dt != dtype and dt != _BOOL for _, dt, _ in code[0]):
+            return None
+        if any(leaf.shape != x.shape for leaf in leaves):  # the engine broadcasts leaves to the node's shape
+            return None
+        return flat, self._fresh(x.shape, dtype)
 
     def _write(self, dst: Any, src: Any) -> None:
         """Evaluate ``src`` (a ``_lazy_type`` or a :class:`Scalar`, broadcast, converted) into the realized view

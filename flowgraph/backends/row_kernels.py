@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,12 +57,59 @@ class RowKernel:
     buffer), ``"out"`` (a written ``T`` buffer), ``"index"`` (a read-only ``FG_LONG`` buffer).
     """
 
-    __slots__ = ("name", "params", "body")
+    __slots__ = ("name", "params", "body", "helpers")
 
-    def __init__(self, name: str, params: Sequence[tuple[str, str]], body: str) -> None:
+    def __init__(self, name: str, params: Sequence[tuple[str, str]], body: str, helpers: str = "") -> None:
         self.name = name
         self.params = tuple(params)
         self.body = body.strip("\n")
+        #: Device functions the body calls beyond the shared ones (an emitter's, for a :class:`Prologue`).
+        self.helpers = helpers
+
+
+class Prologue:
+    """A pending input a row kernel computes itself instead of reading it (``LazyEngine._row_input``): the
+    elementwise expression that would otherwise run as a kernel of its own first (a linear layer's bias and
+    activation before a LayerNorm), evaluated at each ``(row, j)`` from its ``leaves`` (``T`` buffers, each
+    with an element offset and two strides: zero on a broadcast axis) and ``scalars`` (``T`` parameters).
+
+    ``lines`` and ``result`` are the statements and result a backend's emitter wrote for the program
+    (:func:`prologue` below), so they are in that backend's dialect, as are ``helpers``."""
+
+    __slots__ = ("leaves", "scalars", "lines", "result", "helpers")
+
+    def __init__(self, leaves: int, scalars: int, lines: Sequence[str], result: str, helpers: str) -> None:
+        self.leaves, self.scalars = leaves, scalars
+        self.lines, self.result, self.helpers = tuple(lines), result, helpers
+
+    @staticmethod
+    def load(i: int) -> str:
+        """The C expression reading leaf ``i`` at ``(row, j)``."""
+        return f"in{i}[in{i}_off + row * in{i}_s0 + j * in{i}_s1]"
+
+    @staticmethod
+    def scalar(i: int) -> str:
+        """The parameter holding scalar ``i``."""
+        return f"s{i}"
+
+    def params(self) -> list[tuple[str, str]]:
+        """The kernel parameters: per leaf its buffer, offset and two strides, then the scalars."""
+        out: list[tuple[str, str]] = []
+        for i in range(self.leaves):
+            out += [("in", f"in{i}"), ("long", f"in{i}_off"), ("long", f"in{i}_s0"), ("long", f"in{i}_s1")]
+        return out + [("scalar", self.scalar(i)) for i in range(self.scalars)]
+
+    def compute(self, target: str, indent: str) -> str:
+        """Statements setting the ``T`` variable ``target`` to the expression at ``(row, j)`` (in a block
+        of their own: the emitter's temporaries do not meet the kernel's names)."""
+        inner = "".join(f"{indent}  {line}\n" for line in self.lines)
+        return f"{indent}{{\n{inner}{indent}  {target} = {self.result};\n{indent}}}\n"
+
+
+def prologue(program: Any, emitter: Any) -> Prologue:
+    """The :class:`Prologue` of a ``fusion.FusedProgram`` written by a backend's ``fusion.CEmitter``."""
+    lines, result = program.emit(emitter, Prologue.load, Prologue.scalar)
+    return Prologue(len(program.leaves), len(program.scalars), lines, result, emitter.helper_source())
 
 
 _C_PARAM = {
@@ -81,7 +129,8 @@ def render(kernel: RowKernel, defines: dict[str, str | int] | None = None) -> st
     """
     lines = [f"#define {k} {v}" for k, v in (defines or {}).items()]
     signature = ", ".join(_C_PARAM[kind].format(n=name) for kind, name in kernel.params)
-    return "\n".join(lines) + "\n" + _HELPERS + f"FG_KERNEL {kernel.name}({signature}) {{\n{kernel.body}\n}}\n"
+    return ("\n".join(lines) + "\n" + _HELPERS + kernel.helpers
+            + f"FG_KERNEL {kernel.name}({signature}) {{\n{kernel.body}\n}}\n")
 
 
 _HELPERS = """
@@ -101,23 +150,35 @@ FG_DEVICE T fg_group_sum(FG_LOCAL_PTR T* s, T v, int t, int L) {
 """
 
 
-def layer_norm_forward(has_w: bool, has_b: bool) -> RowKernel:
+def layer_norm_forward(has_w: bool, has_b: bool, computed: Prologue | None = None) -> RowKernel:
     """``y = (x - mean) * rstd * w + b`` over each row of a contiguous ``(rows, cols)`` ``x``, one work-group
     per row: the mean and the (biased) variance as two group sums (two passes over the row, as the generic
-    default), ``rstd = 1 / sqrt(var + eps)``; ``mean``/``rstd`` ``(rows,)`` are written for the backward."""
-    params = [("long", "cols"), ("in", "x"), ("long", "x_off")]
+    default), ``rstd = 1 / sqrt(var + eps)``; ``mean``/``rstd`` ``(rows,)`` are written for the backward.
+
+    With ``computed`` the input is a pending expression the first pass evaluates and writes out (``x_out``,
+    the realized input the backward reads); the other passes read it back (the same work-item's elements)."""
+    params = [("long", "cols")]
+    params += [("in", "x"), ("long", "x_off")] if computed is None else computed.params()
     params += [("in", "w"), ("long", "w_off")] if has_w else []
     params += [("in", "b"), ("long", "b_off")] if has_b else []
     params += [("out", "y"), ("out", "mean_out"), ("out", "rstd_out"), ("scalar", "eps")]
+    params += [("out", "x_out")] if computed is not None else []
     affine = ("    v = v * w[w_off + j];\n" if has_w else "") + ("    v = v + b[b_off + j];\n" if has_b else "")
+    if computed is None:
+        rows_x = "FG_GLOBAL const T* xr = x + x_off + row * cols;"
+        first = "    s += xr[j];\n"
+    else:
+        rows_x = "FG_GLOBAL T* xr = x_out + row * cols;"
+        first = "    T xv;\n" + computed.compute("xv", "    ") + "    xr[j] = xv;\n    s += xv;\n"
     body = f"""
   FG_LOCAL T scratch[FG_MAX_GROUP];
   FG_LONG row = FG_GID;
   int t = FG_LID, L = FG_LSIZE;
-  FG_GLOBAL const T* xr = x + x_off + row * cols;
+  {rows_x}
   FG_GLOBAL T* yr = y + row * cols;
   T s = (T)0;
-  for (FG_LONG j = t; j < cols; j += L) s += xr[j];
+  for (FG_LONG j = t; j < cols; j += L) {{
+{first}  }}
   T mean = fg_group_sum(scratch, s, t, L) * ((T)1 / (T)cols);
   T q = (T)0;
   for (FG_LONG j = t; j < cols; j += L) {{
@@ -135,7 +196,8 @@ def layer_norm_forward(has_w: bool, has_b: bool) -> RowKernel:
     rstd_out[row] = rstd;
   }}
 """
-    return RowKernel("fg_layer_norm", params, body)
+    name = "fg_layer_norm" if computed is None else "fg_layer_norm_computed"
+    return RowKernel(name, params, body, "" if computed is None else computed.helpers)
 
 
 def layer_norm_backward(has_w: bool, g_pair: bool = False) -> RowKernel:
@@ -199,7 +261,8 @@ PARAM_STRIP = 32
 LAYER_NORM_PARAM_GRADS = RowKernel(
     "fg_layer_norm_param_grads",
     [("long", "rows"), ("long", "cols"), ("long", "chunk"), ("long", "width"), ("long", "strips"), ("long", "total"),
-     ("in", "g"), ("long", "g_off"), ("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd"), ("out", "partial")],
+     ("in", "g"), ("long", "g_off"), ("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd"),
+     ("out", "partial")],
     """
   FG_LOCAL T sw_lanes[FG_MAX_GROUP];
   FG_LOCAL T sb_lanes[FG_MAX_GROUP];
@@ -319,9 +382,10 @@ def param_grad_layout(rows: int, cols: int, group_limit: int) -> tuple[int, int,
 
 def param_grad_parts(rows: int, cols: int, lanes: int = 8, width: int = PARAM_STRIP) -> tuple[int, int]:
     """``(parts, chunk)``: the rows split into ``parts`` chunks of ``chunk`` rows for
-    :data:`LAYER_NORM_PARAM_GRADS` run on strips of ``width`` columns with ``lanes`` rows at a time per column. One part (no second launch)
-    when the rows are few or the columns alone give the device enough work-groups; otherwise enough parts for
-    about ``PARAM_TARGET_GROUPS`` work-groups, each lane still summing at least 8 rows."""
+    :data:`LAYER_NORM_PARAM_GRADS` run on strips of ``width`` columns with ``lanes`` rows at a time per
+    column. One part (no second launch) when the rows are few or the columns alone give the device enough
+    work-groups; otherwise enough parts for about ``PARAM_TARGET_GROUPS`` work-groups, each lane still
+    summing at least 8 rows."""
     strips = -(-cols // width)
     if rows <= lanes * 8 or (rows <= PARAM_SINGLE_PASS_ROWS and strips >= PARAM_SINGLE_PASS_STRIPS):
         return 1, max(rows, 1)

@@ -133,11 +133,12 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
             return None
         data = t._data if t._data.dtype == dtype else backend.cast(t._data, dtype)
         # no reshape when the shape is already right: a device reshape realizes a pending value, and the
-        # backward kernel adds a pending sum of two gradients itself (``LazyEngine._pending_pair_sum``)
+        # kernels compute a pending input themselves (``LazyEngine._row_input``: the forward's input, a linear
+        # layer's bias and activation; ``LazyEngine._pending_pair_sum``: the backward's sum of two gradients)
         return data if tuple(data.shape) == size else backend.reshape(data, size)
 
     d = x._data
-    y, mean, rstd = bk.layer_norm(bk.reshape(d, (rows, cols)), flat(weight, bk, d.dtype, (cols,)),
+    y, mean, rstd = bk.layer_norm(flat(x, bk, d.dtype, (rows, cols)), flat(weight, bk, d.dtype, (cols,)),
                                   flat(bias, bk, d.dtype, (cols,)), eps)
     out = _wrap(bk.reshape(y, x_shape), bk)
     if _needs_grad(x, weight, bias):

@@ -23,24 +23,30 @@ def _host(be, arrays):
 @pytest.mark.parametrize("rows,cols", [(1, 5), (6, 33), (3, 600), (40, 7), (300, 520), (2100, 40)])
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("g_sum", [False, True], ids=["g", "g-pending-sum"])
-def test_layer_norm_override_matches_the_generic_default(device, rows, cols, affine, g_sum):
+@pytest.mark.parametrize("x_pending", [False, True], ids=["x", "x-pending"])
+def test_layer_norm_override_matches_the_generic_default(device, rows, cols, affine, g_sum, x_pending):
     """With ``g_sum`` the output gradient is a sum of two contributions (pending on a lazy backend, where the
-    kernel adds them and writes the sum out: it must then hold the sum)."""
+    kernel adds them and writes the sum out: it must then hold the sum). With ``x_pending`` the input is a
+    linear layer's bias and exact GELU over a matmul result (pending on a lazy backend, where the forward
+    kernel computes it, erf included, and writes it out: it must then hold those values)."""
     be = get_backend(device)
     rng = np.random.default_rng(rows * cols)
     x = (rng.standard_normal((rows, cols)) * 2 + 3).astype(F32)
     g = rng.standard_normal((rows, cols)).astype(F32)
     w = rng.standard_normal(cols).astype(F32) if affine else None
     b = rng.standard_normal(cols).astype(F32) if affine else None
+    bias = rng.standard_normal(cols).astype(F32)
     results = []
     for impl in (type(be), Backend):
         ops = [None if a is None else be.from_host(a) for a in (x, w, b, g)]
         if g_sum:
             ops[3] = be.add(be.from_host(g * 0.5), be.from_host(g * 0.5))
+        if x_pending:
+            ops[0] = be.gelu_exact(be.add(be.from_host(x), be.from_host(bias)))[0]
         y, mean, rstd = impl.layer_norm(be, ops[0], ops[1], ops[2], 1e-5)
         assert tuple(mean.shape) == (rows,) and tuple(rstd.shape) == (rows,)
         grads = impl.layer_norm_backward(be, ops[3], ops[0], mean, rstd, ops[1], True, affine, affine)
-        results.append(_host(be, [y, mean, rstd, *grads]))
+        results.append(_host(be, [y, mean, rstd, *grads, ops[0]]))
         np.testing.assert_array_equal(be.to_host(ops[3]), g)
     for fast, generic in zip(*results):
         if generic is None:
@@ -153,6 +159,7 @@ ALL_SPECS = {
     "param_grads": row_kernels.LAYER_NORM_PARAM_GRADS,
     "adam_multi_table": row_kernels.ADAM_MULTI_TABLE,
     "adam_multi_table_device": row_kernels.ADAM_MULTI_TABLE_DEVICE,
+    "layer_norm_computed": None,  # made per dtype: _computed_layer_norm
 }
 
 
@@ -166,18 +173,32 @@ def test_cuda_sources_compile_with_nvcc(tmp_path, name, dtype):
 
     from flowgraph.backends.cuda import kernels as cuda_kernels
 
+    spec = ALL_SPECS[name] if name != "layer_norm_computed" else _computed_layer_norm(np.dtype(dtype))
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on the PATH")
     source = tmp_path / f"{name}.cu"
-    source.write_text(cuda_kernels.row_kernel_source(ALL_SPECS[name], np.dtype(dtype)))
+    source.write_text(cuda_kernels.row_kernel_source(spec, np.dtype(dtype)))
     done = subprocess.run([nvcc, "-ptx", "-arch=sm_80", str(source), "-o", str(tmp_path / f"{name}.ptx")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     ptx = (tmp_path / f"{name}.ptx").read_text()
-    assert f".entry {ALL_SPECS[name].name}" in ptx  # extern "C": the name CuPy's RawKernel looks up
+    assert f".entry {spec.name}" in ptx  # extern "C": the name CuPy's RawKernel looks up
     if "sqrt" in ptx:  # float32 stays float32 (no promotion to double), as in the per-tensor kernels
         assert ("sqrt.rn.f32" in ptx) == (dtype == "float32")
+
+
+def _computed_layer_norm(dtype: np.dtype) -> row_kernels.RowKernel:
+    """LayerNorm whose input is ``erf(matmul + bias) * 0.5`` computed in the kernel (CUDA's emitter)."""
+    from types import SimpleNamespace
+
+    from flowgraph.backends.cuda import kernels as cuda_kernels
+    from flowgraph.backends.fusion import FusedProgram, Scalar
+
+    leaves = [SimpleNamespace(dtype=dtype), SimpleNamespace(dtype=dtype)]
+    instrs = [("add", dtype, (("l", 0), ("l", 1))), ("erf", dtype, (("v", 0),)), ("mul", dtype, (("v", 1), ("s", 0)))]
+    program = FusedProgram(leaves, [Scalar(0.5, dtype)], instrs, ("v", 2))
+    return row_kernels.layer_norm_forward(True, True, row_kernels.prologue(program, cuda_kernels.CudaEmitter()))
 
 
 # ------------------------------------------------------------------------------------- CUDA only

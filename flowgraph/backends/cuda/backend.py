@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cupy
@@ -926,11 +926,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
         return device, (pinned, None if recorded else stream.record())
 
     # ----------------------------------------------------------------- LayerNorm (shared row kernels)
-    def _row_kernel(self, spec: R.RowKernel, dtype: np.dtype, key: tuple) -> Any:
-        """The compiled shared row kernel ``spec`` for ``dtype`` (cached by ``key``)."""
+    def _row_kernel(self, spec: R.RowKernel | Callable[[], R.RowKernel], dtype: np.dtype, key: tuple) -> Any:
+        """The compiled shared row kernel ``spec`` for ``dtype`` (cached by ``key``; ``spec`` may be a function
+        making it, called only when ``key`` is not compiled yet)."""
         key = ("row", *key, dtype)
         kernel = self._kernels.get(key)
         if kernel is None:
+            if not isinstance(spec, R.RowKernel):
+                spec = spec()
             kernel = self._kernels[key] = cupy.RawKernel(K.row_kernel_source(spec, dtype), spec.name)
         return kernel
 
@@ -994,26 +997,47 @@ class CupyBackend(LazyEngine, ArrayBackend):
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one thread block per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise (16-bit
-        inputs come back here in float32)."""
+        inputs come back here in float32). A pending ``x`` (a linear layer's bias and activation) is computed
+        by the kernel itself (``LazyEngine._row_input``), which writes it out for the backward: no kernel of
+        its own first."""
         self._use()
         if x.dtype not in (K.F32, K.F64) or len(x.shape) != 2 or any(
                 t is not None and t.dtype != x.dtype for t in (weight, bias)):
             return super().layer_norm(x, weight, bias, eps)
         rows, cols = x.shape
-        x = cupy.ascontiguousarray(self._arr(x))
+        dtype = x.dtype
+        computed = self._row_input(x, rows * cols > 0)
+        pending = x
+        zero = np.int64(0)
+        args: list[Any] = [np.int64(cols)]
+        if computed is None:
+            args += [cupy.ascontiguousarray(self._arr(x)), zero]
+        else:
+            flat, x_out = computed
+            item = dtype.itemsize
+            for leaf in flat[1]:
+                value = leaf.value
+                args += [value, np.int64(0), *(np.int64(st // item) for st in value.strides)]
+            args += [sc.value for sc in flat[2]]
         w, b = (None if t is None else cupy.ascontiguousarray(self._arr(t)) for t in (weight, bias))
-        y = cupy.empty((rows, cols), dtype=x.dtype)
-        mean, rstd = cupy.empty((rows,), dtype=x.dtype), cupy.empty((rows,), dtype=x.dtype)
+        y = cupy.empty((rows, cols), dtype=dtype)
+        mean, rstd = cupy.empty((rows,), dtype=dtype), cupy.empty((rows,), dtype=dtype)
         if rows and cols:
-            zero = np.int64(0)
-            args: list[Any] = [np.int64(cols), x, zero]
             for t in (w, b):
                 if t is not None:
                     args += [t, zero]
-            args += [y, mean, rstd, x.dtype.type(eps)]
-            kernel = self._row_kernel(R.layer_norm_forward(w is not None, b is not None), x.dtype,
-                                      ("layer_norm", w is not None, b is not None))
+            args += [y, mean, rstd, dtype.type(eps)]
+            has = (w is not None, b is not None)
+            if computed is None:
+                kernel = self._row_kernel(R.layer_norm_forward(*has), dtype, ("layer_norm", *has))
+            else:
+                kernel = self._row_kernel(
+                    lambda: R.layer_norm_forward(*has, R.prologue(linearize(pending), K.CudaEmitter())), dtype,
+                    ("layer_norm", *has, flat[0]))
+                args.append(x_out.value)
             kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), tuple(args))
+            if computed is not None:
+                self._realized_into(pending, x_out)
         return y, mean, rstd
 
     def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,

@@ -719,10 +719,12 @@ class OpenCLBackend(LazyEngine, Backend):
         a = self.realize(self._own(a, where))
         return a if is_contiguous(a.shape, a.strides) else self.contiguous(a)
 
-    def _row_launch(self, spec: R.RowKernel, key: tuple, dtype: np.dtype, rows: int, cols: int,
-                    args: list[Any]) -> None:
-        """Run a row kernel with one work-group per row."""
-        kernel = self._kernel(key, lambda: K.row_kernel_source(spec, dtype))
+    def _row_launch(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype, rows: int,
+                    cols: int, args: list[Any]) -> None:
+        """Run a row kernel with one work-group per row (``spec`` may be a function making it: called only
+        when ``key`` is not compiled yet)."""
+        kernel = self._kernel(key, lambda: K.row_kernel_source(spec if isinstance(spec, R.RowKernel) else spec(),
+                                                               dtype))
         group = R.row_group(cols, self._group_limit(kernel))
         kernel(self.queue, (rows * group,), (group,), *args)
 
@@ -790,24 +792,46 @@ class OpenCLBackend(LazyEngine, Backend):
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one work-group per row, for
-        float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise."""
+        float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise. A pending
+        ``x`` (a linear layer's bias and activation) is computed by the kernel itself
+        (``LazyEngine._row_input``), which writes it out for the backward: no kernel of its own first."""
         x = self._own(x, "layer_norm")
         if x.dtype not in (_F32, _F64) or x.ndim != 2 or any(
                 t is not None and t.dtype != x.dtype for t in (weight, bias)):
             return super().layer_norm(x, weight, bias, eps)
         rows, cols = x.shape
-        x = self._row_operand(x, "layer_norm")
+        dtype = x.dtype
+        computed = self._row_input(x, rows * cols > 0)
+        pending = x
+        if computed is None:
+            x = self._row_operand(x, "layer_norm")
         w, b = (None if t is None else self._row_operand(t, "layer_norm") for t in (weight, bias))
-        y, mean, rstd = self.empty((rows, cols), x.dtype), self.empty((rows,), x.dtype), self.empty((rows,), x.dtype)
+        y, mean, rstd = self.empty((rows, cols), dtype), self.empty((rows,), dtype), self.empty((rows,), dtype)
         if rows and cols:
-            args: list[Any] = [cols, x.buffer, x.offset]
+            args: list[Any] = [cols]
+            if computed is None:
+                args += [x.buffer, x.offset]
+            else:
+                flat, x_out = computed
+                for leaf in flat[1]:
+                    args += [leaf.buffer, leaf.offset, *leaf.strides]
+                args += _scalar_args(flat[2])
             for t in (w, b):
                 if t is not None:
                     args += [t.buffer, t.offset]
-            args += [y.buffer, mean.buffer, rstd.buffer, x.dtype.type(eps)]
-            spec = R.layer_norm_forward(w is not None, b is not None)
-            self._row_launch(spec, ("layer_norm", x.dtype.str, w is not None, b is not None), x.dtype, rows, cols,
-                             args)
+            args += [y.buffer, mean.buffer, rstd.buffer, dtype.type(eps)]
+            has = (w is not None, b is not None)
+
+            def spec() -> R.RowKernel:
+                found = None if computed is None else R.prologue(linearize(pending), K.OpenCLEmitter())
+                return R.layer_norm_forward(*has, found)
+
+            if computed is None:
+                self._row_launch(spec, ("layer_norm", dtype.str, *has), dtype, rows, cols, args)
+            else:
+                self._row_launch(spec, ("layer_norm", dtype.str, *has, flat[0]), dtype, rows, cols,
+                                 args + [x_out.buffer])
+                self._realized_into(pending, x_out)
         return y, mean, rstd
 
     def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
