@@ -293,6 +293,15 @@ class Backend:
         return bool(shapes) and all(
             len(s) <= ndim and all(s[a - ndim + len(s)] == 1 for a in axes if a >= ndim - len(s)) for s in shapes)
 
+    def bias_grad(self, g: Array) -> Array:
+        """A linear layer's bias gradient: the 2-d ``g`` ``(rows, cols)`` summed over its rows, ``(cols,)``.
+
+        The layer's GEMMs read ``g`` next, so a lazy backend (CUDA, OpenCL) computes a pending ``g`` (the
+        activation's backward) in the summing kernel itself and keeps its values: ``g`` is realized after the
+        call, and no kernel of its own ran for it. Generic default: ``sum(g, (0,))``.
+        """
+        return self.sum(g, (0,), False)
+
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """LayerNorm's forward over the rows of a 2-d ``x`` ``(rows, cols)``: ``(y, mean, rstd)`` with
         ``y = (x - mean) * rstd * weight + bias`` (``weight``/``bias`` ``(cols,)`` in ``x``'s dtype, or None),

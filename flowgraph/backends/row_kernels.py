@@ -248,50 +248,70 @@ def layer_norm_backward(has_w: bool, g_pair: bool = False) -> RowKernel:
     return RowKernel("fg_layer_norm_backward" + "_g2" * g_pair, params, body)
 
 
-#: Columns one work-group of :data:`LAYER_NORM_PARAM_GRADS` covers (adjacent work-items read adjacent columns);
-#: a device whose work-groups are smaller runs strips as wide as its group.
+#: Columns one work-group of a column-sum kernel (:data:`LAYER_NORM_PARAM_GRADS`, :func:`column_sum`) covers
+#: (adjacent work-items read adjacent columns); a device whose work-groups are smaller runs strips as wide as
+#: its group.
 PARAM_STRIP = 32
 
-#: The weight and bias gradients as column sums, one work-group per ``width`` columns of one chunk of rows:
-#: group ``part * strips + s`` sums rows ``[part * chunk, (part + 1) * chunk)`` of its columns, its
-#: ``FG_LSIZE / width`` lanes each taking every lane-th row, then lane 0 adds the lanes' sums in order.
-#: ``sum(g * xhat)`` goes to ``partial[part * cols + j]``, ``sum(g)`` to ``partial[total + part * cols + j]``.
-#: With one part (``param_grad_parts``) these are the gradients themselves: one launch, as PyTorch's
-#: ``GammaBetaBackward``; with more the caller sums the parts.
-LAYER_NORM_PARAM_GRADS = RowKernel(
-    "fg_layer_norm_param_grads",
-    [("long", "rows"), ("long", "cols"), ("long", "chunk"), ("long", "width"), ("long", "strips"), ("long", "total"),
-     ("in", "g"), ("long", "g_off"), ("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd"),
-     ("out", "partial")],
-    """
-  FG_LOCAL T sw_lanes[FG_MAX_GROUP];
-  FG_LOCAL T sb_lanes[FG_MAX_GROUP];
-  int t = FG_LID, w = (int)width, lanes = FG_LSIZE / w;
+#: The leading parameters of the column-sum kernels (``param_grad_layout`` gives their values).
+_STRIP_PARAMS = [("long", "rows"), ("long", "cols"), ("long", "chunk"), ("long", "width"), ("long", "strips"),
+                 ("long", "total")]
+
+
+def _strip_sums(name: str, params: Sequence[tuple[str, str]], element: str, sums: Sequence[str],
+                helpers: str = "") -> RowKernel:
+    """A kernel of column sums over a ``(rows, cols)`` operand, one work-group per ``width`` columns of one
+    chunk of rows: group ``part * strips + s`` sums rows ``[part * chunk, (part + 1) * chunk)`` of its
+    columns, its ``FG_LSIZE / width`` lanes each taking every lane-th row, then lane 0 adds the lanes' sums
+    in order (the same bits on every run). ``element`` (statements at ``(row, j)``) defines ``T`` values
+    named in ``sums``; sum ``k`` of part ``part`` goes to ``partial[k * total + part * cols + j]``. With one
+    part (``param_grad_parts``) these are the sums themselves (one launch, PyTorch's ``GammaBetaBackward``
+    layout); with more the caller sums the parts."""
+    declare = "".join(f"  FG_LOCAL T lanes_{k}[FG_MAX_GROUP];\n" for k in range(len(sums)))
+    zero = ", ".join(f"acc_{k} = (T)0" for k in range(len(sums)))
+    add = "".join(f"      acc_{k} += {term};\n" for k, term in enumerate(sums))
+    store = "".join(f"  lanes_{k}[t] = acc_{k};\n" for k in range(len(sums)))
+    fold = "".join(f"      acc_{k} += lanes_{k}[k * w + tx];\n" for k in range(len(sums)))
+    write = "".join(f"    partial[{k} * total + part * cols + j] = acc_{k};\n" for k in range(len(sums)))
+    body = f"""{declare}  int t = FG_LID, w = (int)width, lanes = FG_LSIZE / w;
   int tx = t % w, ty = t / w;
   FG_LONG part = FG_GID / strips;
   FG_LONG j = (FG_GID - part * strips) * width + tx;
   FG_LONG r0 = part * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-  T sw = (T)0, sb = (T)0;
-  if (j < cols) {
-    for (FG_LONG r = r0 + ty; r < r1; r += lanes) {
-      T gv = g[g_off + r * cols + j];
-      sw += gv * ((x[x_off + r * cols + j] - mean[r]) * rstd[r]);
-      sb += gv;
-    }
-  }
-  sw_lanes[t] = sw;
-  sb_lanes[t] = sb;
-  FG_BARRIER;
-  if (ty == 0 && j < cols) {
-    for (int k = 1; k < lanes; ++k) {
-      sw += sw_lanes[k * w + tx];
-      sb += sb_lanes[k * w + tx];
-    }
-    partial[part * cols + j] = sw;
-    partial[total + part * cols + j] = sb;
-  }
-""",
+  T {zero};
+  if (j < cols) {{
+    for (FG_LONG row = r0 + ty; row < r1; row += lanes) {{
+{element}{add}    }}
+  }}
+{store}  FG_BARRIER;
+  if (ty == 0 && j < cols) {{
+    for (int k = 1; k < lanes; ++k) {{
+{fold}    }}
+{write}  }}
+"""
+    return RowKernel(name, [*_STRIP_PARAMS, *params, ("out", "partial")], body, helpers)
+
+
+#: LayerNorm's weight and bias gradients, ``sum(g * xhat)`` and ``sum(g)`` over the rows (``_strip_sums``).
+LAYER_NORM_PARAM_GRADS = _strip_sums(
+    "fg_layer_norm_param_grads",
+    [("in", "g"), ("long", "g_off"), ("in", "x"), ("long", "x_off"), ("in", "mean"), ("in", "rstd")],
+    "      T gv = g[g_off + row * cols + j];\n",
+    ["gv * ((x[x_off + row * cols + j] - mean[row]) * rstd[row])", "gv"],
 )
+
+
+def column_sum(computed: Prologue | None = None) -> RowKernel:
+    """The sum over the rows of a ``(rows, cols)`` operand (a linear layer's bias gradient, ``_strip_sums``):
+    a contiguous ``g`` read, or with ``computed`` a pending expression evaluated at each element and written
+    out to ``g_out`` (each element is visited once), so the layer's GEMMs then read it realized."""
+    if computed is None:
+        return _strip_sums("fg_column_sum", [("in", "g"), ("long", "g_off")],
+                           "      T gv = g[g_off + row * cols + j];\n", ["gv"])
+    element = "      T gv;\n" + computed.compute("gv", "      ") + "      g_out[row * cols + j] = gv;\n"
+    return _strip_sums("fg_column_sum_computed", [*computed.params(), ("out", "g_out")], element, ["gv"],
+                       computed.helpers)
+
 
 _ADAM_SCALARS = tuple(("scalar", n) for n in (*ADAM_UPDATE.step_scalars, *ADAM_UPDATE.scalars))
 

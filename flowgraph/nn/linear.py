@@ -75,9 +75,10 @@ def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
                     g.sum(0) if need_b else None)
         gd = g._data
         bk = g._backend
+        # the bias gradient first: its kernel computes a pending g (the activation's backward) for the GEMMs
+        gb = _wrap(bk.bias_grad(gd), bk) if need_b else None
         return (_wrap(bk.matmul(gd, weight._data), bk) if need_x else None,
-                _wrap(bk.matmul(bk.permute(gd, (1, 0)), x._data), bk) if need_w else None,
-                _wrap(bk.sum(gd, (0,), False), bk) if need_b else None)
+                _wrap(bk.matmul(bk.permute(gd, (1, 0)), x._data), bk) if need_w else None, gb)
 
     return _record(out, "Linear", (x, weight, bias), _linear_saved(x, weight, need_x, need_w), backward)
 

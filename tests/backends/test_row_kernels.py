@@ -55,6 +55,28 @@ def test_layer_norm_override_matches_the_generic_default(device, rows, cols, aff
             np.testing.assert_allclose(fast, generic, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("rows,cols", [(1, 5), (6, 33), (300, 520), (2100, 40), (4, 0)])
+@pytest.mark.parametrize("g_pending", [False, True], ids=["g", "g-pending"])
+def test_bias_grad_override_matches_the_generic_default(device, rows, cols, g_pending):
+    """``bias_grad`` sums the rows; a pending ``g`` (an exact GELU's backward over a broadcast bias) is computed
+    by the summing kernel on a lazy backend and must hold its values afterwards."""
+    be = get_backend(device)
+    rng = np.random.default_rng(rows * 7 + cols)
+    g, h = (rng.standard_normal((rows, cols)).astype(F32) for _ in range(2))
+    bias = rng.standard_normal(cols).astype(F32)
+    results = []
+    for impl in (type(be), Backend):
+        gd = be.from_host(g)
+        if g_pending:
+            pre = be.add(be.from_host(h), be.from_host(bias))
+            gd = be.gelu_exact_backward(gd, pre, be.gelu_exact(pre)[1])
+        sums = impl.bias_grad(be, gd)
+        assert tuple(sums.shape) == (cols,)
+        results.append(_host(be, [sums, gd]))
+    for fast, generic in zip(*results):
+        np.testing.assert_allclose(fast, generic, rtol=2e-5, atol=2e-5)
+
+
 def test_layer_norm_param_grads_on_small_work_groups(device, monkeypatch):
     """A device whose work-groups take 16 items runs 16-column strips of one lane: the same gradients."""
     be = get_backend(device)
@@ -160,6 +182,8 @@ ALL_SPECS = {
     "adam_multi_table": row_kernels.ADAM_MULTI_TABLE,
     "adam_multi_table_device": row_kernels.ADAM_MULTI_TABLE_DEVICE,
     "layer_norm_computed": None,  # made per dtype: _computed_layer_norm
+    "column_sum": row_kernels.column_sum(),
+    "column_sum_computed": None,  # made per dtype: _computed_column_sum
 }
 
 
@@ -173,7 +197,8 @@ def test_cuda_sources_compile_with_nvcc(tmp_path, name, dtype):
 
     from flowgraph.backends.cuda import kernels as cuda_kernels
 
-    spec = ALL_SPECS[name] if name != "layer_norm_computed" else _computed_layer_norm(np.dtype(dtype))
+    made = {"layer_norm_computed": _computed_layer_norm, "column_sum_computed": _computed_column_sum}
+    spec = made[name](np.dtype(dtype)) if name in made else ALL_SPECS[name]
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on the PATH")
@@ -188,8 +213,8 @@ def test_cuda_sources_compile_with_nvcc(tmp_path, name, dtype):
         assert ("sqrt.rn.f32" in ptx) == (dtype == "float32")
 
 
-def _computed_layer_norm(dtype: np.dtype) -> row_kernels.RowKernel:
-    """LayerNorm whose input is ``erf(matmul + bias) * 0.5`` computed in the kernel (CUDA's emitter)."""
+def _cuda_prologue(dtype: np.dtype) -> row_kernels.Prologue:
+    """``erf(matmul + bias) * 0.5`` as a row kernel's computed input (CUDA's emitter)."""
     from types import SimpleNamespace
 
     from flowgraph.backends.cuda import kernels as cuda_kernels
@@ -198,7 +223,15 @@ def _computed_layer_norm(dtype: np.dtype) -> row_kernels.RowKernel:
     leaves = [SimpleNamespace(dtype=dtype), SimpleNamespace(dtype=dtype)]
     instrs = [("add", dtype, (("l", 0), ("l", 1))), ("erf", dtype, (("v", 0),)), ("mul", dtype, (("v", 1), ("s", 0)))]
     program = FusedProgram(leaves, [Scalar(0.5, dtype)], instrs, ("v", 2))
-    return row_kernels.layer_norm_forward(True, True, row_kernels.prologue(program, cuda_kernels.CudaEmitter()))
+    return row_kernels.prologue(program, cuda_kernels.CudaEmitter())
+
+
+def _computed_layer_norm(dtype: np.dtype) -> row_kernels.RowKernel:
+    return row_kernels.layer_norm_forward(True, True, _cuda_prologue(dtype))
+
+
+def _computed_column_sum(dtype: np.dtype) -> row_kernels.RowKernel:
+    return row_kernels.column_sum(_cuda_prologue(dtype))
 
 
 # ------------------------------------------------------------------------------------- CUDA only

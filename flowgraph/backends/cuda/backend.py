@@ -994,6 +994,43 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 self._realized_into(arrays[0], g_sum)
         return outs
 
+    def _strip_launch(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype,
+                      rows: int, cols: int, sums: int, args: list[Any]) -> Any:
+        """Run a column-sum kernel (``row_kernels._strip_sums``) over ``(rows, cols)``: the ``(sums, cols)``
+        sums, the row chunks' partial sums added by a second launch when there are several."""
+        kernel = self._row_kernel(spec, dtype, key)
+        width, lanes, parts, chunk = R.param_grad_layout(rows, cols, R.MAX_GROUP)
+        strips, total = -(-cols // width), parts * cols
+        partial = cupy.empty((sums, parts, cols), dtype=dtype)
+        kernel((parts * strips,), (width * lanes,),
+               (*(np.int64(v) for v in (rows, cols, chunk, width, strips, total)), *args, partial))
+        return partial.reshape(sums, cols) if parts == 1 else self.sum(partial, (1,), False)
+
+    def bias_grad(self, g: Array) -> Array:
+        """One column-sum kernel (``row_kernels.column_sum``) for a float32/float64 ``g``, which computes a
+        pending ``g`` itself and writes it out (``LazyEngine._row_input``); the generic default otherwise."""
+        self._use()
+        if g.dtype not in (K.F32, K.F64) or len(g.shape) != 2 or 0 in g.shape:
+            return super().bias_grad(g)
+        rows, cols = g.shape
+        dtype = g.dtype
+        computed = self._row_input(g, True)
+        if computed is None:
+            sums = self._strip_launch(R.column_sum(), ("column_sum",), dtype, rows, cols, 1,
+                                      [cupy.ascontiguousarray(self._arr(g)), np.int64(0)])
+        else:
+            flat, g_out = computed
+            args: list[Any] = []
+            for leaf in flat[1]:
+                value = leaf.value
+                args += [value, np.int64(0), *(np.int64(st // dtype.itemsize) for st in value.strides)]
+            args += [sc.value for sc in flat[2]] + [g_out.value]
+            pending = g
+            sums = self._strip_launch(lambda: R.column_sum(R.prologue(linearize(pending), K.CudaEmitter())),
+                                      ("column_sum", flat[0]), dtype, rows, cols, 1, args)
+            self._realized_into(pending, g_out)
+        return sums.reshape(cols)
+
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one thread block per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise (16-bit
@@ -1077,14 +1114,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
             if rows == 0:
                 sums = cupy.zeros((2, cols), dtype=dtype)
             else:
-                width, lanes, parts, chunk = R.param_grad_layout(rows, cols, R.MAX_GROUP)
-                strips, total = -(-cols // width), parts * cols
-                partial = cupy.empty((2, parts, cols), dtype=dtype)
-                kernel = self._row_kernel(R.LAYER_NORM_PARAM_GRADS, dtype, ("layer_norm_param_grads",))
-                kernel((parts * strips,), (width * lanes,),
-                       (*(np.int64(v) for v in (rows, cols, chunk, width, strips, total)), g, zero, x, zero, mean,
-                        rstd, partial))
-                sums = partial.reshape(2, cols) if parts == 1 else self.sum(partial, (1,), False)
+                sums = self._strip_launch(R.LAYER_NORM_PARAM_GRADS, ("layer_norm_param_grads",), dtype, rows, cols,
+                                          2, [g, zero, x, zero, mean, rstd])
             gw = sums[0] if need_w else None
             gb = sums[1] if need_b else None
         return gx, gw, gb

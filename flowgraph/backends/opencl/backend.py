@@ -790,6 +790,45 @@ class OpenCLBackend(LazyEngine, Backend):
                 self._realized_into(arrays[0], g_sum)
         return outs
 
+    def _strip_launch(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype,
+                      rows: int, cols: int, sums: int, args: list[Any]) -> CLArray:
+        """Run a column-sum kernel (``row_kernels._strip_sums``) over ``(rows, cols)``: the ``(sums, cols)``
+        sums, the row chunks' partial sums added by a second launch when there are several."""
+        kernel = self._kernel(key, lambda: K.row_kernel_source(spec if isinstance(spec, R.RowKernel) else spec(),
+                                                               dtype))
+        width, lanes, parts, chunk = R.param_grad_layout(rows, cols, self._group_limit(kernel))
+        strips, total = -(-cols // width), parts * cols
+        partial = self.empty((sums, parts, cols), dtype)
+        group = width * lanes
+        kernel(self.queue, (parts * strips * group,), (group,), rows, cols, chunk, width, strips, total, *args,
+               partial.buffer)
+        return self.reshape(partial, (sums, cols)) if parts == 1 else self.sum(partial, (1,), False)
+
+    def bias_grad(self, g: Array) -> Array:
+        """One column-sum kernel (``row_kernels.column_sum``) for a float32/float64 ``g``, which computes a
+        pending ``g`` itself and writes it out (``LazyEngine._row_input``); the generic default otherwise."""
+        g = self._own(g, "bias_grad")
+        if g.dtype not in (_F32, _F64) or g.ndim != 2 or g.size == 0:
+            return super().bias_grad(g)
+        rows, cols = g.shape
+        dtype = g.dtype
+        computed = self._row_input(g, True)
+        if computed is None:
+            g = self._row_operand(g, "bias_grad")
+            sums = self._strip_launch(R.column_sum(), ("column_sum", dtype.str), dtype, rows, cols, 1,
+                                      [g.buffer, g.offset])
+        else:
+            flat, g_out = computed
+            args: list[Any] = []
+            for leaf in flat[1]:
+                args += [leaf.buffer, leaf.offset, *leaf.strides]
+            args += _scalar_args(flat[2]) + [g_out.buffer]
+            pending = g
+            sums = self._strip_launch(lambda: R.column_sum(R.prologue(linearize(pending), K.OpenCLEmitter())),
+                                      ("column_sum", dtype.str, flat[0]), dtype, rows, cols, 1, args)
+            self._realized_into(pending, g_out)
+        return self.reshape(sums, (cols,))
+
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one work-group per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise. A pending
@@ -870,15 +909,9 @@ class OpenCLBackend(LazyEngine, Backend):
             if rows == 0:
                 sums = self.full((2, cols), 0, dtype)
             else:
-                kernel = self._kernel(("layer_norm_param_grads", dtype.str),
-                                      lambda: K.row_kernel_source(R.LAYER_NORM_PARAM_GRADS, dtype))
-                width, lanes, parts, chunk = R.param_grad_layout(rows, cols, self._group_limit(kernel))
-                strips, total = -(-cols // width), parts * cols
-                partial = self.empty((2, parts, cols), dtype)
-                group = width * lanes
-                kernel(self.queue, (parts * strips * group,), (group,), rows, cols, chunk, width, strips, total,
-                       g.buffer, g.offset, x.buffer, x.offset, mean.buffer, rstd.buffer, partial.buffer)
-                sums = self.reshape(partial, (2, cols)) if parts == 1 else self.sum(partial, (1,), False)
+                sums = self._strip_launch(R.LAYER_NORM_PARAM_GRADS, ("layer_norm_param_grads", dtype.str), dtype,
+                                          rows, cols, 2, [g.buffer, g.offset, x.buffer, x.offset, mean.buffer,
+                                                          rstd.buffer])
             if need_w:
                 gw = self.reshape(self.slice(sums, (slice(0, 1),)), (cols,))
             if need_b:
