@@ -78,7 +78,7 @@ def test_bias_grad_override_matches_the_generic_default(device, rows, cols, g_pe
 
 
 def test_layer_norm_param_grads_on_small_work_groups(device, monkeypatch):
-    """A device whose work-groups take 16 items runs 16-column strips of one lane: the same gradients."""
+    """A device whose work-groups take 4 items runs 4-column strips of one lane: the same gradients."""
     be = get_backend(device)
     if not str(device).startswith("opencl"):
         pytest.skip("the work-group limit is queried per kernel on OpenCL only")
@@ -88,7 +88,7 @@ def test_layer_norm_param_grads_on_small_work_groups(device, monkeypatch):
     ops = [be.from_host(a) for a in (x, g, w)]
     _, mean, rstd = be.layer_norm(ops[0], ops[2], None, 1e-5)
     want = _host(be, Backend.layer_norm_backward(be, ops[1], ops[0], mean, rstd, ops[2], False, True, True))
-    monkeypatch.setattr(type(be), "_group_limit", lambda self, kernel: 16)
+    monkeypatch.setattr(type(be), "_group_limit", lambda self, kernel: 4)
     got = _host(be, be.layer_norm_backward(ops[1], ops[0], mean, rstd, ops[2], False, True, True))
     for a, b in zip(got[1:], want[1:]):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
@@ -151,13 +151,13 @@ def test_row_group_and_param_grad_parts():
     assert row_kernels.row_group(700, 100) == 64  # a kernel limit that is not a power of two
     assert row_kernels.row_group(1, 256) == 1
     parts, chunk = row_kernels.param_grad_parts(4096, 64)
-    assert parts * chunk >= 4096 and (parts - 1) * chunk < 4096 and parts * 2 <= row_kernels.PARAM_TARGET_GROUPS
+    assert parts * chunk >= 4096 and (parts - 1) * chunk < 4096 and parts * 8 <= row_kernels.PARAM_TARGET_GROUPS
     assert chunk >= 64  # each of the 8 lanes sums at least 8 rows
     assert row_kernels.param_grad_parts(1, 1000) == (1, 1)
     assert row_kernels.param_grad_parts(256, 1024) == (1, 256)  # LayerNorm(1024) at batch 256: one launch
     assert row_kernels.param_grad_parts(60, 3) == (1, 60)
-    assert row_kernels.param_grad_layout(256, 1024, 1024) == (32, 8, 1, 256)
-    assert row_kernels.param_grad_layout(256, 1024, 16)[:2] == (16, 1)  # a device with 16-item work-groups
+    assert row_kernels.param_grad_layout(256, 1024, 1024) == (8, 32, 1, 256)
+    assert row_kernels.param_grad_layout(256, 1024, 4)[:2] == (4, 1)  # a device with 4-item work-groups
 
 
 def test_shared_source_is_dialect_neutral():
