@@ -261,21 +261,28 @@ _STRIP_PARAMS = [("long", "rows"), ("long", "cols"), ("long", "chunk"), ("long",
                  ("long", "total")]
 
 
+#: Work-group size of the column-sum kernels where the device allows it (their lane scratch is sized for it):
+#: a Linear's bias gradient that computes GELU's backward in place is bound by that arithmetic's latency, and
+#: 1024 work-items per strip keep four times as many in flight as the row kernels' 256.
+STRIP_GROUP = 1024
+
+
 def _strip_sums(name: str, params: Sequence[tuple[str, str]], element: str, sums: Sequence[str],
                 helpers: str = "") -> RowKernel:
     """A kernel of column sums over a ``(rows, cols)`` operand, one work-group per ``width`` columns of one
     chunk of rows: group ``part * strips + s`` sums rows ``[part * chunk, (part + 1) * chunk)`` of its
-    columns, its ``FG_LSIZE / width`` lanes each taking every lane-th row, then lane 0 adds the lanes' sums
-    in order (the same bits on every run). ``element`` (statements at ``(row, j)``) defines ``T`` values
-    named in ``sums``; sum ``k`` of part ``part`` goes to ``partial[k * total + part * cols + j]``. With one
-    part (``param_grad_parts``) these are the sums themselves (one launch, PyTorch's ``GammaBetaBackward``
-    layout); with more the caller sums the parts."""
-    declare = "".join(f"  FG_LOCAL T lanes_{k}[FG_MAX_GROUP];\n" for k in range(len(sums)))
-    zero = ", ".join(f"acc_{k} = (T)0" for k in range(len(sums)))
+    columns, its ``FG_LSIZE / width`` lanes (a power of two) each taking every lane-th row, then the lanes'
+    sums are added in a fixed tree order (the same bits on every run). ``element`` (statements at
+    ``(row, j)``) defines ``T`` values named in ``sums``; sum ``k`` of part ``part`` goes to
+    ``partial[k * total + part * cols + j]``. With one part (``param_grad_parts``) these are the sums
+    themselves (one launch, PyTorch's ``GammaBetaBackward`` layout); with more the caller sums the parts."""
+    n = len(sums)
+    declare = "".join(f"  FG_LOCAL T lanes_{k}[{STRIP_GROUP}];\n" for k in range(n))
+    zero = ", ".join(f"acc_{k} = (T)0" for k in range(n))
     add = "".join(f"      acc_{k} += {term};\n" for k, term in enumerate(sums))
-    store = "".join(f"  lanes_{k}[t] = acc_{k};\n" for k in range(len(sums)))
-    fold = "".join(f"      acc_{k} += lanes_{k}[k * w + tx];\n" for k in range(len(sums)))
-    write = "".join(f"    partial[{k} * total + part * cols + j] = acc_{k};\n" for k in range(len(sums)))
+    store = "".join(f"  lanes_{k}[t] = acc_{k};\n" for k in range(n))
+    fold = "".join(f"      lanes_{k}[t] += lanes_{k}[t + k * w];\n" for k in range(n))
+    write = "".join(f"    partial[{k} * total + part * cols + j] = lanes_{k}[t];\n" for k in range(n))
     body = f"""{declare}  int t = FG_LID, w = (int)width, lanes = FG_LSIZE / w;
   int tx = t % w, ty = t / w;
   FG_LONG part = FG_GID / strips;
@@ -287,9 +294,12 @@ def _strip_sums(name: str, params: Sequence[tuple[str, str]], element: str, sums
 {element}{add}    }}
   }}
 {store}  FG_BARRIER;
-  if (ty == 0 && j < cols) {{
-    for (int k = 1; k < lanes; ++k) {{
+  for (int k = lanes >> 1; k > 0; k >>= 1) {{
+    if (ty < k) {{
 {fold}    }}
+    FG_BARRIER;
+  }}
+  if (ty == 0 && j < cols) {{
 {write}  }}
 """
     return RowKernel(name, [*_STRIP_PARAMS, *params, ("out", "partial")], body, helpers)
@@ -396,8 +406,8 @@ PARAM_TARGET_GROUPS = 256
 def param_grad_layout(rows: int, cols: int, group_limit: int) -> tuple[int, int, int, int]:
     """``(width, lanes, parts, chunk)`` for :data:`LAYER_NORM_PARAM_GRADS` on a device whose work-groups take at
     most ``group_limit`` (a power of two) items: strips of ``width`` columns, ``lanes`` rows at a time per column
-    (a work-group of ``width * lanes``, at most ``MAX_GROUP``), the rows in ``parts`` chunks of ``chunk``."""
-    group = min(group_limit, MAX_GROUP)
+    (a work-group of ``width * lanes``, at most ``STRIP_GROUP``), the rows in ``parts`` chunks of ``chunk``."""
+    group = min(group_limit, STRIP_GROUP)
     width = min(PARAM_STRIP, group)
     lanes = group // width
     return (width, lanes, *param_grad_parts(rows, cols, lanes, width))

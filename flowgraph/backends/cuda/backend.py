@@ -999,7 +999,9 @@ class CupyBackend(LazyEngine, ArrayBackend):
         """Run a column-sum kernel (``row_kernels._strip_sums``) over ``(rows, cols)``: the ``(sums, cols)``
         sums, the row chunks' partial sums added by a second launch when there are several."""
         kernel = self._row_kernel(spec, dtype, key)
-        width, lanes, parts, chunk = R.param_grad_layout(rows, cols, R.MAX_GROUP)
+        # the registers a computed input needs may allow fewer than STRIP_GROUP threads per block
+        limit = 1 << (min(R.STRIP_GROUP, kernel.max_threads_per_block).bit_length() - 1)
+        width, lanes, parts, chunk = R.param_grad_layout(rows, cols, limit)
         strips, total = -(-cols // width), parts * cols
         partial = cupy.empty((sums, parts, cols), dtype=dtype)
         kernel((parts * strips,), (width * lanes,),

@@ -116,7 +116,7 @@ class OpenCLBackend(LazyEngine, Backend):
         self._dtypes: set[np.dtype] = set()  # dtypes check_dtype has accepted on this device
         self._max_group = int(self.cl_device.max_work_group_size)
         self._group = _floor_pow2(min(self.ELEMENTWISE_GROUP, self._max_group))
-        self._group_limits: dict[int, int] = {}  # id(kernel) -> reduction work-group size; kernels live on
+        self._group_limits: dict[tuple, int] = {}  # (id(kernel), cap) -> group size (kernels stay cached)
         # matmul work-groups of threads x threads work-items, each computing work x work outputs
         self._matmul_threads = 16 if self._max_group >= 256 else 8
         self._matmul_work = 4
@@ -224,12 +224,13 @@ class OpenCLBackend(LazyEngine, Backend):
         group = self._group
         kernel(self.queue, (-(-n // group) * group,), (group,), *args)
 
-    def _group_limit(self, kernel: Any) -> int:
-        """The largest power-of-two work-group (at most REDUCE_GROUP) this kernel can run with."""
-        found = self._group_limits.get(id(kernel))
+    def _group_limit(self, kernel: Any, cap: int | None = None) -> int:
+        """The largest power-of-two work-group (at most ``cap``, default REDUCE_GROUP) this kernel can run with."""
+        cap = self.REDUCE_GROUP if cap is None else cap
+        found = self._group_limits.get((id(kernel), cap))
         if found is None:
             size = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device)
-            found = self._group_limits[id(kernel)] = _floor_pow2(min(int(size), self.REDUCE_GROUP))
+            found = self._group_limits[(id(kernel), cap)] = _floor_pow2(min(int(size), cap))
         return found
 
     # ----------------------------------------------------------------- the lazy engine's hooks
@@ -796,7 +797,7 @@ class OpenCLBackend(LazyEngine, Backend):
         sums, the row chunks' partial sums added by a second launch when there are several."""
         kernel = self._kernel(key, lambda: K.row_kernel_source(spec if isinstance(spec, R.RowKernel) else spec(),
                                                                dtype))
-        width, lanes, parts, chunk = R.param_grad_layout(rows, cols, self._group_limit(kernel))
+        width, lanes, parts, chunk = R.param_grad_layout(rows, cols, self._group_limit(kernel, R.STRIP_GROUP))
         strips, total = -(-cols // width), parts * cols
         partial = self.empty((sums, parts, cols), dtype)
         group = width * lanes
