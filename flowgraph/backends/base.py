@@ -302,16 +302,22 @@ class Backend:
         """
         return self.sum(g, (0,), False)
 
-    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
+                   residual: Array | None = None) -> tuple:
         """LayerNorm's forward over the rows of a 2-d ``x`` ``(rows, cols)``: ``(y, mean, rstd)`` with
         ``y = (x - mean) * rstd * weight + bias`` (``weight``/``bias`` ``(cols,)`` in ``x``'s dtype, or None),
         ``rstd = 1 / sqrt(var + eps)`` (biased variance) and ``mean``/``rstd`` of shape ``(rows,)``.
+        With ``residual`` (``x``'s shape and dtype) ``y`` is ``residual + y``: a residual block ending in a
+        LayerNorm (``FlowBuilder.also``), whose sum the CUDA and OpenCL kernels write in place of ``y``.
 
         16-bit inputs are normalised in float32, as PyTorch does: ``mean``/``rstd`` are float32 and ``y`` is
         rounded back once. Generic default: ``standardize`` over the columns (so a backend's ``standardize``
         serves here too); CUDA and OpenCL override it with one kernel (one work-group per row) for float32 and
         float64 and reach the 16-bit case through this default.
         """
+        if residual is not None:
+            y, mean, rstd = self.layer_norm(x, weight, bias, eps)
+            return self.add(residual, y), mean, rstd
         if x.dtype.itemsize == 2 and x.dtype.kind in "fV":  # float16, bfloat16: compute in float32
             f32 = np.dtype(np.float32)
             w32, b32 = (None if t is None else self.cast(t, f32) for t in (weight, bias))

@@ -150,17 +150,20 @@ FG_DEVICE T fg_group_sum(FG_LOCAL_PTR T* s, T v, int t, int L) {
 """
 
 
-def layer_norm_forward(has_w: bool, has_b: bool, computed: Prologue | None = None) -> RowKernel:
+def layer_norm_forward(has_w: bool, has_b: bool, computed: Prologue | None = None,
+                       has_residual: bool = False) -> RowKernel:
     """``y = (x - mean) * rstd * w + b`` over each row of a contiguous ``(rows, cols)`` ``x``, one work-group
     per row: the mean and the (biased) variance as two group sums (two passes over the row, as the generic
     default), ``rstd = 1 / sqrt(var + eps)``; ``mean``/``rstd`` ``(rows,)`` are written for the backward.
 
     With ``computed`` the input is a pending expression the first pass evaluates and writes out (``x_out``,
-    the realized input the backward reads); the other passes read it back (the same work-item's elements)."""
+    the realized input the backward reads); the other passes read it back (the same work-item's elements).
+    With ``has_residual`` the kernel writes ``res + y`` (a residual block's sum) in place of ``y``."""
     params = [("long", "cols")]
     params += [("in", "x"), ("long", "x_off")] if computed is None else computed.params()
     params += [("in", "w"), ("long", "w_off")] if has_w else []
     params += [("in", "b"), ("long", "b_off")] if has_b else []
+    params += [("in", "res"), ("long", "res_off")] if has_residual else []
     params += [("out", "y"), ("out", "mean_out"), ("out", "rstd_out"), ("scalar", "eps")]
     params += [("out", "x_out")] if computed is not None else []
     affine = ("    v = v * w[w_off + j];\n" if has_w else "") + ("    v = v + b[b_off + j];\n" if has_b else "")
@@ -189,14 +192,14 @@ def layer_norm_forward(has_w: bool, has_b: bool, computed: Prologue | None = Non
   T rstd = (T)1 / sqrt(var + eps);
   for (FG_LONG j = t; j < cols; j += L) {{
     T v = (xr[j] - mean) * rstd;
-{affine}    yr[j] = v;
+{affine}    yr[j] = {"res[res_off + row * cols + j] + v" if has_residual else "v"};
   }}
   if (t == 0) {{
     mean_out[row] = mean;
     rstd_out[row] = rstd;
   }}
 """
-    name = "fg_layer_norm" if computed is None else "fg_layer_norm_computed"
+    name = ("fg_layer_norm" if computed is None else "fg_layer_norm_computed") + "_residual" * has_residual
     return RowKernel(name, params, body, "" if computed is None else computed.helpers)
 
 

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..autograd.grad_mode import no_grad
 from ..errors import FlowError, ShapeError
+from ..nn.containers import Sequential
 from ..nn.module import Module
+from ..nn.normalization import LayerNorm, layer_norm_residual
 from ..tensor import Tensor, arange, cat, int64, stack, where, zeros
 from .calls import Call
 from .rows import unbind_rows
@@ -126,14 +128,46 @@ class ModuleNode(Node):
 
 
 class AlsoNode(ModuleNode):
-    """``.also(m)``: the residual ``x + m(x, **refs)``."""
+    """``.also(m)``: the residual ``x + m(x, **refs)``.
+
+    A block that is an ``nn.Sequential`` ending in an ``nn.LayerNorm`` (a transformer-style residual block),
+    with no hooks on either and no refs, runs its other modules and then the LayerNorm and the residual sum as
+    one op (``nn.normalization.layer_norm_residual``: one kernel on CUDA and OpenCL, the sum written in place
+    of the normalised values). Values and gradients are those of ``x + m(x)``.
+    """
 
     def __init__(self, call: Call, module: Module, source: int, output: int):
         super().__init__("also", call, module, source, output)
 
+    def _norm_tail(self) -> tuple[list[Module], LayerNorm] | None:
+        """``(modules before the LayerNorm, the LayerNorm)`` when the block is that pattern, else None."""
+        m = self.module
+        if type(m) is not Sequential or self.refs or m._forward_hooks or m._forward_pre_hooks:
+            return None
+        mods = list(m._modules.values())
+        if not mods or type(mods[-1]) is not LayerNorm or mods[-1]._forward_hooks or mods[-1]._forward_pre_hooks:
+            return None
+        return mods[:-1], mods[-1]
+
     def run(self, graph: Graph, values: dict[int, Tensor]) -> Tensor:
         x = values[self.inputs[0]]
-        y = call_with_refs(self.module, x, graph._resolve_refs(self, x, values))
+        tail = self._norm_tail()
+        if tail is None or not isinstance(x, Tensor):
+            return self.run_modules(graph, values)
+        h = x
+        for mod in tail[0]:
+            h = mod(h)
+        if isinstance(h, Tensor) and h.shape == x.shape:
+            return layer_norm_residual(h, tail[1], x)
+        return self._residual(x, tail[1](h))  # not the shape of x: the error names it
+
+    def run_modules(self, graph: Graph, values: dict[int, Tensor]) -> Tensor:
+        """``x + m(x, **refs)`` through the block's own call (the ONNX exporter's walk: every module called)."""
+        x = values[self.inputs[0]]
+        return self._residual(x, call_with_refs(self.module, x, graph._resolve_refs(self, x, values)))
+
+    def _residual(self, x: Tensor, y: Any) -> Tensor:
+        """``x + y``, or the error naming a block that changed the shape."""
         if isinstance(y, Tensor) and y.shape != x.shape:
             raise ShapeError(
                 f"{self.call.describe()}: the residual x + m(x) needs m to keep the shape, but "

@@ -110,12 +110,14 @@ def _standardize_grads_composed(g: Tensor, x: Tensor, axes: tuple[int, ...], eps
 
 
 def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | None,
-                bias: Tensor | None) -> Tensor:
+                bias: Tensor | None, residual: Tensor | None = None) -> Tensor:
     """Layer norm over the trailing dims ``shape`` as one graph node on ``Backend.layer_norm``.
 
     ``x`` is viewed as ``(rows, cols)``; ``weight``/``bias`` (shaped ``shape``, or None) are used in ``x``'s
     dtype. Backward reads ``x``, the per-row ``mean`` and ``rstd`` and the weight (``layer_norm_backward``);
-    under ``create_graph`` it is the composed formula in tensor ops, differentiable again.
+    under ``create_graph`` it is the composed formula in tensor ops, differentiable again. With ``residual``
+    (``x``'s shape, dtype and device) the result is ``residual + layer_norm(x)`` in one kernel
+    (:func:`layer_norm_residual`), and the residual's gradient is the output's.
     """
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != shape:
@@ -139,19 +141,25 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
 
     d = x._data
     y, mean, rstd = bk.layer_norm(flat(x, bk, d.dtype, (rows, cols)), flat(weight, bk, d.dtype, (cols,)),
-                                  flat(bias, bk, d.dtype, (cols,)), eps)
+                                  flat(bias, bk, d.dtype, (cols,)), eps,
+                                  None if residual is None else flat(residual, bk, d.dtype, (rows, cols)))
     out = _wrap(bk.reshape(y, x_shape), bk)
-    if _needs_grad(x, weight, bias):
+    if _needs_grad(x, weight, bias, residual):
+        need_r = residual is not None and residual.requires_grad
         has_w = weight is not None
         need_x, need_w = x.requires_grad, has_w and weight.requires_grad
         need_b = bias is not None and bias.requires_grad
         axes = tuple(range(len(x_shape) - len(shape), len(x_shape)))
 
+        residual_grad = (lambda g: g) if need_r else (lambda g: None)
+
         def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
             weight = rest[0] if has_w else None
+            if not (need_x or need_w or need_b):  # only the residual asks
+                return None, None, None, residual_grad(g)
             if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
-                return _standardize_grads_composed(g, x, axes, eps, weight, need_x, shape if need_w else None,
-                                                   shape if need_b else None)
+                return (*_standardize_grads_composed(g, x, axes, eps, weight, need_x, shape if need_w else None,
+                                                     shape if need_b else None), residual_grad(g))
             gbk = g._backend
             dtype = x._data.dtype
             gx, gw, gb = gbk.layer_norm_backward(
@@ -159,11 +167,24 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
                 flat(weight, gbk, dtype, (cols,)), need_x, need_w, need_b)
             return (None if gx is None else _wrap(gbk.reshape(gx, x_shape), gbk),
                     None if gw is None else _wrap(gbk.reshape(gw, shape), gbk),
-                    None if gb is None else _wrap(gbk.reshape(gb, shape), gbk))
+                    None if gb is None else _wrap(gbk.reshape(gb, shape), gbk), residual_grad(g))
 
         saved = (x, _wrap(mean, bk), _wrap(rstd, bk)) + ((weight,) if has_w else ())
-        _record(out, "LayerNorm", (x, weight, bias), saved, bw)
+        _record(out, "LayerNorm", (x, weight, bias, residual), saved, bw)
     return out
+
+
+def layer_norm_residual(input: Tensor, module: LayerNorm, residual: Tensor) -> Tensor:
+    """``residual + module(input)`` for a :class:`LayerNorm` ``module`` in one kernel on CUDA and OpenCL (the
+    sum written in place of the normalised values: a residual block ending in a LayerNorm, as
+    ``FlowBuilder.also`` runs one). Falls back to the two ops where the operands differ in shape, dtype or
+    device. Hooks on ``module`` are the caller's business (``also`` takes this path only without them)."""
+    shape = tuple(module.normalized_shape)
+    k = len(shape)
+    if (tuple(residual.shape) != tuple(input.shape) or residual.dtype != input.dtype
+            or residual._backend is not input._backend or k == 0 or tuple(input.shape[input.ndim - k:]) != shape):
+        return residual + module(input)
+    return _layer_norm(input, shape, module.eps, module.weight, module.bias, residual)
 
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:

@@ -31,7 +31,7 @@ import numpy as np
 from ..autograd.grad_mode import no_grad
 from ..backends import get_backend
 from ..builder.graph import Graph
-from ..builder.nodes import LoopNode, MapNode, Node, SwitchNode, _halt_mask, _row_view, call_with_refs
+from ..builder.nodes import AlsoNode, LoopNode, MapNode, Node, SwitchNode, _halt_mask, _row_view, call_with_refs
 from ..errors import FlowError
 from ..nn.module import Module
 from ..tensor import Tensor, int64, ones, where
@@ -138,6 +138,8 @@ class _Exporter:
             return self.switch(graph, node, values)
         if isinstance(node, MapNode) and node.mode != "slices" and not node.batched:
             return self.map_rows(graph, node, values)
+        if isinstance(node, AlsoNode):  # every module called, so each gets its ONNX form (no fused LayerNorm)
+            return node.run_modules(graph, values)
         return node.run(graph, values)
 
     def _real(self, graph: Graph, node: Node, values: dict, name: str) -> Tensor:

@@ -77,6 +77,25 @@ def test_bias_grad_override_matches_the_generic_default(device, rows, cols, g_pe
         np.testing.assert_allclose(fast, generic, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("rows,cols", [(1, 5), (40, 7), (300, 520)])
+@pytest.mark.parametrize("x_pending", [False, True], ids=["x", "x-pending"])
+def test_layer_norm_with_a_residual_matches_the_generic_default(device, rows, cols, x_pending):
+    """``layer_norm(..., residual)`` is ``residual + y``: written by the forward kernel on CUDA and OpenCL."""
+    be = get_backend(device)
+    rng = np.random.default_rng(rows + cols)
+    x, res = (rng.standard_normal((rows, cols)).astype(F32) for _ in range(2))
+    w, b, bias = (rng.standard_normal(cols).astype(F32) for _ in range(3))
+    results = []
+    for impl in (type(be), Backend):
+        xd = be.from_host(x)
+        if x_pending:
+            xd = be.gelu_exact(be.add(xd, be.from_host(bias)))[0]
+        out = impl.layer_norm(be, xd, be.from_host(w), be.from_host(b), 1e-5, be.from_host(res))
+        results.append(_host(be, [*out, xd]))
+    for fast, generic in zip(*results):
+        np.testing.assert_allclose(fast, generic, rtol=2e-5, atol=2e-5)
+
+
 def test_layer_norm_param_grads_on_small_work_groups(device, monkeypatch):
     """A device whose work-groups take 4 items runs 4-column strips of one lane: the same gradients."""
     be = get_backend(device)
@@ -174,6 +193,7 @@ def test_shared_source_is_dialect_neutral():
 ALL_SPECS = {
     "layer_norm": row_kernels.layer_norm_forward(True, True),
     "layer_norm_plain": row_kernels.layer_norm_forward(False, False),
+    "layer_norm_residual": row_kernels.layer_norm_forward(False, True, None, True),
     "layer_norm_backward": row_kernels.layer_norm_backward(True),
     "layer_norm_backward_plain": row_kernels.layer_norm_backward(False),
     "layer_norm_backward_pair": row_kernels.layer_norm_backward(True, True),
@@ -228,7 +248,7 @@ def _cuda_prologue(dtype: np.dtype) -> row_kernels.Prologue:
 
 
 def _computed_layer_norm(dtype: np.dtype) -> row_kernels.RowKernel:
-    return row_kernels.layer_norm_forward(True, True, _cuda_prologue(dtype))
+    return row_kernels.layer_norm_forward(True, True, _cuda_prologue(dtype), True)
 
 
 def _computed_column_sum(dtype: np.dtype) -> row_kernels.RowKernel:

@@ -64,6 +64,34 @@ def test_also_is_residual(device):
     _check(g, lambda x: a(x) + r(a(x)), _x(device))
 
 
+@pytest.mark.parametrize("affine", [True, False])
+def test_also_with_a_layer_norm_tail_is_the_residual(device, affine, monkeypatch):
+    """A block ending in a LayerNorm runs the norm and the residual sum as one op (one kernel on CUDA and
+    OpenCL): the values and gradients of ``x + block(x)`` (float64 gradcheck). A hook on the LayerNorm sends
+    the block back through its modules' calls, with the same results."""
+    import flowgraph.builder.nodes as nodes
+
+    need_f64(device)
+    fused = []
+
+    def counted(*args):
+        fused.append(1)
+        return layer_norm_residual(*args)
+
+    layer_norm_residual = nodes.layer_norm_residual
+    monkeypatch.setattr(nodes, "layer_norm_residual", counted)
+    a = _dense(device)
+    block = nn.Sequential(nn.Linear(D, D, device=device, dtype=fg.float64), nn.GELU(),
+                          nn.LayerNorm(D, elementwise_affine=affine, device=device, dtype=fg.float64))
+    g = FlowBuilder.from_(a).also(block).build()
+    _check(g, lambda x: a(x) + block(a(x)), _x(device))
+    assert fused
+    fused.clear()
+    block[2].register_forward_hook(lambda m, args, out: None)
+    _check(g, lambda x: a(x) + block(a(x)), _x(device))
+    assert not fused
+
+
 def test_fork_keeps_main_stream(device):
     need_f64(device)
     a, side, b = _dense(device), _dense(device, D, 2), _dense(device)

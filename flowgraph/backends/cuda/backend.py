@@ -1033,16 +1033,18 @@ class CupyBackend(LazyEngine, ArrayBackend):
             self._realized_into(pending, g_out)
         return sums.reshape(cols)
 
-    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
+                   residual: Array | None = None) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one thread block per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise (16-bit
         inputs come back here in float32). A pending ``x`` (a linear layer's bias and activation) is computed
         by the kernel itself (``LazyEngine._row_input``), which writes it out for the backward: no kernel of
-        its own first."""
+        its own first. A ``residual`` is added by the kernel as it writes ``y``."""
         self._use()
         if x.dtype not in (K.F32, K.F64) or len(x.shape) != 2 or any(
-                t is not None and t.dtype != x.dtype for t in (weight, bias)):
-            return super().layer_norm(x, weight, bias, eps)
+                t is not None and t.dtype != x.dtype for t in (weight, bias)) or (
+                residual is not None and (residual.dtype != x.dtype or tuple(residual.shape) != tuple(x.shape))):
+            return super().layer_norm(x, weight, bias, eps, residual)
         rows, cols = x.shape
         dtype = x.dtype
         computed = self._row_input(x, rows * cols > 0)
@@ -1058,21 +1060,23 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 value = leaf.value
                 args += [value, np.int64(0), *(np.int64(st // item) for st in value.strides)]
             args += [sc.value for sc in flat[2]]
-        w, b = (None if t is None else cupy.ascontiguousarray(self._arr(t)) for t in (weight, bias))
+        w, b, res = (None if t is None else cupy.ascontiguousarray(self._arr(t)) for t in (weight, bias, residual))
         y = cupy.empty((rows, cols), dtype=dtype)
         mean, rstd = cupy.empty((rows,), dtype=dtype), cupy.empty((rows,), dtype=dtype)
         if rows and cols:
-            for t in (w, b):
+            for t in (w, b, res):
                 if t is not None:
                     args += [t, zero]
             args += [y, mean, rstd, dtype.type(eps)]
             has = (w is not None, b is not None)
+            added = res is not None
             if computed is None:
-                kernel = self._row_kernel(R.layer_norm_forward(*has), dtype, ("layer_norm", *has))
+                kernel = self._row_kernel(R.layer_norm_forward(*has, None, added), dtype,
+                                          ("layer_norm", *has, added))
             else:
                 kernel = self._row_kernel(
-                    lambda: R.layer_norm_forward(*has, R.prologue(linearize(pending), K.CudaEmitter())), dtype,
-                    ("layer_norm", *has, flat[0]))
+                    lambda: R.layer_norm_forward(*has, R.prologue(linearize(pending), K.CudaEmitter()), added),
+                    dtype, ("layer_norm", *has, added, flat[0]))
                 args.append(x_out.value)
             kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), tuple(args))
             if computed is not None:

@@ -830,15 +830,18 @@ class OpenCLBackend(LazyEngine, Backend):
             self._realized_into(pending, g_out)
         return self.reshape(sums, (cols,))
 
-    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float) -> tuple:
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
+                   residual: Array | None = None) -> tuple:
         """Optional fused composite (see ``Backend.layer_norm``): one kernel, one work-group per row, for
         float32/float64 ``x`` with ``weight``/``bias`` of its dtype; the generic default otherwise. A pending
         ``x`` (a linear layer's bias and activation) is computed by the kernel itself
-        (``LazyEngine._row_input``), which writes it out for the backward: no kernel of its own first."""
+        (``LazyEngine._row_input``), which writes it out for the backward: no kernel of its own first. A
+        ``residual`` is added by the kernel as it writes ``y``."""
         x = self._own(x, "layer_norm")
         if x.dtype not in (_F32, _F64) or x.ndim != 2 or any(
-                t is not None and t.dtype != x.dtype for t in (weight, bias)):
-            return super().layer_norm(x, weight, bias, eps)
+                t is not None and t.dtype != x.dtype for t in (weight, bias)) or (
+                residual is not None and (residual.dtype != x.dtype or tuple(residual.shape) != tuple(x.shape))):
+            return super().layer_norm(x, weight, bias, eps, residual)
         rows, cols = x.shape
         dtype = x.dtype
         computed = self._row_input(x, rows * cols > 0)
@@ -846,6 +849,7 @@ class OpenCLBackend(LazyEngine, Backend):
         if computed is None:
             x = self._row_operand(x, "layer_norm")
         w, b = (None if t is None else self._row_operand(t, "layer_norm") for t in (weight, bias))
+        res = None if residual is None else self._row_operand(residual, "layer_norm")
         y, mean, rstd = self.empty((rows, cols), dtype), self.empty((rows,), dtype), self.empty((rows,), dtype)
         if rows and cols:
             args: list[Any] = [cols]
@@ -856,7 +860,7 @@ class OpenCLBackend(LazyEngine, Backend):
                 for leaf in flat[1]:
                     args += [leaf.buffer, leaf.offset, *leaf.strides]
                 args += _scalar_args(flat[2])
-            for t in (w, b):
+            for t in (w, b, res):
                 if t is not None:
                     args += [t.buffer, t.offset]
             args += [y.buffer, mean.buffer, rstd.buffer, dtype.type(eps)]
@@ -864,13 +868,13 @@ class OpenCLBackend(LazyEngine, Backend):
 
             def spec() -> R.RowKernel:
                 found = None if computed is None else R.prologue(linearize(pending), K.OpenCLEmitter())
-                return R.layer_norm_forward(*has, found)
+                return R.layer_norm_forward(*has, found, res is not None)
 
             if computed is None:
-                self._row_launch(spec, ("layer_norm", dtype.str, *has), dtype, rows, cols, args)
+                self._row_launch(spec, ("layer_norm", dtype.str, *has, res is not None), dtype, rows, cols, args)
             else:
-                self._row_launch(spec, ("layer_norm", dtype.str, *has, flat[0]), dtype, rows, cols,
-                                 args + [x_out.buffer])
+                self._row_launch(spec, ("layer_norm", dtype.str, *has, res is not None, flat[0]), dtype, rows,
+                                 cols, args + [x_out.buffer])
                 self._realized_into(pending, x_out)
         return y, mean, rstd
 
