@@ -127,13 +127,19 @@ class ModuleNode(Node):
         return call_with_refs(self.module, x, graph._resolve_refs(self, x, values))
 
 
+def _wrapped(m: Module) -> bool:
+    """Whether ``m``'s call does more than its class's ``forward``: hooks, or a ``forward`` of the instance's own
+    (``Graph.checkpoint_activations`` recomputes a block that way)."""
+    return bool(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__)
+
+
 class AlsoNode(ModuleNode):
     """``.also(m)``: the residual ``x + m(x, **refs)``.
 
     A block that is an ``nn.Sequential`` ending in an ``nn.LayerNorm`` (a transformer-style residual block),
-    with no hooks on either and no refs, runs its other modules and then the LayerNorm and the residual sum as
-    one op (``nn.normalization.layer_norm_residual``: one kernel on CUDA and OpenCL, the sum written in place
-    of the normalised values). Values and gradients are those of ``x + m(x)``.
+    with no hooks or checkpointing on either and no refs, runs its other modules and then the LayerNorm and
+    the residual sum as one op (``nn.normalization.layer_norm_residual``: one kernel on CUDA and OpenCL, the
+    sum written in place of the normalised values). Values and gradients are those of ``x + m(x)``.
     """
 
     def __init__(self, call: Call, module: Module, source: int, output: int):
@@ -142,10 +148,10 @@ class AlsoNode(ModuleNode):
     def _norm_tail(self) -> tuple[list[Module], LayerNorm] | None:
         """``(modules before the LayerNorm, the LayerNorm)`` when the block is that pattern, else None."""
         m = self.module
-        if type(m) is not Sequential or self.refs or m._forward_hooks or m._forward_pre_hooks:
+        if type(m) is not Sequential or self.refs or _wrapped(m):
             return None
         mods = list(m._modules.values())
-        if not mods or type(mods[-1]) is not LayerNorm or mods[-1]._forward_hooks or mods[-1]._forward_pre_hooks:
+        if not mods or type(mods[-1]) is not LayerNorm or _wrapped(mods[-1]):
             return None
         return mods[:-1], mods[-1]
 
