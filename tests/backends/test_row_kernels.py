@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flowgraph.backends import get_backend, row_kernels
 from flowgraph.backends.base import Backend
@@ -94,6 +96,38 @@ def test_layer_norm_with_a_residual_matches_the_generic_default(device, rows, co
         results.append(_host(be, [*out, xd]))
     for fast, generic in zip(*results):
         np.testing.assert_allclose(fast, generic, rtol=2e-5, atol=2e-5)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_computed_inputs_property(device, data):
+    """Random shapes (empty ones included) and a pending input over a row-broadcast, a column-broadcast and
+    (maybe) a reversed leaf: ``bias_grad`` sums it, ``layer_norm`` (with or without a residual) normalises it,
+    both as NumPy does, and the pending input holds its values afterwards."""
+    be = get_backend(device)
+    rows, cols = data.draw(st.integers(0, 70), label="rows"), data.draw(st.integers(0, 40), label="cols")
+    flip = data.draw(st.booleans(), label="flip")
+    residual = data.draw(st.booleans(), label="residual")
+    rng = np.random.default_rng(rows * 41 + cols)
+    a, res = (rng.standard_normal((rows, cols)).astype(F32) for _ in range(2))
+    b, c = rng.standard_normal(cols).astype(F32), rng.standard_normal((rows, 1)).astype(F32)
+    want = (a + b) * c - np.float32(0.5)
+
+    def pending():
+        xa = be.flip(be.from_host(a[:, ::-1].copy()), (1,)) if flip and cols else be.from_host(a)
+        return be.sub(be.mul(be.add(xa, be.from_host(b)), be.from_host(c)), 0.5)
+
+    g = pending()
+    np.testing.assert_allclose(be.to_host(be.bias_grad(g)), want.sum(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(be.to_host(g), want, rtol=1e-6, atol=1e-6)
+    if cols == 0:
+        return
+    x = pending()
+    y, mean, rstd = be.layer_norm(x, None, None, 1e-5, be.from_host(res) if residual else None)
+    mu = want.mean(1, keepdims=True)
+    r = 1 / np.sqrt(((want - mu) ** 2).mean(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(be.to_host(y), (want - mu) * r + (res if residual else 0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(be.to_host(x), want, rtol=1e-6, atol=1e-6)
 
 
 def test_layer_norm_param_grads_on_small_work_groups(device, monkeypatch):
