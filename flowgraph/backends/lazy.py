@@ -31,7 +31,8 @@ import numpy as np
 
 from ..errors import BackendError, ShapeError
 from . import fusion
-from .fusion import Expr, Scalar, result_dtype
+from . import row_kernels as R
+from .fusion import Expr, Scalar, linearize, result_dtype
 
 #: Python and NumPy scalar types a primitive takes in place of an array.
 SCALAR_TYPES = (bool, int, float, np.generic)
@@ -119,6 +120,7 @@ class LazyEngine:
     * ``_fill(dst, scalar)``: write one :class:`Scalar` into every element of the realized view ``dst``.
     * ``_strides(x)``: the element strides of the realized ``x`` (zero on broadcast axes).
     * ``check_dtype(dtype, where)``: the dtype, or a BackendError naming what the device supports.
+    * ``_emitter``: its ``fusion.CEmitter`` class (row kernels' computed inputs are written in its dialect).
     """
 
     _lazy_type: type
@@ -248,6 +250,11 @@ class LazyEngine:
         if any(leaf.shape != x.shape for leaf in leaves):  # the engine broadcasts leaves to the node's shape
             return None
         return flat, self._fresh(x.shape, dtype)
+
+    def _prologue(self, pending: Any) -> R.Prologue:
+        """The ``row_kernels.Prologue`` computing the pending array ``pending`` (``_row_input``), written by this
+        backend's emitter; called only when the kernel that takes it is compiled."""
+        return R.prologue(linearize(pending), self._emitter())
 
     def _write(self, dst: Any, src: Any) -> None:
         """Evaluate ``src`` (a ``_lazy_type`` or a :class:`Scalar`, broadcast, converted) into the realized view

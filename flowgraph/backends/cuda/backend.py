@@ -135,6 +135,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
     _lazy_type = LazyArray
     _array_name = "a CUDA array"
+    _emitter = K.CudaEmitter
 
     def __init__(self, device: str = "cuda:0"):
         kind, _, index = device.partition(":")
@@ -1018,20 +1019,24 @@ class CupyBackend(LazyEngine, ArrayBackend):
         dtype = g.dtype
         computed = self._row_input(g, True)
         if computed is None:
-            sums = self._strip_launch(R.column_sum(), ("column_sum",), dtype, rows, cols, 1,
+            sums = self._strip_launch(R.column_sum, ("column_sum",), dtype, rows, cols, 1,
                                       [cupy.ascontiguousarray(self._arr(g)), np.int64(0)])
         else:
             flat, g_out = computed
-            args: list[Any] = []
-            for leaf in flat[1]:
-                value = leaf.value
-                args += [value, np.int64(0), *(np.int64(st // dtype.itemsize) for st in value.strides)]
-            args += [sc.value for sc in flat[2]] + [g_out.value]
-            pending = g
-            sums = self._strip_launch(lambda: R.column_sum(R.prologue(linearize(pending), K.CudaEmitter())),
-                                      ("column_sum", flat[0]), dtype, rows, cols, 1, args)
-            self._realized_into(pending, g_out)
+            sums = self._strip_launch(lambda: R.column_sum(self._prologue(g)), ("column_sum", flat[0]), dtype,
+                                      rows, cols, 1, [*self._prologue_args(flat), g_out.value])
+            self._realized_into(g, g_out)
         return sums.reshape(cols)
+
+    @staticmethod
+    def _prologue_args(flat: tuple) -> list[Any]:
+        """The kernel arguments of a computed input (``LazyEngine._row_input``'s ``flat``): each leaf with
+        offset 0 (CuPy's pointer has it) and its two element strides, then the scalars."""
+        args: list[Any] = []
+        for leaf in flat[1]:
+            value = leaf.value
+            args += [value, np.int64(0), *(np.int64(st // value.itemsize) for st in value.strides)]
+        return args + [sc.value for sc in flat[2]]
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
                    residual: Array | None = None) -> tuple:
@@ -1055,11 +1060,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
             args += [cupy.ascontiguousarray(self._arr(x)), zero]
         else:
             flat, x_out = computed
-            item = dtype.itemsize
-            for leaf in flat[1]:
-                value = leaf.value
-                args += [value, np.int64(0), *(np.int64(st // item) for st in value.strides)]
-            args += [sc.value for sc in flat[2]]
+            args += self._prologue_args(flat)
         w, b, res = (None if t is None else cupy.ascontiguousarray(self._arr(t)) for t in (weight, bias, residual))
         y = cupy.empty((rows, cols), dtype=dtype)
         mean, rstd = cupy.empty((rows,), dtype=dtype), cupy.empty((rows,), dtype=dtype)
@@ -1071,12 +1072,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
             has = (w is not None, b is not None)
             added = res is not None
             if computed is None:
-                kernel = self._row_kernel(R.layer_norm_forward(*has, None, added), dtype,
+                kernel = self._row_kernel(lambda: R.layer_norm_forward(*has, None, added), dtype,
                                           ("layer_norm", *has, added))
             else:
-                kernel = self._row_kernel(
-                    lambda: R.layer_norm_forward(*has, R.prologue(linearize(pending), K.CudaEmitter()), added),
-                    dtype, ("layer_norm", *has, added, flat[0]))
+                kernel = self._row_kernel(lambda: R.layer_norm_forward(*has, self._prologue(pending), added),
+                                          dtype, ("layer_norm", *has, added, flat[0]))
                 args.append(x_out.value)
             kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), tuple(args))
             if computed is not None:

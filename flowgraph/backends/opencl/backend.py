@@ -92,6 +92,7 @@ class OpenCLBackend(LazyEngine, Backend):
     name = "opencl"
     _lazy_type = CLArray
     _array_name = "a CLArray"
+    _emitter = K.OpenCLEmitter
     #: Work-group size cap for reductions (a power of two).
     REDUCE_GROUP = 256
     #: Reductions with fewer outputs than ``fusion.MIN_REDUCTION_BLOCKS`` and more inputs per output than
@@ -720,12 +721,16 @@ class OpenCLBackend(LazyEngine, Backend):
         a = self.realize(self._own(a, where))
         return a if is_contiguous(a.shape, a.strides) else self.contiguous(a)
 
+    def _row_kernel(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype) -> Any:
+        """The compiled shared row kernel ``spec`` for ``dtype`` (cached by ``key``; ``spec`` may be a function
+        making it, called only when ``key`` is not compiled yet)."""
+        return self._kernel(key, lambda: K.row_kernel_source(spec if isinstance(spec, R.RowKernel) else spec(),
+                                                             dtype))
+
     def _row_launch(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype, rows: int,
                     cols: int, args: list[Any]) -> None:
-        """Run a row kernel with one work-group per row (``spec`` may be a function making it: called only
-        when ``key`` is not compiled yet)."""
-        kernel = self._kernel(key, lambda: K.row_kernel_source(spec if isinstance(spec, R.RowKernel) else spec(),
-                                                               dtype))
+        """Run a row kernel with one work-group per row."""
+        kernel = self._row_kernel(spec, key, dtype)
         group = R.row_group(cols, self._group_limit(kernel))
         kernel(self.queue, (rows * group,), (group,), *args)
 
@@ -795,8 +800,7 @@ class OpenCLBackend(LazyEngine, Backend):
                       rows: int, cols: int, sums: int, args: list[Any]) -> CLArray:
         """Run a column-sum kernel (``row_kernels._strip_sums``) over ``(rows, cols)``: the ``(sums, cols)``
         sums, the row chunks' partial sums added by a second launch when there are several."""
-        kernel = self._kernel(key, lambda: K.row_kernel_source(spec if isinstance(spec, R.RowKernel) else spec(),
-                                                               dtype))
+        kernel = self._row_kernel(spec, key, dtype)
         width, lanes, parts, chunk = R.param_grad_layout(rows, cols, self._group_limit(kernel, R.STRIP_GROUP))
         strips, total = -(-cols // width), parts * cols
         partial = self.empty((sums, parts, cols), dtype)
@@ -816,19 +820,23 @@ class OpenCLBackend(LazyEngine, Backend):
         computed = self._row_input(g, True)
         if computed is None:
             g = self._row_operand(g, "bias_grad")
-            sums = self._strip_launch(R.column_sum(), ("column_sum", dtype.str), dtype, rows, cols, 1,
+            sums = self._strip_launch(R.column_sum, ("column_sum", dtype.str), dtype, rows, cols, 1,
                                       [g.buffer, g.offset])
         else:
             flat, g_out = computed
-            args: list[Any] = []
-            for leaf in flat[1]:
-                args += [leaf.buffer, leaf.offset, *leaf.strides]
-            args += _scalar_args(flat[2]) + [g_out.buffer]
-            pending = g
-            sums = self._strip_launch(lambda: R.column_sum(R.prologue(linearize(pending), K.OpenCLEmitter())),
-                                      ("column_sum", dtype.str, flat[0]), dtype, rows, cols, 1, args)
-            self._realized_into(pending, g_out)
+            sums = self._strip_launch(lambda: R.column_sum(self._prologue(g)), ("column_sum", dtype.str, flat[0]),
+                                      dtype, rows, cols, 1, [*self._prologue_args(flat), g_out.buffer])
+            self._realized_into(g, g_out)
         return self.reshape(sums, (cols,))
+
+    @staticmethod
+    def _prologue_args(flat: tuple) -> list[Any]:
+        """The kernel arguments of a computed input (``LazyEngine._row_input``'s ``flat``): each leaf's buffer,
+        offset and two strides, then the scalars."""
+        args: list[Any] = []
+        for leaf in flat[1]:
+            args += [leaf.buffer, leaf.offset, *leaf.strides]
+        return args + _scalar_args(flat[2])
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
                    residual: Array | None = None) -> tuple:
@@ -857,9 +865,7 @@ class OpenCLBackend(LazyEngine, Backend):
                 args += [x.buffer, x.offset]
             else:
                 flat, x_out = computed
-                for leaf in flat[1]:
-                    args += [leaf.buffer, leaf.offset, *leaf.strides]
-                args += _scalar_args(flat[2])
+                args += self._prologue_args(flat)
             for t in (w, b, res):
                 if t is not None:
                     args += [t.buffer, t.offset]
@@ -867,8 +873,8 @@ class OpenCLBackend(LazyEngine, Backend):
             has = (w is not None, b is not None)
 
             def spec() -> R.RowKernel:
-                found = None if computed is None else R.prologue(linearize(pending), K.OpenCLEmitter())
-                return R.layer_norm_forward(*has, found, res is not None)
+                return R.layer_norm_forward(*has, None if computed is None else self._prologue(pending),
+                                            res is not None)
 
             if computed is None:
                 self._row_launch(spec, ("layer_norm", dtype.str, *has, res is not None), dtype, rows, cols, args)
