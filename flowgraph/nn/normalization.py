@@ -151,15 +151,14 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
         need_b = bias is not None and bias.requires_grad
         axes = tuple(range(len(x_shape) - len(shape), len(x_shape)))
 
-        residual_grad = (lambda g: g) if need_r else (lambda g: None)
-
         def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
             weight = rest[0] if has_w else None
+            gr = g if need_r else None  # the residual's gradient is the output's
             if not (need_x or need_w or need_b):  # only the residual asks
-                return None, None, None, residual_grad(g)
+                return None, None, None, gr
             if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
                 return (*_standardize_grads_composed(g, x, axes, eps, weight, need_x, shape if need_w else None,
-                                                     shape if need_b else None), residual_grad(g))
+                                                     shape if need_b else None), gr)
             gbk = g._backend
             dtype = x._data.dtype
             gx, gw, gb = gbk.layer_norm_backward(
@@ -167,7 +166,7 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
                 flat(weight, gbk, dtype, (cols,)), need_x, need_w, need_b)
             return (None if gx is None else _wrap(gbk.reshape(gx, x_shape), gbk),
                     None if gw is None else _wrap(gbk.reshape(gw, shape), gbk),
-                    None if gb is None else _wrap(gbk.reshape(gb, shape), gbk), residual_grad(g))
+                    None if gb is None else _wrap(gbk.reshape(gb, shape), gbk), gr)
 
         saved = (x, _wrap(mean, bk), _wrap(rstd, bk)) + ((weight,) if has_w else ())
         _record(out, "LayerNorm", (x, weight, bias, residual), saved, bw)
