@@ -500,7 +500,7 @@ class NumpyBackend(ArrayBackend):
         """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))`` in one scratch array (the generic default's operations
         and order, without a fresh array per step); the generic default unless ``g`` is a NumPy array of
         ``x``'s dtype and shape."""
-        if type(g) is not np.ndarray or g.dtype != x.dtype or g.shape != x.shape:
+        if type(g) is not np.ndarray or g.dtype != x.dtype or g.shape != x.shape or g.ndim == 0 or cdf is None:
             return super().gelu_exact_backward(g, x, cdf)
         t = np.multiply(x, x)
         t *= -0.5

@@ -220,14 +220,19 @@ class Backend:
         ``result is dst``. The generic default returns a new sum."""
         return self.add(dst, src)
 
-    def gelu_exact(self, x: Array) -> tuple[Array, Array]:
-        """Exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2`` (the cdf is saved for the
-        backward). Generic default in primitives; backends finish it in place or in one kernel."""
+    def gelu_exact(self, x: Array) -> tuple[Array, Array | None]:
+        """Exact GELU: ``(x * cdf, saved)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2``; ``saved`` is what
+        ``gelu_exact_backward`` takes besides ``x`` (here the cdf; None for a backend whose backward computes
+        the derivative from ``x`` alone, as the lazy CUDA and OpenCL backends do). Generic default in
+        primitives; backends finish it in place or in one kernel."""
         cdf = self.mul(self.add(self.erf(self.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
         return self.mul(x, cdf), cdf
 
-    def gelu_exact_backward(self, g: Array, x: Array, cdf: Array) -> Array:
-        """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))``, the input gradient of ``gelu_exact``."""
+    def gelu_exact_backward(self, g: Array, x: Array, cdf: Array | None) -> Array:
+        """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))``, the input gradient of ``gelu_exact`` (``cdf`` is the
+        forward's ``saved``; computed again from ``x`` where it is None)."""
+        if cdf is None:
+            cdf = self.mul(self.add(self.erf(self.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
         pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
         return self.mul(g, self.add(cdf, self.mul(x, pdf)))
 

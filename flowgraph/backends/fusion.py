@@ -265,6 +265,8 @@ _NUMPY_UFUNCS: dict[str, str] = {
     "cos": "cos",
     "tanh": "tanh",
     "erf": "sin",
+    "gelu": "sin",
+    "gelu_grad": "sin",
     "abs": "abs",
     "sign": "sign",
     "reciprocal": "reciprocal",
@@ -348,6 +350,11 @@ _FLOAT_UNARY: dict[str, str] = {
     "cos": "cos({x})",
     "tanh": "tanh({x})",
     "erf": "erf({x})",
+    # exact GELU, x * cdf(x), and its derivative cdf(x) + x * pdf(x) (PyTorch's formulas): one instruction each,
+    # so a GELU is one lazy node forward and two backward (a multiply by g), not five and seven
+    "gelu": "({x} * ({T})0.5 * (({T})1 + erf({x} * ({T})0.70710678118654752440)))",
+    "gelu_grad": "(({T})0.5 * (({T})1 + erf({x} * ({T})0.70710678118654752440))"
+                 " + {x} * exp({x} * {x} * ({T})-0.5) * ({T})0.39894228040143267794)",
     "abs": "fabs({x})",
     "sign": "(isnan({x}) ? {x} : ({T})(({x} > 0) - ({x} < 0)))",
     "reciprocal": "(({T})1 / {x})",

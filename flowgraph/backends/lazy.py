@@ -423,6 +423,20 @@ class LazyEngine:
             found = self._result_dtypes[key] = self.check_dtype(result_dtype(op, dtype), op)
         return found
 
+    def gelu_exact(self, x: Any) -> tuple[Any, None]:
+        """Exact GELU as one pending ``gelu`` instruction, and nothing saved: the backward computes the
+        derivative from ``x`` in the kernel that consumes it (one input-sized array fewer kept per GELU, as
+        PyTorch keeps only the input). With fusion off, the generic default."""
+        if not fusion.is_enabled():
+            return super().gelu_exact(x)
+        return self._unary("gelu", x), None
+
+    def gelu_exact_backward(self, g: Any, x: Any, saved: Any) -> Any:
+        """``g * gelu_grad(x)``, two pending instructions (``saved`` is used where the generic forward made it)."""
+        if saved is not None or not fusion.is_enabled():
+            return super().gelu_exact_backward(g, x, saved)
+        return self.mul(g, self._unary("gelu_grad", x))
+
     def _unary(self, op: str, a: Any) -> Any:
         """A pending ``op(a)``."""
         if self._operand(a, op) is None:

@@ -200,11 +200,25 @@ def _affine(y: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
     return y
 
 
-def _update_running(running: Tensor | None, value: Tensor, momentum: float) -> None:
+def _update_running(running: Tensor | None, value: Tensor, momentum: float, scale: float = 1.0) -> None:
+    """``running = (1 - momentum) * running + momentum * scale * value`` in place (``value`` detached, of
+    ``running``'s size): one pending expression written by one backend ``assign``, not two in-place tensor
+    ops (batch norm runs this twice a layer each training step)."""
     if running is None:
         return
-    with no_grad():
-        running.mul_(1.0 - momentum).add_(value.reshape(running.shape).to(running.dtype) * momentum)
+    if running._view is not None or running.requires_grad:  # the general in-place path (views, autograd)
+        with no_grad():
+            running.mul_(1.0 - momentum).add_(value.reshape(running.shape).to(running.dtype) * (momentum * scale))
+        return
+    bk = running._backend
+    v = value._data
+    if tuple(v.shape) != tuple(running.shape):
+        v = bk.reshape(v, tuple(running.shape))
+    if v.dtype != running._data.dtype:
+        v = bk.cast(v, running._data.dtype)
+    new = bk.add(bk.mul(running._data, 1.0 - momentum), bk.mul(v, momentum * scale))
+    running._data = bk.assign(running._data, new)
+    running._bump_version()
 
 
 # ---------------------------------------------------------------------- functional forms
@@ -248,7 +262,7 @@ def batch_norm(
         y, mean, var = _standardize(input, axes, eps, w, b)
         if training:
             _update_running(running_mean, mean, momentum)
-            _update_running(running_var, var * (count / max(count - 1, 1)), momentum)
+            _update_running(running_var, var, momentum, count / max(count - 1, 1))
         return y
     scale = _channel_view((running_var.detach() + eps).rsqrt(), nd)
     shift = _channel_view(running_mean.detach(), nd)

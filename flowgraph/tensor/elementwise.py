@@ -662,18 +662,19 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     bk = a._backend
     x = _float_data(a)
     if approximate == "none":
-        y, cdf = bk.gelu_exact(x)
+        y, saved = bk.gelu_exact(x)
         out = _wrap(y, bk)
         if a.requires_grad and STATE.enabled:
-            def bw(g, xc, cdf_saved):
+            def bw(g, xc, *rest):
                 if not STATE.enabled:
                     gbk = g._backend
-                    return (_wrap(gbk.gelu_exact_backward(g._data, _float_data(xc), cdf_saved._data), gbk),)
+                    cdf = rest[0]._data if rest else None
+                    return (_wrap(gbk.gelu_exact_backward(g._data, _float_data(xc), cdf), gbk),)
                 cdf_t = ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5  # create_graph: differentiable in x
                 pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
                 return (g * (cdf_t + xc * pdf),)
 
-            _record(out, "Gelu", (a,), (a, _wrap(cdf, bk)), bw)
+            _record(out, "Gelu", (a,), (a,) if saved is None else (a, _wrap(saved, bk)), bw)
         return out
     if approximate != "tanh":
         raise FlowError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")

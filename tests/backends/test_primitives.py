@@ -736,3 +736,33 @@ def test_split_reduction_keeps_outer_axes_only_for_long_reductions_to_few_output
     assert split_reduction((4, 1, 8, 16384), (0, 1, 2, 3)) == (0, 2)  # size-1 axes skipped
     kept = split_reduction((64, 64, 64, 64), (0, 1, 2, 3))
     assert kept == (0, 1) and 64 * 64 >= MIN_REDUCTION_BLOCKS
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("shape", [(), (0, 3), (7,), (33, 65)], ids=str)
+def test_gelu_exact_capability_matches_erf(device, dtype, shape):
+    """``gelu_exact`` and ``gelu_exact_backward`` (one ``gelu``/``gelu_grad`` instruction on the lazy backends,
+    nothing saved; in-place passes on NumPy) and the generic composition, with fusion on and off, against
+    ``math.erf``. The forward's input is pending, as a linear layer's output is."""
+    from flowgraph.backends import fusion
+
+    be = backend_for(device, dtype)
+    rng = np.random.default_rng(len(shape))
+    x, b, g = (rng.standard_normal(shape).astype(dtype) * 3 for _ in range(3))
+    pre = x + b
+    cdf = 0.5 * (1 + np.vectorize(math.erf, otypes=[float])(pre / math.sqrt(2)))
+    want_y = pre * cdf
+    want_gx = g * (cdf + pre * np.exp(-pre * pre / 2) / math.sqrt(2 * math.pi))
+    # float32 to its rounding; float64 to the NumPy backend's erf fit (1e-10 relative)
+    tol = dict(rtol=3e-6, atol=3e-6) if np.dtype(dtype) == F32 else dict(rtol=1e-9, atol=1e-10)
+    try:
+        for fused in (True, False):
+            fusion.set_enabled(fused)
+            for impl in (type(be), Backend):
+                xd = be.add(be.from_host(x), be.from_host(b))
+                y, saved = impl.gelu_exact(be, xd)
+                gx = impl.gelu_exact_backward(be, be.from_host(g), xd, saved)
+                np.testing.assert_allclose(be.to_host(y), want_y, **tol)
+                np.testing.assert_allclose(be.to_host(gx), want_gx, **tol)
+    finally:
+        fusion.set_enabled(True)
