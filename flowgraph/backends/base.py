@@ -298,6 +298,48 @@ class Backend:
         return bool(shapes) and all(
             len(s) <= ndim and all(s[a - ndim + len(s)] == 1 for a in axes if a >= ndim - len(s)) for s in shapes)
 
+    def batch_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
+                   running_mean: Array | None = None, running_var: Array | None = None,
+                   momentum: float = 0.1) -> tuple:
+        """Batch norm in training over ``x`` ``(N, C, *S)``: ``(y, mean, var, rstd)`` with ``y = (x - mean) *
+        rstd * weight + bias`` per channel (``weight``/``bias`` ``(C,)`` in ``x``'s dtype, or None), the batch
+        ``mean``, biased ``var`` and ``rstd = 1 / sqrt(var + eps)``, each ``(C,)``.
+
+        ``running_mean``/``running_var`` (``(C,)``, or None) are updated in place as PyTorch does:
+        ``r = (1 - momentum) * r + momentum * stat``, the variance unbiased (``count / (count - 1)``). Generic
+        default: ``standardize`` over ``(0, 2, ...)`` and one ``assign`` per running buffer; CUDA and OpenCL
+        run two kernels (rows' moments, then channels' statistics and the running update) and leave ``y``
+        pending, to be computed by whatever reads it.
+        """
+        c = x.shape[1]
+        view = (1, c) + (1,) * (len(x.shape) - 2)
+        w, b = (None if t is None else self.reshape(t, view) for t in (weight, bias))
+        axes = (0,) + tuple(range(2, len(x.shape)))
+        y, mean, var, _, rstd = self.standardize(x, axes, eps, w, b)
+        mean, var, rstd = (self.reshape(t, (c,)) for t in (mean, var, rstd))
+        count = math.prod(x.shape[a] for a in axes)
+        for run, stat, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
+            if run is not None:
+                stat = stat if stat.dtype == run.dtype else self.cast(stat, run.dtype)
+                self.assign(run, self.add(self.mul(run, 1.0 - momentum), self.mul(stat, momentum * scale)))
+        return y, mean, var, rstd
+
+    def batch_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
+                            need_x: bool, need_w: bool, need_b: bool) -> tuple:
+        """The gradients ``(gx, gw, gb)`` of ``batch_norm`` from the output gradient ``g``, the input ``x`` and
+        the ``mean``/``rstd`` it returned (None where not asked; ``gw``/``gb`` ``(C,)``). Generic default:
+        ``xhat`` again from ``x`` (as PyTorch keeps only the input and the statistics), then
+        ``standardize_backward`` with its per-channel shortcut."""
+        c = x.shape[1]
+        view = (1, c) + (1,) * (len(x.shape) - 2)
+        rstd = self.reshape(rstd, view)
+        xhat = self.mul(self.sub(x, self.reshape(mean, view)), rstd)
+        w = None if weight is None else self.reshape(weight, view)
+        axes = (0,) + tuple(range(2, len(x.shape)))
+        gx, gw, gb = self.standardize_backward(g, xhat, rstd, w, axes, need_x, view if need_w else None,
+                                               view if need_b else None)
+        return gx, *(None if t is None else self.reshape(t, (c,)) for t in (gw, gb))
+
     def bias_grad(self, g: Array) -> Array:
         """A linear layer's bias gradient: the 2-d ``g`` ``(rows, cols)`` summed over its rows, ``(cols,)``.
 

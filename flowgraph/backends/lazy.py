@@ -423,6 +423,90 @@ class LazyEngine:
             found = self._result_dtypes[key] = self.check_dtype(result_dtype(op, dtype), op)
         return found
 
+    # ----------------------------------------------------------------- batch norm (shared by CUDA and OpenCL)
+    #: Below this many elements per row (``prod(S)`` of ``(N, C, *S)``; 1 for BatchNorm1d's ``(N, C)``) the rows
+    #: are too short for a work-group each: the generic default runs.
+    BATCH_NORM_MIN_COLS = 4
+
+    def _batch_norm_layout(self, x: Any, *per_channel: Any) -> tuple[int, int, int] | None:
+        """``(n, channels, cols)`` where the batch norm kernels take ``x`` (float32/float64, rows long enough,
+        the per-channel arrays of its dtype), else None."""
+        shape = tuple(x.shape)
+        if x.dtype not in (np.float32, np.float64) or len(shape) < 3 or 0 in shape or any(
+                t is not None and t.dtype != x.dtype for t in per_channel):
+            return None
+        cols = 1
+        for d in shape[2:]:
+            cols *= d
+        return (shape[0], shape[1], cols) if cols >= self.BATCH_NORM_MIN_COLS else None
+
+    def batch_norm(self, x: Any, weight: Any, bias: Any, eps: float, running_mean: Any = None,
+                   running_var: Any = None, momentum: float = 0.1) -> tuple:
+        """Two kernels (``row_kernels.BATCH_NORM_ROW_MOMENTS``, then ``batch_norm_stats``, which also updates
+        the running statistics in place where they are contiguous and of ``x``'s dtype) and ``y = (x - mean) *
+        scale + bias`` left pending, to be computed by the kernel that reads it (a ReLU's, a convolution's
+        input copy); the generic default where ``_batch_norm_layout`` refuses."""
+        layout = self._batch_norm_layout(x, weight, bias)
+        if layout is None or not fusion.is_enabled():
+            return super().batch_norm(x, weight, bias, eps, running_mean, running_var, momentum)
+        n, c, cols = layout
+        dtype = x.dtype
+        xr = self._row_operand(x, "batch_norm")
+        row_mean, row_m2 = self._fresh((n * c,), dtype), self._fresh((n * c,), dtype)
+        self._launch_rows(R.BATCH_NORM_ROW_MOMENTS, ("bn_rows",), dtype, n * c, cols, [cols, xr, row_mean, row_m2])
+        # the kernel updates the running buffers where it can write them as they are (contiguous, x's dtype)
+        in_kernel = all(r is not None and r.dtype == dtype and self.is_contiguous(r)
+                        for r in (running_mean, running_var))
+        runs = [self._row_operand(r, "batch_norm") for r in (running_mean, running_var)] if in_kernel else []
+        mean, var, rstd, scale = (self._fresh((c,), dtype) for _ in range(4))
+        w = None if weight is None else self._row_operand(weight, "batch_norm")
+        count = n * cols
+        unbias = count / max(count - 1, 1)
+        args: list[Any] = [n, c, cols, row_mean, row_m2, *(() if w is None else (w,))]
+        if in_kernel:
+            for r in runs:
+                self._flush_readers(self._storage_id(self._as_leaf(r)))
+            args += runs
+        args += [mean, var, rstd, scale, float(eps), float(momentum), float(unbias)]
+        has = (w is not None, in_kernel)
+        self._launch_rows(lambda: R.batch_norm_stats(*has), ("bn_stats", *has), dtype, c, n, args)
+        if not in_kernel:
+            for run, stat, k in ((running_mean, mean, 1.0), (running_var, var, unbias)):
+                if run is not None:
+                    stat = stat if stat.dtype == run.dtype else self.cast(stat, run.dtype)
+                    self.assign(run, self.add(self.mul(run, 1.0 - momentum), self.mul(stat, momentum * k)))
+        view = (1, c) + (1,) * (len(x.shape) - 2)
+        y = self.mul(self.sub(xr, self.reshape(mean, view)), self.reshape(scale, view))
+        if bias is not None:
+            y = self.add(y, self.reshape(bias, view))
+        return y, mean, var, rstd
+
+    def batch_norm_backward(self, g: Any, x: Any, mean: Any, rstd: Any, weight: Any, need_x: bool, need_w: bool,
+                            need_b: bool) -> tuple:
+        """Two kernels (``BATCH_NORM_ROW_GRAD_SUMS``, then ``batch_norm_grads``: ``gw``, ``gb`` and the input
+        gradient's per-channel coefficients) and ``gx = g * a + (x - mean) * b + c`` left pending; the generic
+        default where ``_batch_norm_layout`` refuses."""
+        layout = self._batch_norm_layout(x, mean, rstd, weight)
+        if layout is None or g.dtype != x.dtype or tuple(g.shape) != tuple(x.shape) or not fusion.is_enabled():
+            return super().batch_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
+        n, c, cols = layout
+        dtype = x.dtype
+        gr, xr = self._row_operand(g, "batch_norm_backward"), self._row_operand(x, "batch_norm_backward")
+        mean, rstd = self._row_operand(mean, "batch_norm_backward"), self._row_operand(rstd, "batch_norm_backward")
+        sg, sgc = self._fresh((n * c,), dtype), self._fresh((n * c,), dtype)
+        self._launch_rows(R.BATCH_NORM_ROW_GRAD_SUMS, ("bn_grad_rows",), dtype, n * c, cols,
+                          [cols, c, gr, xr, mean, sg, sgc])
+        w = None if weight is None else self._row_operand(weight, "batch_norm_backward")
+        gw, gb, a, b, k = (self._fresh((c,), dtype) for _ in range(5))
+        self._launch_rows(lambda: R.batch_norm_grads(w is not None), ("bn_grads", w is not None), dtype, c, n,
+                          [n, c, cols, sg, sgc, rstd, *(() if w is None else (w,)), gw, gb, a, b, k])
+        gx = None
+        if need_x:
+            view = (1, c) + (1,) * (len(x.shape) - 2)
+            a, b, k, mean = (self.reshape(t, view) for t in (a, b, k, mean))
+            gx = self.add(self.add(self.mul(gr, a), self.mul(self.sub(xr, mean), b)), k)
+        return gx, gw if need_w else None, gb if need_b else None
+
     def gelu_exact(self, x: Any) -> tuple[Any, None]:
         """Exact GELU as one pending ``gelu`` instruction, and nothing saved: the backward computes the
         derivative from ``x`` in the kernel that consumes it (one input-sized array fewer kept per GELU, as

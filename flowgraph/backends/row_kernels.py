@@ -251,6 +251,134 @@ def layer_norm_backward(has_w: bool, g_pair: bool = False) -> RowKernel:
     return RowKernel("fg_layer_norm_backward" + "_g2" * g_pair, params, body)
 
 
+def _buffers(*named: tuple[str, str]) -> list[tuple[str, str]]:
+    """Buffer parameters, each followed by its element offset (``name_off``)."""
+    return [p for kind, name in named for p in ((kind, name), ("long", f"{name}_off"))]
+
+
+# Batch norm in training, over ``x`` ``(N, C, *S)`` viewed as ``N * C`` rows of ``cols = prod(S)``: a row kernel
+# takes each row's mean and sum of squared deviations (two passes, as LayerNorm's), then a channel kernel
+# merges the ``N`` rows of each channel exactly (Chan et al.: ``M2 = sum(M2_r) + cols * sum((mean_r -
+# mean)^2)``), so every work-group has work even where the channels are few and long (convnet's first layer:
+# 64 channels of 524,288 elements, 8,192 rows). The backward is the same pair over ``g`` and ``x``.
+BATCH_NORM_ROW_MOMENTS = RowKernel("fg_batch_norm_row_moments", [
+    ("long", "cols"), *_buffers(("in", "x"), ("out", "mean_out"), ("out", "m2_out"))], """
+  FG_LOCAL T scratch[FG_MAX_GROUP];
+  FG_LONG row = FG_GID;
+  int t = FG_LID, L = FG_LSIZE;
+  FG_GLOBAL const T* xr = x + x_off + row * cols;
+  T s = (T)0;
+  for (FG_LONG j = t; j < cols; j += L) s += xr[j];
+  T mean = fg_group_sum(scratch, s, t, L) * ((T)1 / (T)cols);
+  T q = (T)0;
+  for (FG_LONG j = t; j < cols; j += L) {
+    T d = xr[j] - mean;
+    q += d * d;
+  }
+  q = fg_group_sum(scratch, q, t, L);
+  if (t == 0) {
+    mean_out[mean_out_off + row] = mean;
+    m2_out[m2_out_off + row] = q;
+  }
+""")
+
+
+def batch_norm_stats(has_w: bool, has_running: bool) -> RowKernel:
+    """Per channel (one work-group each, over its ``n`` rows): the mean, the biased variance, ``rstd = 1 /
+    sqrt(var + eps)`` and ``scale = rstd * w`` (``rstd`` without a weight); with ``has_running`` the running
+    statistics are updated in place as PyTorch does, ``r = (1 - momentum) * r + momentum * stat`` (the
+    variance's unbiased by ``unbias = count / (count - 1)``)."""
+    params = [("long", "n"), ("long", "channels"), ("long", "cols")]
+    params += _buffers(("in", "rmean"), ("in", "rm2"))
+    params += _buffers(("in", "w")) if has_w else []
+    params += _buffers(("out", "run_mean"), ("out", "run_var")) if has_running else []
+    params += _buffers(("out", "mean_out"), ("out", "var_out"), ("out", "rstd_out"), ("out", "scale_out"))
+    params += [("scalar", "eps"), ("scalar", "momentum"), ("scalar", "unbias")]
+    running = """
+    run_mean[run_mean_off + c] = ((T)1 - momentum) * run_mean[run_mean_off + c] + momentum * mean;
+    run_var[run_var_off + c] = ((T)1 - momentum) * run_var[run_var_off + c] + momentum * (var * unbias);"""
+    body = f"""
+  FG_LOCAL T scratch[FG_MAX_GROUP];
+  FG_LONG c = FG_GID;
+  int t = FG_LID, L = FG_LSIZE;
+  T s = (T)0;
+  for (FG_LONG k = t; k < n; k += L) s += rmean[rmean_off + k * channels + c];
+  T mean = fg_group_sum(scratch, s, t, L) * ((T)1 / (T)n);
+  T q = (T)0;
+  for (FG_LONG k = t; k < n; k += L) {{
+    T d = rmean[rmean_off + k * channels + c] - mean;
+    q += rm2[rm2_off + k * channels + c] + (T)cols * d * d;
+  }}
+  T var = fg_group_sum(scratch, q, t, L) / ((T)n * (T)cols);
+  T rstd = (T)1 / sqrt(var + eps);
+  if (t == 0) {{
+    mean_out[mean_out_off + c] = mean;
+    var_out[var_out_off + c] = var;
+    rstd_out[rstd_out_off + c] = rstd;
+    scale_out[scale_out_off + c] = rstd{" * w[w_off + c]" if has_w else ""};{running if has_running else ""}
+  }}
+"""
+    return RowKernel("fg_batch_norm_stats" + "_w" * has_w + "_running" * has_running, params, body)
+
+
+BATCH_NORM_ROW_GRAD_SUMS = RowKernel("fg_batch_norm_row_grad_sums", [
+    ("long", "cols"), ("long", "channels"),
+    *_buffers(("in", "g"), ("in", "x"), ("in", "mean"), ("out", "sg_out"), ("out", "sgc_out"))], """
+  FG_LOCAL T scratch[FG_MAX_GROUP];
+  FG_LONG row = FG_GID;
+  int t = FG_LID, L = FG_LSIZE;
+  FG_GLOBAL const T* gr = g + g_off + row * cols;
+  FG_GLOBAL const T* xr = x + x_off + row * cols;
+  T mu = mean[mean_off + row % channels];
+  T a = (T)0, b = (T)0;
+  for (FG_LONG j = t; j < cols; j += L) {
+    T gv = gr[j];
+    a += gv;
+    b += gv * (xr[j] - mu);
+  }
+  a = fg_group_sum(scratch, a, t, L);
+  b = fg_group_sum(scratch, b, t, L);
+  if (t == 0) {
+    sg_out[sg_out_off + row] = a;
+    sgc_out[sgc_out_off + row] = b;
+  }
+""")
+
+
+def batch_norm_grads(has_w: bool) -> RowKernel:
+    """Per channel, from the rows' sums ``sum(g)`` and ``sum(g * (x - mean))``: ``gb = sum(g)``, ``gw = rstd *
+    sum(g * (x - mean))``, and the coefficients of the input gradient ``gx = g * a + (x - mean) * b + c``
+    (``a = w * rstd``, ``b = -w * rstd^3 * sum(g * (x - mean)) / count``, ``c = -w * rstd * sum(g) / count``: the
+    closed form ``rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with ``gy = g * w`` per channel)."""
+    params = [("long", "n"), ("long", "channels"), ("long", "cols")]
+    params += _buffers(("in", "sg_rows"), ("in", "sgc_rows"), ("in", "rstd"))
+    params += _buffers(("in", "w")) if has_w else []
+    params += _buffers(("out", "gw_out"), ("out", "gb_out"), ("out", "a_out"), ("out", "b_out"), ("out", "c_out"))
+    body = f"""
+  FG_LOCAL T scratch[FG_MAX_GROUP];
+  FG_LONG c = FG_GID;
+  int t = FG_LID, L = FG_LSIZE;
+  T a = (T)0, b = (T)0;
+  for (FG_LONG k = t; k < n; k += L) {{
+    a += sg_rows[sg_rows_off + k * channels + c];
+    b += sgc_rows[sgc_rows_off + k * channels + c];
+  }}
+  a = fg_group_sum(scratch, a, t, L);
+  b = fg_group_sum(scratch, b, t, L);
+  if (t == 0) {{
+    T rs = rstd[rstd_off + c];
+    T ws = {"w[w_off + c] * rs" if has_w else "rs"};
+    T inv = (T)1 / ((T)n * (T)cols);
+    gb_out[gb_out_off + c] = a;
+    gw_out[gw_out_off + c] = b * rs;
+    a_out[a_out_off + c] = ws;
+    b_out[b_out_off + c] = -ws * rs * rs * b * inv;
+    c_out[c_out_off + c] = -ws * a * inv;
+  }}
+"""
+    return RowKernel("fg_batch_norm_grads" + "_w" * has_w, params, body)
+
+
 #: Columns one work-group of a column-sum kernel (:data:`LAYER_NORM_PARAM_GRADS`, :func:`column_sum`) covers:
 #: adjacent work-items read adjacent columns, 8 of them one 32-byte memory sector of float32, and a
 #: ``(256, 1024)`` gradient gives 128 work-groups. Strips of 32 columns gave 32 work-groups, too few to hide

@@ -186,6 +186,61 @@ def layer_norm_residual(input: Tensor, module: LayerNorm, residual: Tensor) -> T
     return _layer_norm(input, shape, module.eps, module.weight, module.bias, residual)
 
 
+def _batch_norm_train(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                      running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
+                      count: int) -> Tensor:
+    """Batch norm with the batch's statistics as one graph node on ``Backend.batch_norm`` (two kernels on CUDA
+    and OpenCL, the output left pending), which also updates the running buffers in place; backward on
+    ``Backend.batch_norm_backward`` from the saved input, mean and rstd (PyTorch's), or the composed formula,
+    differentiable again, under ``create_graph``."""
+    bk = x._backend
+    d = x._data
+    wd, bd = (None if t is None else (t._data if t.dtype == x.dtype else bk.cast(t._data, d.dtype))
+              for t in (weight, bias))
+    # buffers the backend writes as arrays: plain tensors (a view or a tensor that records autograd takes the
+    # tensor-level in-place path below, from the statistics returned)
+    direct = [r is not None and r._view is None and not r.requires_grad and r._backend is bk
+              for r in (running_mean, running_var)]
+    y, mean, var, rstd = bk.batch_norm(d, wd, bd, eps, running_mean._data if direct[0] else None,
+                                       running_var._data if direct[1] else None, momentum)
+    unbias = count / max(count - 1, 1)
+    for run, ok, stat, k in ((running_mean, direct[0], mean, 1.0), (running_var, direct[1], var, unbias)):
+        if run is None:
+            continue
+        if ok:
+            run._bump_version()
+        else:
+            _update_running(run, _wrap(stat, bk), momentum, k)
+    out = _wrap(y, bk)
+    if _needs_grad(x, weight, bias):
+        has_w = weight is not None
+        need_x, need_w = x.requires_grad, has_w and weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        nd = x.ndim
+        axes = (0,) + tuple(range(2, nd))
+        c = x.shape[1]
+
+        def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
+            weight = rest[0] if has_w else None
+            if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
+                view = (1, c) + (1,) * (nd - 2)
+                gx, gw, gb = _standardize_grads_composed(
+                    g, x, axes, eps, None if weight is None else _channel_view(weight, nd), need_x,
+                    view if need_w else None, view if need_b else None)
+                return gx, None if gw is None else gw.reshape((c,)), None if gb is None else gb.reshape((c,))
+            gbk = g._backend
+            dtype = x._data.dtype
+            wd = None if weight is None else (weight._data if weight._data.dtype == dtype
+                                              else gbk.cast(weight._data, dtype))
+            grads = gbk.batch_norm_backward(g._data if g._data.dtype == dtype else gbk.cast(g._data, dtype),
+                                            x._data, mean._data, rstd._data, wd, need_x, need_w, need_b)
+            return tuple(None if a is None else _wrap(a, gbk) for a in grads)
+
+        saved = (x, _wrap(mean, bk), _wrap(rstd, bk)) + ((weight,) if has_w else ())
+        _record(out, "BatchNorm", (x, weight, bias), saved, bw)
+    return out
+
+
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
     """A per-channel ``(C,)`` tensor shaped ``(1, C, 1, ...)`` to broadcast over ``ndim`` dims."""
     return t.reshape((1, t.shape[0]) + (1,) * (ndim - 2))
@@ -250,8 +305,6 @@ def batch_norm(
     ):
         if t is not None and t.numel() != c:
             raise ShapeError(f"batch_norm: {name} has {t.numel()} elements, the input has {c} channels")
-    w = None if weight is None else _channel_view(weight, nd)
-    b = None if bias is None else _channel_view(bias, nd)
     if training or running_mean is None or running_var is None:
         axes = (0,) + tuple(range(2, nd))
         count = math.prod(input.shape[a] for a in axes)
@@ -259,11 +312,11 @@ def batch_norm(
             raise FlowError(
                 f"batch_norm: expected more than 1 value per channel when training, got input shape {input.shape}"
             )
-        y, mean, var = _standardize(input, axes, eps, w, b)
-        if training:
-            _update_running(running_mean, mean, momentum)
-            _update_running(running_var, var, momentum, count / max(count - 1, 1))
-        return y
+        if not training:
+            running_mean = running_var = None
+        return _batch_norm_train(input, weight, bias, eps, running_mean, running_var, momentum, count)
+    w = None if weight is None else _channel_view(weight, nd)
+    b = None if bias is None else _channel_view(bias, nd)
     scale = _channel_view((running_var.detach() + eps).rsqrt(), nd)
     shift = _channel_view(running_mean.detach(), nd)
     if w is not None:
@@ -437,10 +490,16 @@ class _NormBase(Module):
     def _factor(self) -> float:
         """The running-average factor for this step (``momentum``, or ``1/n`` for a cumulative average)."""
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            with no_grad():
-                self.num_batches_tracked.add_(1)
+            count = self.num_batches_tracked
+            if count._view is None and not count.requires_grad:  # one backend assign, no autograd bookkeeping
+                bk = count._backend
+                count._data = bk.assign(count._data, bk.add(count._data, 1))
+                count._bump_version()
+            else:
+                with no_grad():
+                    count.add_(1)
             if self.momentum is None:
-                return 1.0 / float(self.num_batches_tracked.item())
+                return 1.0 / float(count.item())
         return 0.0 if self.momentum is None else self.momentum
 
     def extra_repr(self) -> str:

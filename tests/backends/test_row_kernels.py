@@ -239,6 +239,12 @@ ALL_SPECS = {
     "layer_norm_computed": None,  # made per dtype: _computed_layer_norm
     "column_sum": row_kernels.column_sum(),
     "column_sum_computed": None,  # made per dtype: _computed_column_sum
+    "batch_norm_row_moments": row_kernels.BATCH_NORM_ROW_MOMENTS,
+    "batch_norm_stats": row_kernels.batch_norm_stats(False, False),
+    "batch_norm_stats_w_running": row_kernels.batch_norm_stats(True, True),
+    "batch_norm_row_grad_sums": row_kernels.BATCH_NORM_ROW_GRAD_SUMS,
+    "batch_norm_grads": row_kernels.batch_norm_grads(False),
+    "batch_norm_grads_w": row_kernels.batch_norm_grads(True),
 }
 
 
@@ -343,3 +349,32 @@ def test_cuda_adam_multi_with_device_step_scalars_equals_the_per_tensor_kernel()
         be.adam_step(p, g, m, v, 0.9, 0.999, step_size, eps_hat)
         for got, want in zip((out[0][i], out[1][i], out[2][i]), (p, m, v)):
             np.testing.assert_array_equal(be.to_host(got), be.to_host(want))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 8, 8), (5, 4, 33), (1, 2, 40), (300, 3, 6, 6), (3, 2, 2, 2, 9), (4, 3, 5)],
+                         ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("running", [True, False])
+def test_batch_norm_override_matches_the_generic_default(device, shape, affine, running):
+    """``batch_norm`` (rows' moments, then the channels' statistics and the running update, on CUDA and
+    OpenCL) and ``batch_norm_backward`` against the generic default: outputs, statistics, the running buffers
+    written in place, and the three gradients. ``(4, 3, 5)`` has rows too short for the kernels (the default
+    runs there too); ``(300, 3, 6, 6)`` merges more rows per channel than a work-group has items."""
+    be = get_backend(device)
+    rng = np.random.default_rng(sum(shape))
+    c = shape[1]
+    x, g = (rng.standard_normal(shape).astype(F32) * 2 + 3 for _ in range(2))
+    w, b, rm, rv = (rng.standard_normal(c).astype(F32) for _ in range(4))
+    rv = np.abs(rv) + 0.5
+    results = []
+    for impl in (type(be), Backend):
+        wd, bd = (be.from_host(t) if affine else None for t in (w, b))
+        rmd, rvd = (be.from_host(t) if running else None for t in (rm, rv))
+        y, mean, var, rstd = impl.batch_norm(be, be.from_host(x), wd, bd, 1e-5, rmd, rvd, 0.1)
+        grads = impl.batch_norm_backward(be, be.from_host(g), be.from_host(x), mean, rstd, wd, True, affine, affine)
+        results.append(_host(be, [y, mean, var, rstd, rmd, rvd, *grads]))
+    for fast, generic in zip(*results):
+        if generic is None:
+            assert fast is None
+        else:
+            np.testing.assert_allclose(fast, generic, rtol=1e-4, atol=1e-4)

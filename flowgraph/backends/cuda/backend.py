@@ -938,6 +938,29 @@ class CupyBackend(LazyEngine, ArrayBackend):
             kernel = self._kernels[key] = cupy.RawKernel(K.row_kernel_source(spec, dtype), spec.name)
         return kernel
 
+    def _row_operand(self, a: Array, where: str) -> Any:
+        """``a`` realized and row-major, as the ``cupy.ndarray`` a shared row kernel reads or writes (the lazy
+        engine's hook for its own row-kernel launches, ``_launch_rows``)."""
+        self._use()
+        return cupy.ascontiguousarray(self._arr(a))
+
+    def _launch_rows(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype,
+                     groups: int, width: int, args: Sequence[Any]) -> None:
+        """Run a shared row kernel with ``groups`` thread blocks, each sized for ``width`` elements (the lazy
+        engine's hook): ``args`` in the kernel's parameter order, an array (realized, row-major) standing for its
+        buffer and offset, an ``int`` for a ``long``, a ``float`` for a ``T`` scalar."""
+        kernel = self._row_kernel(spec, dtype, key)
+        flat: list[Any] = []
+        zero = np.int64(0)
+        for a in args:
+            if type(a) is int:
+                flat.append(np.int64(a))
+            elif type(a) is float:
+                flat.append(dtype.type(a))
+            else:
+                flat += [a.value if type(a) is LazyArray else a, zero]
+        kernel((groups,), (max(32, R.row_group(width, R.MAX_GROUP)),), tuple(flat))
+
     def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
         the generic window loop otherwise."""

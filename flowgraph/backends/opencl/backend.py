@@ -734,6 +734,23 @@ class OpenCLBackend(LazyEngine, Backend):
         group = R.row_group(cols, self._group_limit(kernel))
         kernel(self.queue, (rows * group,), (group,), *args)
 
+    def _launch_rows(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype,
+                     groups: int, width: int, args: Sequence[Any]) -> None:
+        """Run a shared row kernel with ``groups`` work-groups, each sized for ``width`` elements (the lazy
+        engine's hook): ``args`` in the kernel's parameter order, an array (realized, row-major) standing for its
+        buffer and offset, an ``int`` for a ``long``, a ``float`` for a ``T`` scalar."""
+        kernel = self._row_kernel(spec, (*key, dtype.str), dtype)
+        flat: list[Any] = []
+        for a in args:
+            if type(a) is int:
+                flat.append(a)
+            elif type(a) is float:
+                flat.append(dtype.type(a))
+            else:
+                flat += [a.buffer, a.offset]
+        group = R.row_group(width, self._group_limit(kernel))
+        kernel(self.queue, (groups * group,), (group,), *flat)
+
     def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
         the generic window loop otherwise."""
