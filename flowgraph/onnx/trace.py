@@ -41,7 +41,7 @@ _OTHER = (
     "arange", "from_host", "uniform", "normal", "randint", "native",
 )
 #: Capabilities run as their generic default (written in primitives) while tracing.
-_GENERIC = ("gelu_exact", "standardize", "max_pool_blocks", "add_into")
+_GENERIC = ("gelu_exact", "standardize", "batch_norm", "max_pool_blocks", "add_into")
 
 
 @dataclass

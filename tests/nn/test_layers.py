@@ -349,6 +349,7 @@ GRADCHECK = [
     Case("lppool3d", "LPPool3d", (2, 2), {}, floats(1, 1, 2, 2, 4)),
     Case("bn1d", "BatchNorm1d", (3,), {}, floats(4, 3)),
     Case("bn2d", "BatchNorm2d", (2,), {}, floats(3, 2, 2, 2)),
+    Case("bn2d-rows", "BatchNorm2d", (3,), {}, floats(5, 3, 2, 7)),  # rows of 14: the CUDA/OpenCL row kernels
     Case("bn3d", "BatchNorm3d", (2,), {}, floats(2, 2, 2, 2, 1)),
     Case("layernorm", "LayerNorm", (4,), {}, floats(3, 4)),
     Case("groupnorm", "GroupNorm", (2, 4), {}, floats(2, 4, 3)),
