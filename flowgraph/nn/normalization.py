@@ -1,11 +1,15 @@
 """Normalization: ``BatchNorm1d/2d/3d``, ``LayerNorm``, ``GroupNorm``, ``InstanceNorm1d/2d/3d``, ``RMSNorm``.
 
-Batch, layer, group and instance norm all standardise over some axes; they share one graph node,
+Group and instance norm standardise over some axes through one graph node,
 ``_standardize(x, axes, eps, weight, bias)``, whose forward runs on backend primitives (one mean, one
 variance, one scale, the affine) and whose backward is the closed form
 ``rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with ``gy = g * weight`` (plus the weight and bias
 reductions), written in tensor ops. Under ``create_graph`` the backward rebuilds ``xhat`` from ``x`` with
 differentiable ops, so second derivatives are right too.
+
+Batch norm in training has a node of its own, ``_batch_norm_train``, on the backend's ``batch_norm`` /
+``batch_norm_backward`` (two kernels each way on CUDA and OpenCL, which also update the running statistics):
+it saves ``x`` and the per-channel ``mean``/``rstd``, as PyTorch does.
 
 Layer norm has a node of its own, ``_layer_norm``, on the backend's ``layer_norm``/``layer_norm_backward``
 (one kernel forward and one backward on CUDA and OpenCL): it saves only ``x``, the per-row ``mean``/``rstd``

@@ -649,7 +649,13 @@ def relu(a: Tensor) -> Tensor:
 
 
 def _relu_backward(g, y):
-    return (g * (y > 0),)
+    if STATE.enabled:  # create_graph: differentiable in g
+        return (g * (y > 0),)
+    gbk = g._backend
+    gd = g._data if g._data.dtype == y._data.dtype else gbk.cast(g._data, y._data.dtype)
+    # where(y > 0, g, 0): two pending instructions (the tensor form adds a cast of the mask), and 0 where y <= 0
+    # even for a NaN gradient, as PyTorch's threshold_backward
+    return (_wrap(gbk.where(gbk.gt(y._data, 0), gd, 0), gbk),)
 
 
 _SQRT_2 = math.sqrt(2.0)
