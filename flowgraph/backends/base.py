@@ -225,14 +225,18 @@ class Backend:
         ``gelu_exact_backward`` takes besides ``x`` (here the cdf; None for a backend whose backward computes
         the derivative from ``x`` alone, as the lazy CUDA and OpenCL backends do). Generic default in
         primitives; backends finish it in place or in one kernel."""
-        cdf = self.mul(self.add(self.erf(self.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+        cdf = self._gelu_cdf(x)
         return self.mul(x, cdf), cdf
+
+    def _gelu_cdf(self, x: Array) -> Array:
+        """``(1 + erf(x / sqrt(2))) / 2`` in primitives."""
+        return self.mul(self.add(self.erf(self.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
 
     def gelu_exact_backward(self, g: Array, x: Array, cdf: Array | None) -> Array:
         """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))``, the input gradient of ``gelu_exact`` (``cdf`` is the
         forward's ``saved``; computed again from ``x`` where it is None)."""
         if cdf is None:
-            cdf = self.mul(self.add(self.erf(self.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+            cdf = self._gelu_cdf(x)
         pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
         return self.mul(g, self.add(cdf, self.mul(x, pdf)))
 
@@ -318,11 +322,21 @@ class Backend:
         y, mean, var, _, rstd = self.standardize(x, axes, eps, w, b)
         mean, var, rstd = (self.reshape(t, (c,)) for t in (mean, var, rstd))
         count = math.prod(x.shape[a] for a in axes)
-        for run, stat, scale in ((running_mean, mean, 1.0), (running_var, var, count / max(count - 1, 1))):
-            if run is not None:
-                stat = stat if stat.dtype == run.dtype else self.cast(stat, run.dtype)
-                self.assign(run, self.add(self.mul(run, 1.0 - momentum), self.mul(stat, momentum * scale)))
+        self._update_running(running_mean, running_var, mean, var, momentum, count / max(count - 1, 1))
         return y, mean, var, rstd
+
+    def running_average(self, run: Array, stat: Array, momentum: float, scale: float = 1.0) -> Array:
+        """``(1 - momentum) * run + momentum * scale * stat`` in ``run``'s dtype (``stat`` of ``run``'s shape):
+        the update of a normalization layer's running statistic, for the caller to write into ``run``."""
+        stat = stat if stat.dtype == run.dtype else self.cast(stat, run.dtype)
+        return self.add(self.mul(run, 1.0 - momentum), self.mul(stat, momentum * scale))
+
+    def _update_running(self, running_mean: Array | None, running_var: Array | None, mean: Array, var: Array,
+                        momentum: float, unbias: float) -> None:
+        """``batch_norm``'s running buffers (those given) updated in place by ``assign``, the variance unbiased."""
+        for run, stat, scale in ((running_mean, mean, 1.0), (running_var, var, unbias)):
+            if run is not None:
+                self.assign(run, self.running_average(run, stat, momentum, scale))
 
     def batch_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
                             need_x: bool, need_w: bool, need_b: bool) -> tuple:

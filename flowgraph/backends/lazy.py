@@ -471,10 +471,7 @@ class LazyEngine:
         has = (w is not None, in_kernel)
         self._launch_rows(lambda: R.batch_norm_stats(*has), ("bn_stats", *has), dtype, c, n, args)
         if not in_kernel:
-            for run, stat, k in ((running_mean, mean, 1.0), (running_var, var, unbias)):
-                if run is not None:
-                    stat = stat if stat.dtype == run.dtype else self.cast(stat, run.dtype)
-                    self.assign(run, self.add(self.mul(run, 1.0 - momentum), self.mul(stat, momentum * k)))
+            self._update_running(running_mean, running_var, mean, var, momentum, unbias)
         view = (1, c) + (1,) * (len(x.shape) - 2)
         y = self.mul(self.sub(xr, self.reshape(mean, view)), self.reshape(scale, view))
         if bias is not None:

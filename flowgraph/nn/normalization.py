@@ -26,6 +26,7 @@ from ..autograd.grad_mode import STATE, no_grad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, empty, ones, tensor, zeros
 from ..tensor.elementwise import sum_to
+from ..tensor.indexing import apply_inplace
 from ..tensor.tensor import _needs_grad, _record, _wrap
 from . import init
 from .module import Module, Parameter
@@ -77,12 +78,11 @@ def _standardize(
                                              w_shape if need_w else None, b_shape if need_b else None)
             return tuple(None if a is None else _wrap(a, gbk) for a in grads)
 
-        # Backward recomputes xhat from x and the saved mean where it would be a second input-sized tensor kept
-        # until backward over a batch (batch norm, axes with 0: PyTorch keeps its input, mean and invstd only;
-        # convnet's training peak 13.8 -> 9.9 MiB, no slower), and without an affine, where the output is xhat
-        # itself, which an in-place op on the output (a following inplace ReLU) must not change under backward.
-        # Group and instance norm keep xhat: their rows are short and the two passes saved count there.
-        keep_mean = y is xhat or 0 in axes
+        # Backward recomputes xhat from x and the saved mean without an affine, where the output is xhat itself,
+        # which an in-place op on the output (a following inplace ReLU) must not change under backward.
+        # Otherwise xhat is kept: group and instance norm rows are short and the two passes saved count there
+        # (batch norm, whose xhat would be a second input-sized tensor, has a node of its own that keeps none).
+        keep_mean = y is xhat
         saved = (x,) + ((weight,) if has_w else ()) + (_wrap(mean if keep_mean else xhat, bk), _wrap(rstd, bk))
         _record(out, "Standardize", (x, weight, bias), saved, bw)
     return out, _wrap(mean, bk), _wrap(var, bk)
@@ -259,25 +259,21 @@ def _affine(y: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
     return y
 
 
+def _write_buffer(buffer: Tensor, compute, op: str) -> None:
+    """Write ``compute(data)`` (a backend array from the buffer's current backend array) into ``buffer`` in
+    place, outside autograd: one in-place op whatever ``compute`` does (views rebased as any in-place op)."""
+    with no_grad():
+        apply_inplace(buffer, lambda t: _wrap(compute(t._data), t._backend), op)
+
+
 def _update_running(running: Tensor | None, value: Tensor, momentum: float, scale: float = 1.0) -> None:
     """``running = (1 - momentum) * running + momentum * scale * value`` in place (``value`` detached, of
-    ``running``'s size): one pending expression written by one backend ``assign``, not two in-place tensor
-    ops (batch norm runs this twice a layer each training step)."""
+    ``running``'s size): one pending expression (``Backend.running_average``) and one write."""
     if running is None:
         return
-    if running._view is not None or running.requires_grad:  # the general in-place path (views, autograd)
-        with no_grad():
-            running.mul_(1.0 - momentum).add_(value.reshape(running.shape).to(running.dtype) * (momentum * scale))
-        return
     bk = running._backend
-    v = value._data
-    if tuple(v.shape) != tuple(running.shape):
-        v = bk.reshape(v, tuple(running.shape))
-    if v.dtype != running._data.dtype:
-        v = bk.cast(v, running._data.dtype)
-    new = bk.add(bk.mul(running._data, 1.0 - momentum), bk.mul(v, momentum * scale))
-    running._data = bk.assign(running._data, new)
-    running._bump_version()
+    v = value._data if tuple(value.shape) == tuple(running.shape) else bk.reshape(value._data, tuple(running.shape))
+    _write_buffer(running, lambda r: bk.running_average(r, v, momentum, scale), "running statistics update")
 
 
 # ---------------------------------------------------------------------- functional forms
@@ -495,13 +491,7 @@ class _NormBase(Module):
         """The running-average factor for this step (``momentum``, or ``1/n`` for a cumulative average)."""
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             count = self.num_batches_tracked
-            if count._view is None and not count.requires_grad:  # one backend assign, no autograd bookkeeping
-                bk = count._backend
-                count._data = bk.assign(count._data, bk.add(count._data, 1))
-                count._bump_version()
-            else:
-                with no_grad():
-                    count.add_(1)
+            _write_buffer(count, lambda n: count._backend.add(n, 1), "num_batches_tracked update")
             if self.momentum is None:
                 return 1.0 / float(count.item())
         return 0.0 if self.momentum is None else self.momentum

@@ -739,7 +739,6 @@ class OpenCLBackend(LazyEngine, Backend):
         """Run a shared row kernel with ``groups`` work-groups, each sized for ``width`` elements (the lazy
         engine's hook): ``args`` in the kernel's parameter order, an array (realized, row-major) standing for its
         buffer and offset, an ``int`` for a ``long``, a ``float`` for a ``T`` scalar."""
-        kernel = self._row_kernel(spec, (*key, dtype.str), dtype)
         flat: list[Any] = []
         for a in args:
             if type(a) is int:
@@ -748,8 +747,7 @@ class OpenCLBackend(LazyEngine, Backend):
                 flat.append(dtype.type(a))
             else:
                 flat += [a.buffer, a.offset]
-        group = R.row_group(width, self._group_limit(kernel))
-        kernel(self.queue, (groups * group,), (group,), *flat)
+        self._row_launch(spec, (*key, dtype.str), dtype, groups, width, flat)
 
     def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
