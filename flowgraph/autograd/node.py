@@ -184,6 +184,23 @@ class _Buffers:
                     self.owned.pop(id(t._data), None)  # handed on: no longer the engine's alone
         return g
 
+    def add_product(self, node: Node, g: MatmulGrad) -> Tensor | None:
+        """Add the deferred product ``g`` into ``node``'s running sum in the GEMM itself where the engine owns
+        that sum (None: done); otherwise return it computed, for the caller to add as usual."""
+        prev = self.grads.get(node)
+        if prev is not None and not self.create_graph:
+            pd = prev._data
+            a, b = g.a, g.b
+            if (self.owned.get(id(pd)) is pd and pd.dtype == a.dtype and prev._backend is g.backend
+                    and tuple(pd.shape) == (a.shape[0], b.shape[-1])):
+                total = g.backend.matmul_accumulate(pd, a, b)
+                if total is not pd:
+                    del self.owned[id(pd)]
+                    self.owned[id(total)] = total
+                    self.grads[node] = _tensor_api().wrap(total, g.backend)
+                return None
+        return g.tensor()
+
     def sum(self, prev: Tensor, g: Tensor) -> Tensor:
         pd, gd = prev._data, g._data
         if self.create_graph or pd.dtype != gd.dtype or prev._backend is not g._backend or pd.shape != gd.shape:
@@ -218,6 +235,26 @@ def _tensor_api() -> _TensorAPI:
     if not _API:
         _API.append(_TensorAPI())
     return _API[0]
+
+
+class MatmulGrad:
+    """A gradient returned by a backward as the product ``a @ b`` of two 2-d backend arrays, not yet computed.
+
+    The engine adds it straight into a running sum it owns with ``Backend.matmul_accumulate`` (one GEMM with
+    ``beta = 1``): a weight shared by every step of an unrolled loop costs one GEMM per step and no add.
+    Anywhere else it becomes an ordinary gradient (``tensor()``). A backward returns one only on a backend
+    that declares ``matmul_accumulates`` and outside ``create_graph``.
+    """
+
+    __slots__ = ("backend", "a", "b")
+
+    def __init__(self, backend: Any, a: Any, b: Any):
+        self.backend, self.a, self.b = backend, a, b
+
+    def tensor(self) -> Tensor:
+        """The product as a gradient tensor."""
+        bk = self.backend
+        return _tensor_api().wrap(bk.matmul(self.a, self.b), bk)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -355,6 +392,8 @@ def run_backward_from_edges(
                 if e is None:
                     continue
                 m = e if type(e) is not tuple else e[0]
+                if type(gi) is MatmulGrad:
+                    gi = buffers.add_product(m, gi) if m is e and m.n_out == 1 and not anomaly else gi.tensor()
                 if gi is not None:
                     if anomaly:
                         _check_finite(gi, f"the backward of {node.name}")

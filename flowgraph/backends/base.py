@@ -220,6 +220,17 @@ class Backend:
         ``result is dst``. The generic default returns a new sum."""
         return self.add(dst, src)
 
+    #: Whether ``matmul_accumulate`` adds a product into its destination in the GEMM itself (``beta = 1``): the
+    #: autograd engine then takes weight gradients as deferred products (``autograd.node.MatmulGrad``), so a
+    #: weight shared by many steps of a loop costs one GEMM per step and no separate add.
+    matmul_accumulates = False
+
+    def matmul_accumulate(self, dst: Array, a: Array, b: Array) -> Array:
+        """``dst + a @ b`` for 2-d ``a``, ``b`` and a ``dst`` of the product's shape and dtype, written into
+        ``dst`` and returned where the backend can (the autograd engine's own running sums), else a new array.
+        The generic default is ``add_into(dst, matmul(a, b))``."""
+        return self.add_into(dst, self.matmul(a, b))
+
     def gelu_exact(self, x: Array) -> tuple[Array, Array | None]:
         """Exact GELU: ``(x * cdf, saved)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2``; ``saved`` is what
         ``gelu_exact_backward`` takes besides ``x`` (here the cdf; None for a backend whose backward computes

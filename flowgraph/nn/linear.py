@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..autograd.grad_mode import STATE, no_grad
+from ..autograd.node import MatmulGrad
 from ..errors import FlowError
 from ..tensor import Tensor, empty
 from ..tensor.amp import is_autocast_enabled, low_precision_inputs
@@ -77,8 +78,13 @@ def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         bk = g._backend
         # the bias gradient first: its kernel computes a pending g (the activation's backward) for the GEMMs
         gb = _wrap(bk.bias_grad(gd), bk) if need_b else None
-        return (_wrap(bk.matmul(gd, weight._data), bk) if need_x else None,
-                _wrap(bk.matmul(bk.permute(gd, (1, 0)), x._data), bk) if need_w else None, gb)
+        gw = None
+        if need_w:
+            gt = bk.permute(gd, (1, 0))
+            # where the backend adds a product in its GEMM, the engine may add this one into the weight's
+            # running sum (a weight shared by the steps of a loop: one GEMM a step, no add)
+            gw = MatmulGrad(bk, gt, x._data) if bk.matmul_accumulates else _wrap(bk.matmul(gt, x._data), bk)
+        return (_wrap(bk.matmul(gd, weight._data), bk) if need_x else None, gw, gb)
 
     return _record(out, "Linear", (x, weight, bias), _linear_saved(x, weight, need_x, need_w), backward)
 

@@ -358,3 +358,56 @@ def test_run_backward_from_edges_lets_the_roots_go(device):
                                   capture=[x])
     _close(got[0], xt.grad)
     assert x.grad is None  # captured, not accumulated
+
+
+@pytest.mark.parametrize("accumulates", [False, True], ids=["product-computed", "product-accumulated"])
+@pytest.mark.parametrize("case", ["loop", "hook", "anomaly", "grad", "retain"])
+def test_shared_weight_gradient_as_deferred_products(device, monkeypatch, accumulates, case):
+    """A linear weight shared by every step of a loop: its gradient contributions may come back as deferred
+    products (``MatmulGrad``) that the engine adds into its own running sum in the GEMM
+    (``Backend.matmul_accumulate``). Checked against torch on every path the engine can take with them: the
+    plain loop, a leaf hook, anomaly mode, ``autograd.grad``, and a second backward over a retained graph
+    (the sum then starts from ``.grad``'s old value, which the engine must not write into)."""
+    bk = fg.get_backend(device)
+    monkeypatch.setattr(bk, "matmul_accumulates", accumulates)
+    rng = np.random.default_rng(0)
+    w0, x0 = rng.standard_normal((6, 6)), rng.standard_normal((3, 6))
+    lin = fg.nn.Linear(6, 6).to(device=device, dtype=fg.float64)
+    tlin = torch.nn.Linear(6, 6).double()
+    with fg.no_grad(), torch.no_grad():
+        lin.weight.copy_(fg.tensor(w0, device=device))
+        tlin.weight.copy_(torch.tensor(w0))
+        tlin.bias.copy_(torch.tensor(lin.bias.detach().numpy()))
+    x, tx = fg.tensor(x0, device=device), torch.tensor(x0)
+
+    def run(f, v):
+        h = v
+        for _ in range(5):
+            h = f(h).tanh()
+        return h.sum()
+
+    if case == "hook":
+        lin.weight.register_hook(lambda g: g * 2)
+        tlin.weight.register_hook(lambda g: g * 2)
+    if case == "grad":
+        (gw,) = fg.autograd.grad(run(lin, x), [lin.weight])
+        (tgw,) = torch.autograd.grad(run(tlin, tx), [tlin.weight])
+        _close(gw, tgw, rtol=1e-10, atol=1e-12)
+        return
+    if case == "anomaly":
+        with fg.autograd.detect_anomaly():
+            run(lin, x).backward()
+    elif case == "retain":
+        loss, tloss = run(lin, x), run(tlin, tx)
+        loss.backward(retain_graph=True)
+        first = lin.weight.grad.detach().numpy().copy()
+        loss.backward()
+        tloss.backward(retain_graph=True)
+        tloss.backward()
+        _close(first * 2, tlin.weight.grad, rtol=1e-10, atol=1e-12)
+    else:
+        run(lin, x).backward()
+    if case != "retain":
+        run(tlin, tx).backward()
+    _close(lin.weight.grad, tlin.weight.grad, rtol=1e-10, atol=1e-12)
+    _close(lin.bias.grad, tlin.bias.grad, rtol=1e-10, atol=1e-12)

@@ -1261,6 +1261,30 @@ class CupyBackend(LazyEngine, ArrayBackend):
             out = out.reshape(out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,)))
         return out
 
+    matmul_accumulates = True
+
+    def matmul_accumulate(self, dst: Array, a: Array, b: Array) -> Array:
+        """``Backend.matmul_accumulate``: one cuBLAS GEMM with ``beta = 1`` into ``dst`` (its pending sum, if
+        any, run first) when ``dst`` is a contiguous 2-d float array of the product's shape and ``a``, ``b``
+        are 2-d of its dtype; the generic ``add_into(dst, matmul(a, b))`` otherwise."""
+        self._use()
+        av, bv = self._arr(a), self._arr(b)
+        if (av.ndim != 2 or bv.ndim != 2 or av.dtype not in GEMM_TYPES or av.dtype != bv.dtype
+                or av.dtype != dst.dtype or tuple(dst.shape) != (av.shape[0], bv.shape[1]) or av.shape[1] == 0
+                or dst.size == 0):
+            return super().matmul_accumulate(dst, a, b)
+        out = self._arr(dst)
+        if not out.flags.c_contiguous:
+            return super().matmul_accumulate(dst, a, b)
+        self._flush_readers(id(out.data.mem))  # pending expressions reading the old sum run first
+        m, k = av.shape
+        n = bv.shape[1]
+        op_a = self._gemm_operand(av, (), m, k)
+        op_b = self._gemm_operand(bv, (), k, n)
+        self._blas_handle().gemm(av.dtype, m, n, k, op_a[0], op_b[0], out.data.ptr, 1, accumulate=True)
+        del op_a, op_b  # the staged copies live until the call is enqueued
+        return dst
+
     @staticmethod
     def _gemm_operand(x: Any, batch: Shape, rows: int, cols: int) -> tuple[tuple[int, int, bool, int], Any]:
         """``((pointer, ld, column-major?, batch stride), keep-alive array)`` of one matmul operand."""

@@ -141,8 +141,9 @@ class Cublas:
         b: tuple[int, int, bool, int],
         c_ptr: int,
         batch: int,
+        accumulate: bool = False,
     ) -> None:
-        """Row-major ``C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]``.
+        """Row-major ``C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]`` (``C +=`` with ``accumulate``).
 
         ``a`` and ``b`` are ``(pointer, leading dimension, column-major?, batch stride)`` in elements;
         ``C`` is contiguous.
@@ -157,13 +158,15 @@ class Cublas:
             fn = self.lib.cublasSgemmStridedBatched if dtype == F32 else self.lib.cublasDgemmStridedBatched
             status = fn(
                 self.handle, op_b, op_a, n, m, k, ctypes.byref(self._one[dtype]), b_ptr, ldb, b_stride,
-                a_ptr, lda, a_stride, ctypes.byref(self._zero[dtype]), c_ptr, n, m * n, batch,
+                a_ptr, lda, a_stride, ctypes.byref((self._one if accumulate else self._zero)[dtype]), c_ptr, n,
+                m * n, batch,
             )
         else:
             t = GEMM_TYPES[dtype]
             status = self.lib.cublasGemmStridedBatchedEx(
                 self.handle, op_b, op_a, n, m, k, ctypes.byref(self._one[F32]), b_ptr, t, ldb, b_stride,
-                a_ptr, t, lda, a_stride, ctypes.byref(self._zero[F32]), c_ptr, t, n, m * n, batch,
+                a_ptr, t, lda, a_stride, ctypes.byref((self._one if accumulate else self._zero)[F32]), c_ptr, t, n,
+                m * n, batch,
                 compute_type(dtype), _GEMM_DEFAULT,
             )
         if status:  # the message is formatted only on failure (str(dtype) alone costs microseconds per call)
