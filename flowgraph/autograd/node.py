@@ -184,16 +184,15 @@ class _Buffers:
                     self.owned.pop(id(t._data), None)  # handed on: no longer the engine's alone
         return g
 
-    def add_product(self, node: Node, g: MatmulGrad) -> Tensor | None:
-        """Add the deferred product ``g`` into ``node``'s running sum in the GEMM itself where the engine owns
-        that sum (None: done); otherwise return it computed, for the caller to add as usual."""
+    def add_deferred(self, node: Node, g: DeferredGrad) -> Tensor | None:
+        """Add the deferred gradient ``g`` into ``node``'s running sum in place where the engine owns that sum
+        (None: done); otherwise return it computed, for the caller to add as usual."""
         prev = self.grads.get(node)
         if prev is not None and not self.create_graph:
             pd = prev._data
-            a, b = g.a, g.b
-            if (self.owned.get(id(pd)) is pd and pd.dtype == a.dtype and prev._backend is g.backend
-                    and tuple(pd.shape) == (a.shape[0], b.shape[-1])):
-                total = g.backend.matmul_accumulate(pd, a, b)
+            if (self.owned.get(id(pd)) is pd and pd.dtype == g.dtype and prev._backend is g.backend
+                    and tuple(pd.shape) == g.shape):
+                total = g.accumulate(pd)
                 if total is not pd:
                     del self.owned[id(pd)]
                     self.owned[id(total)] = total
@@ -237,24 +236,78 @@ def _tensor_api() -> _TensorAPI:
     return _API[0]
 
 
-class MatmulGrad:
-    """A gradient returned by a backward as the product ``a @ b`` of two 2-d backend arrays, not yet computed.
+class DeferredGrad:
+    """A gradient a backward returns not yet computed, so the engine can add it straight into a running sum
+    it owns (``accumulate``): a parameter shared by every step of an unrolled loop then costs one kernel per
+    step and no separate add. Anywhere else it becomes an ordinary gradient (``tensor()``). Backwards return
+    one only on a backend that declares ``accumulates_in_place``, outside ``create_graph``."""
 
-    The engine adds it straight into a running sum it owns with ``Backend.matmul_accumulate`` (one GEMM with
-    ``beta = 1``): a weight shared by every step of an unrolled loop costs one GEMM per step and no add.
-    Anywhere else it becomes an ordinary gradient (``tensor()``). A backward returns one only on a backend
-    that declares ``matmul_accumulates`` and outside ``create_graph``.
-    """
+    __slots__ = ("backend",)
 
-    __slots__ = ("backend", "a", "b")
+    shape: tuple
+    dtype: Any
+
+    def tensor(self) -> Tensor:
+        """The gradient, computed."""
+        raise NotImplementedError
+
+    def accumulate(self, dst: Any) -> Any:
+        """``dst + gradient`` (a backend array of the gradient's shape and dtype), in ``dst`` where the backend
+        can."""
+        raise NotImplementedError
+
+
+class MatmulGrad(DeferredGrad):
+    """The product ``a @ b`` of two 2-d backend arrays (a linear weight's gradient), added by
+    ``Backend.matmul_accumulate``: one GEMM with ``beta = 1``."""
+
+    __slots__ = ("a", "b")
 
     def __init__(self, backend: Any, a: Any, b: Any):
         self.backend, self.a, self.b = backend, a, b
 
-    def tensor(self) -> Tensor:
-        """The product as a gradient tensor."""
+    @property
+    def shape(self) -> tuple:  # noqa: D102 - DeferredGrad's
+        return (self.a.shape[0], self.b.shape[-1])
+
+    @property
+    def dtype(self) -> Any:  # noqa: D102 - DeferredGrad's
+        return self.a.dtype
+
+    def tensor(self) -> Tensor:  # noqa: D102 - DeferredGrad's
         bk = self.backend
         return _tensor_api().wrap(bk.matmul(self.a, self.b), bk)
+
+    def accumulate(self, dst: Any) -> Any:  # noqa: D102 - DeferredGrad's
+        return self.backend.matmul_accumulate(dst, self.a, self.b)
+
+
+class ColumnSumGrad(DeferredGrad):
+    """The column sums of a 2-d backend array ``g`` (a linear bias's gradient, ``Backend.bias_grad``), added by
+    ``Backend.bias_grad_accumulate``."""
+
+    __slots__ = ("g",)
+
+    def __init__(self, backend: Any, g: Any):
+        self.backend, self.g = backend, g
+
+    @property
+    def shape(self) -> tuple:  # noqa: D102 - DeferredGrad's
+        return (self.g.shape[-1],)
+
+    @property
+    def dtype(self) -> Any:  # noqa: D102 - DeferredGrad's
+        return self.g.dtype
+
+    def tensor(self) -> Tensor:  # noqa: D102 - DeferredGrad's
+        bk = self.backend
+        return _tensor_api().wrap(bk.bias_grad(self.g), bk)
+
+    def accumulate(self, dst: Any) -> Any:  # noqa: D102 - DeferredGrad's
+        return self.backend.bias_grad_accumulate(dst, self.g)
+
+
+_DEFERRED = frozenset({MatmulGrad, ColumnSumGrad})
 
 
 # ---------------------------------------------------------------------- helpers
@@ -392,8 +445,8 @@ def run_backward_from_edges(
                 if e is None:
                     continue
                 m = e if type(e) is not tuple else e[0]
-                if type(gi) is MatmulGrad:
-                    gi = buffers.add_product(m, gi) if m is e and m.n_out == 1 and not anomaly else gi.tensor()
+                if type(gi) in _DEFERRED:
+                    gi = buffers.add_deferred(m, gi) if m is e and m.n_out == 1 and not anomaly else gi.tensor()
                 if gi is not None:
                     if anomaly:
                         _check_finite(gi, f"the backward of {node.name}")

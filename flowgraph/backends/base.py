@@ -220,16 +220,27 @@ class Backend:
         ``result is dst``. The generic default returns a new sum."""
         return self.add(dst, src)
 
-    #: Whether ``matmul_accumulate`` adds a product into its destination in the GEMM itself (``beta = 1``): the
-    #: autograd engine then takes weight gradients as deferred products (``autograd.node.MatmulGrad``), so a
-    #: weight shared by many steps of a loop costs one GEMM per step and no separate add.
-    matmul_accumulates = False
+    #: Whether ``matmul_accumulate`` and ``bias_grad_accumulate`` add into their destination in the kernel itself
+    #: (a GEMM with ``beta = 1``): linear layers then return their parameters' gradients deferred
+    #: (``autograd.node.DeferredGrad``), so a weight shared by many steps of a loop costs one GEMM per step and
+    #: no separate add.
+    accumulates_in_place = False
+
+    def is_pending(self, a: Array) -> bool:
+        """Whether ``a`` is a lazy backend's pending expression (not computed yet); False on eager backends."""
+        return False
 
     def matmul_accumulate(self, dst: Array, a: Array, b: Array) -> Array:
         """``dst + a @ b`` for 2-d ``a``, ``b`` and a ``dst`` of the product's shape and dtype, written into
         ``dst`` and returned where the backend can (the autograd engine's own running sums), else a new array.
         The generic default is ``add_into(dst, matmul(a, b))``."""
         return self.add_into(dst, self.matmul(a, b))
+
+    def bias_grad_accumulate(self, dst: Array, g: Array) -> Array:
+        """``dst + bias_grad(g)`` for a 2-d ``g`` ``(rows, cols)`` and a ``dst`` ``(cols,)`` of its dtype, written
+        into ``dst`` and returned where the backend can, else a new array. Generic default:
+        ``add_into(dst, bias_grad(g))``."""
+        return self.add_into(dst, self.bias_grad(g))
 
     def gelu_exact(self, x: Array) -> tuple[Array, Array | None]:
         """Exact GELU: ``(x * cdf, saved)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2``; ``saved`` is what

@@ -132,6 +132,10 @@ class LazyEngine:
         self._readers_limit = 4096
         self._result_dtypes: dict[tuple[str, np.dtype], np.dtype] = {}
 
+    def is_pending(self, a: Any) -> bool:
+        """Whether ``a`` is still a pending expression."""
+        return type(a) is self._lazy_type and a.lazy is not None
+
     # ----------------------------------------------------------------- hazards
     def _add_readers(self, storage: int, refs: list) -> None:
         """Record ``refs`` (weak references to pending arrays) as readers of the allocation ``storage``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..autograd.grad_mode import STATE, no_grad
-from ..autograd.node import MatmulGrad
+from ..autograd.node import ColumnSumGrad, MatmulGrad
 from ..errors import FlowError
 from ..tensor import Tensor, empty
 from ..tensor.amp import is_autocast_enabled, low_precision_inputs
@@ -76,14 +76,18 @@ def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
                     g.sum(0) if need_b else None)
         gd = g._data
         bk = g._backend
-        # the bias gradient first: its kernel computes a pending g (the activation's backward) for the GEMMs
-        gb = _wrap(bk.bias_grad(gd), bk) if need_b else None
+        # Where the backend adds into a sum in its kernel, the parameters' gradients go back deferred: the
+        # engine adds them into the running sum of a weight shared by the steps of a loop (one GEMM a step, no
+        # add). The bias gradient of a pending g is computed first, eagerly: its kernel computes g (the
+        # activation's backward) for the GEMMs.
+        deferred = bk.accumulates_in_place
+        gb = None
+        if need_b:
+            gb = ColumnSumGrad(bk, gd) if deferred and not bk.is_pending(gd) else _wrap(bk.bias_grad(gd), bk)
         gw = None
         if need_w:
             gt = bk.permute(gd, (1, 0))
-            # where the backend adds a product in its GEMM, the engine may add this one into the weight's
-            # running sum (a weight shared by the steps of a loop: one GEMM a step, no add)
-            gw = MatmulGrad(bk, gt, x._data) if bk.matmul_accumulates else _wrap(bk.matmul(gt, x._data), bk)
+            gw = MatmulGrad(bk, gt, x._data) if deferred else _wrap(bk.matmul(gt, x._data), bk)
         return (_wrap(bk.matmul(gd, weight._data), bk) if need_x else None, gw, gb)
 
     return _record(out, "Linear", (x, weight, bias), _linear_saved(x, weight, need_x, need_w), backward)

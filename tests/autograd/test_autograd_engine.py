@@ -361,15 +361,17 @@ def test_run_backward_from_edges_lets_the_roots_go(device):
 
 
 @pytest.mark.parametrize("accumulates", [False, True], ids=["product-computed", "product-accumulated"])
-@pytest.mark.parametrize("case", ["loop", "hook", "anomaly", "grad", "retain"])
+@pytest.mark.parametrize("case", ["loop", "realized", "hook", "anomaly", "grad", "retain"])
 def test_shared_weight_gradient_as_deferred_products(device, monkeypatch, accumulates, case):
-    """A linear weight shared by every step of a loop: its gradient contributions may come back as deferred
-    products (``MatmulGrad``) that the engine adds into its own running sum in the GEMM
-    (``Backend.matmul_accumulate``). Checked against torch on every path the engine can take with them: the
-    plain loop, a leaf hook, anomaly mode, ``autograd.grad``, and a second backward over a retained graph
-    (the sum then starts from ``.grad``'s old value, which the engine must not write into)."""
+    """A linear layer shared by every step of a loop: its parameters' gradient contributions may come back
+    deferred (``MatmulGrad`` for the weight, ``ColumnSumGrad`` for the bias) for the engine to add into its own
+    running sums in the kernel (``Backend.matmul_accumulate`` / ``bias_grad_accumulate``). Checked against
+    torch on every path the engine can take with them: the plain loop, a loop whose output gradient arrives
+    computed (a matmul's, so a lazy backend defers the bias too), a leaf hook, anomaly mode, ``autograd.grad``,
+    and a second backward over a retained graph (the sum then starts from ``.grad``'s old value, which the
+    engine must not write into)."""
     bk = fg.get_backend(device)
-    monkeypatch.setattr(bk, "matmul_accumulates", accumulates)
+    monkeypatch.setattr(bk, "accumulates_in_place", accumulates)
     rng = np.random.default_rng(0)
     w0, x0 = rng.standard_normal((6, 6)), rng.standard_normal((3, 6))
     lin = fg.nn.Linear(6, 6).to(device=device, dtype=fg.float64)
@@ -380,10 +382,13 @@ def test_shared_weight_gradient_as_deferred_products(device, monkeypatch, accumu
         tlin.bias.copy_(torch.tensor(lin.bias.detach().numpy()))
     x, tx = fg.tensor(x0, device=device), torch.tensor(x0)
 
+    m0 = rng.standard_normal((6, 6)) / 3
+
     def run(f, v):
+        mix = fg.tensor(m0, device=device) if isinstance(v, fg.Tensor) else torch.tensor(m0)
         h = v
         for _ in range(5):
-            h = f(h).tanh()
+            h = (f(h) @ mix if case == "realized" else f(h)).tanh()
         return h.sum()
 
     if case == "hook":

@@ -163,6 +163,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         # Multi-tensor Adam's device tables of pointers and sizes, by (dtype, pointers and sizes); built
         # outside CUDA-graph capture only (a host-to-device copy), a few kept.
         self._adam_tables: dict[tuple, Any] = {}
+        self._ones_rows: dict[tuple, Any] = {}  # bias_grad_accumulate's rows of ones, per (length, dtype)
         # Tables built while a CUDA graph recorded: the graph copies from their pinned staging buffers into
         # their device arrays at every replay, so they live as long as the process.
         self._graph_tables: list = []
@@ -1261,21 +1262,45 @@ class CupyBackend(LazyEngine, ArrayBackend):
             out = out.reshape(out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,)))
         return out
 
-    matmul_accumulates = True
+    accumulates_in_place = True
 
     def matmul_accumulate(self, dst: Array, a: Array, b: Array) -> Array:
         """``Backend.matmul_accumulate``: one cuBLAS GEMM with ``beta = 1`` into ``dst`` (its pending sum, if
-        any, run first) when ``dst`` is a contiguous 2-d float array of the product's shape and ``a``, ``b``
-        are 2-d of its dtype; the generic ``add_into(dst, matmul(a, b))`` otherwise."""
+        any, run first) when ``dst`` is a contiguous float array of the product's shape and ``a``, ``b`` are 2-d
+        of its dtype; the generic ``add_into(dst, matmul(a, b))`` otherwise."""
         self._use()
-        av, bv = self._arr(a), self._arr(b)
+        if self._gemm_accumulate(dst, self._arr(a), self._arr(b)):
+            return dst
+        return super().matmul_accumulate(dst, a, b)
+
+    def bias_grad_accumulate(self, dst: Array, g: Array) -> Array:
+        """``Backend.bias_grad_accumulate``: ``dst += ones(1, rows) @ g``, one GEMM with ``beta = 1`` (the ones
+        row kept per length and dtype; outside a CUDA graph's recording, where it is made), for a float
+        ``g`` ``(rows, cols)``; the generic default otherwise."""
+        self._use()
+        gv = self._arr(g)
+        if gv.ndim == 2 and gv.dtype in GEMM_TYPES:
+            key = (gv.shape[0], gv.dtype)
+            ones = self._ones_rows.get(key)
+            if ones is None and not self.capturing:
+                if len(self._ones_rows) >= 16:
+                    self._ones_rows.clear()
+                ones = self._ones_rows[key] = cupy.ones((1, gv.shape[0]), gv.dtype)
+            if ones is not None and self._gemm_accumulate(dst, ones, gv):
+                return dst
+        return super().bias_grad_accumulate(dst, g)
+
+    def _gemm_accumulate(self, dst: Array, av: Any, bv: Any) -> bool:
+        """``dst += av @ bv`` by one cuBLAS GEMM with ``beta = 1`` where ``av``, ``bv`` are 2-d float arrays of
+        ``dst``'s dtype and ``dst`` (its pending sum run first) is contiguous with the product's size; False
+        (nothing done) otherwise."""
         if (av.ndim != 2 or bv.ndim != 2 or av.dtype not in GEMM_TYPES or av.dtype != bv.dtype
-                or av.dtype != dst.dtype or tuple(dst.shape) != (av.shape[0], bv.shape[1]) or av.shape[1] == 0
-                or dst.size == 0):
-            return super().matmul_accumulate(dst, a, b)
+                or av.dtype != dst.dtype or av.shape[1] != bv.shape[0] or av.shape[1] == 0
+                or math.prod(dst.shape) != av.shape[0] * bv.shape[1] or math.prod(dst.shape) == 0):
+            return False
         out = self._arr(dst)
         if not out.flags.c_contiguous:
-            return super().matmul_accumulate(dst, a, b)
+            return False
         self._flush_readers(id(out.data.mem))  # pending expressions reading the old sum run first
         m, k = av.shape
         n = bv.shape[1]
@@ -1283,7 +1308,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         op_b = self._gemm_operand(bv, (), k, n)
         self._blas_handle().gemm(av.dtype, m, n, k, op_a[0], op_b[0], out.data.ptr, 1, accumulate=True)
         del op_a, op_b  # the staged copies live until the call is enqueued
-        return dst
+        return True
 
     @staticmethod
     def _gemm_operand(x: Any, batch: Shape, rows: int, cols: int) -> tuple[tuple[int, int, bool, int], Any]:
