@@ -73,11 +73,11 @@ _LR_HOOKS: list[Callable[[], None]] = []
 
 #: Backend methods that read device data on the host: forbidden while a step is recorded.
 _HOST_READS = frozenset({"to_host", "to_dlpack", "native", "from_dlpack", "dlpack_device"})
-#: Backend methods that are not computations and are never recorded (``is_contiguous`` answers from the layout,
-#: which a replay of the same calls reproduces; ``native_conv`` / ``native_sdpa`` from the dtype and the flags, which
-#: the signature and a replay of the same calls keep).
+#: Backend methods that are not computations and are never recorded (``is_contiguous`` answers from the layout and
+#: ``is_pending`` from the lazy engine's state, which a replay of the same calls reproduces; ``native_conv`` /
+#: ``native_sdpa`` from the dtype and the flags, which the signature and a replay of the same calls keep).
 _NOT_RECORDED = frozenset({"synchronize", "graph_session", "memory_stats", "list_devices", "is_available",
-                           "is_contiguous", "native_conv", "native_sdpa", "cudnn"})
+                           "is_contiguous", "is_pending", "native_conv", "native_sdpa", "cudnn"})
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 

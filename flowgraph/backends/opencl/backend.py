@@ -963,41 +963,71 @@ class OpenCLBackend(LazyEngine, Backend):
             b = self._expand_view(b, batch + (k, n), "matmul")
         out = self.empty(batch + (m, n), a.dtype)
         if out.size:
-            nb = len(batch)
-            dims, strides = K.collapse(batch, [out.strides[:nb], a.strides[:nb], b.strides[:nb]])
-            rank = len(dims)
-            acc = _INT64 if a.dtype.kind in "biu" else self._accumulator(a.dtype)
-            threads, work = self._matmul_threads, self._matmul_work
-            tile = threads * work
-            kernel = self._kernel(
-                ("matmul", a.dtype.str, rank, threads, work),
-                lambda: K.matmul_source(rank, a.dtype, acc, threads, work),
-            )
-            args = [
-                m,
-                n,
-                k,
-                *dims,
-                out.buffer,
-                0,
-                *strides[0],
-                a.buffer,
-                a.offset,
-                *strides[1],
-                a.strides[-2],
-                a.strides[-1],
-                b.buffer,
-                b.offset,
-                *strides[2],
-                b.strides[-2],
-                b.strides[-1],
-            ]
-            gsize = (-(-n // tile) * threads, -(-m // tile) * threads, shape_size(dims))
-            kernel(self.queue, gsize, (threads, threads, 1), *args)
+            self._gemm(a, b, out, batch, (m, k, n), False)
         if squeeze_a or squeeze_b:
             shape = out.shape[:-2] + (() if squeeze_a else (m,)) + (() if squeeze_b else (n,))
             out = self._view(out, shape, contiguous_strides(shape), 0)
         return out
+
+    def _gemm(self, a: CLArray, b: CLArray, out: CLArray, batch: Shape, mkn: tuple[int, int, int],
+              accumulate: bool) -> None:
+        """``out = a @ b`` (``out += a @ b`` with ``accumulate``) for realized operands broadcast to ``batch``
+        and a row-major ``out`` of ``batch + (m, n)`` elements."""
+        m, k, n = mkn
+        nb = len(batch)
+        dims, strides = K.collapse(batch, [out.strides[:nb], a.strides[:nb], b.strides[:nb]])
+        rank = len(dims)
+        acc = _INT64 if a.dtype.kind in "biu" else self._accumulator(a.dtype)
+        threads, work = self._matmul_threads, self._matmul_work
+        tile = threads * work
+        kernel = self._kernel(
+            ("matmul", a.dtype.str, rank, threads, work, accumulate),
+            lambda: K.matmul_source(rank, a.dtype, acc, threads, work, accumulate),
+        )
+        args = [m, n, k, *dims, out.buffer, out.offset, *strides[0], a.buffer, a.offset, *strides[1],
+                a.strides[-2], a.strides[-1], b.buffer, b.offset, *strides[2], b.strides[-2], b.strides[-1]]
+        gsize = (-(-n // tile) * threads, -(-m // tile) * threads, shape_size(dims))
+        kernel(self.queue, gsize, (threads, threads, 1), *args)
+
+    accumulates_in_place = True
+
+    def matmul_accumulate(self, dst: Array, a: Array, b: Array) -> Array:
+        """``Backend.matmul_accumulate``: the GEMM kernel adding into ``dst`` (its pending sum, if any, run
+        first) when ``dst`` is a row-major float array of the product's size and ``a``, ``b`` are 2-d of its
+        dtype; the generic ``add_into(dst, matmul(a, b))`` otherwise."""
+        if self._gemm_accumulate(dst, a, b):
+            return dst
+        return super().matmul_accumulate(dst, a, b)
+
+    def bias_grad_accumulate(self, dst: Array, g: Array) -> Array:
+        """``Backend.bias_grad_accumulate``: ``dst += ones(1, rows) @ g`` in the GEMM kernel (a broadcast
+        scalar one, no buffer); the generic default where ``_gemm_accumulate`` does not take it."""
+        g = self._own(g, "bias_grad_accumulate")
+        if g.ndim == 2 and g.dtype.kind == "f":
+            one = self.realize(self.full((), 1, g.dtype))
+            ones = self._view(one, (1, g.shape[0]), (0, 0), one.offset)
+            if self._gemm_accumulate(dst, ones, g):
+                return dst
+        return super().bias_grad_accumulate(dst, g)
+
+    def _gemm_accumulate(self, dst: Array, a: Array, b: Array) -> bool:
+        """``dst += a @ b`` by the GEMM kernel where ``a``, ``b`` are 2-d float arrays of ``dst``'s dtype and
+        ``dst`` is row-major with the product's size (realized first); False (nothing done) otherwise."""
+        a, b, dst = (self._own(x, "matmul_accumulate") for x in (a, b, dst))
+        if (a.ndim != 2 or b.ndim != 2 or a.dtype.kind != "f" or a.dtype != b.dtype or a.dtype != dst.dtype
+                or a.shape[1] != b.shape[0] or a.shape[1] == 0 or shape_size(dst.shape) == 0
+                or shape_size(dst.shape) != a.shape[0] * b.shape[1]):
+            return False
+        self.realize(dst)
+        if not is_contiguous(dst.shape, dst.strides):
+            return False
+        a, b = self.realize(a), self.realize(b)
+        self._flush_readers(self._storage_id(dst))  # pending expressions reading the old sum run first
+        m, k = a.shape
+        n = b.shape[1]
+        out = self._view(dst, (m, n), contiguous_strides((m, n)), dst.offset)
+        self._gemm(a, b, out, (), (m, k, n), True)
+        return True
 
     # ----------------------------------------------------------------- convolutions (implicit GEMM)
     def native_conv(self, dtype: np.dtype, nd: int) -> bool:

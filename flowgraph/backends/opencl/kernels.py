@@ -481,8 +481,10 @@ def arange_source(dtype: np.dtype, step_dtype: np.dtype) -> KernelSource:
 
 
 # ----------------------------------------------------------------------------------------- matmul
-def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, threads: int, work: int) -> KernelSource:
-    """Register-blocked batched GEMM (the "myGEMM" scheme).
+def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, threads: int, work: int,
+                  accumulate: bool = False) -> KernelSource:
+    """Register-blocked batched GEMM (the "myGEMM" scheme); with ``accumulate``, ``out += a @ b`` (the sum
+    taken in the accumulator type).
 
     A work-group of ``threads`` x ``threads`` work-items computes a ``threads * work`` square tile of the
     output; each work-item keeps ``work`` x ``work`` accumulators in registers, taking rows and columns
@@ -541,7 +543,11 @@ def matmul_source(batch_rank: int, dtype: np.dtype, acc_dtype: np.dtype, threads
         f"  long row = row0 + ty + i * {threads};",
         f"  for (int j = 0; j < {work}; j++) {{",
         f"    long col = col0 + tx + j * {threads};",
-        f"    if (row < M && col < N) out[out_p + row * N + col] = {emitter.convert('acc[i][j]', acc_dtype, dtype)};",
+        "    if (row < M && col < N) {",
+        *([f"      acc[i][j] += {emitter.convert('out[out_p + row * N + col]', dtype, acc_dtype)};"]
+          if accumulate else []),
+        f"      out[out_p + row * N + col] = {emitter.convert('acc[i][j]', acc_dtype, dtype)};",
+        "    }",
         "  }",
         "}",
     ]
