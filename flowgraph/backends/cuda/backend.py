@@ -52,6 +52,7 @@ from ..lazy import SCALAR_TYPES, LazyEngine, flatten
 from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
+from .launch import ARRAY, PackedLaunch
 
 #: Sums of pending float32/float64 expressions run on this backend's own reduction kernel
 #: (``kernels.rsum_source``); False (environment ``FLOWGRAPH_CUDA_OWN_REDUCTIONS=0``) sends them through
@@ -281,10 +282,10 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
     def _ew_plan(self, pkey: tuple, root: Any, dst: Any, values: list) -> Any:
         """How ``_launch_fused`` runs a tree in one layout (``pkey``: structure, dtype, shape and the byte
-        strides of the output and each leaf): ``(kernel, grid, leading int arguments, the output's stride
-        arguments, each leaf's stride arguments)`` for the strided kernel, or False for programs touching
-        float16/bfloat16 (a ``cupy.ElementwiseKernel``). Kept per layout, so a training step's launches pay
-        neither the layout walk nor the argument conversions again."""
+        strides of the output and each leaf): the strided kernel's :class:`~.launch.PackedLaunch` (the output,
+        then each leaf, then each scalar filled per launch), or False for programs touching float16/bfloat16
+        (a ``cupy.ElementwiseKernel``). Kept per layout, so a training step's launches pay neither the layout
+        walk nor the argument conversions again."""
         key, dtype = pkey[0], pkey[1]
         types = {dtype, *key[1], *key[2], *(c[1] for c in key[0])}
         if not types <= K.RAW_TYPES:
@@ -308,8 +309,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
                                           baked)
                 kernel = self._kernels[kkey] = cupy.RawKernel(source, "fg_ew")
             threads = self.EW_THREADS
-            plan = (kernel, ((n + threads - 1) // threads,), (it(n), *[it(d) for d in dims]),
-                    tuple([it(s) for s in strides[0]]), tuple([tuple([it(s) for s in st]) for st in strides[1:]]))
+            params: list[Any] = [it(n), *[it(d) for d in dims], ARRAY, *[it(s) for s in strides[0]]]
+            for st in strides[1:]:
+                params += [ARRAY, *[it(s) for s in st]]
+            params += list(key[2])  # the scalars, each in its own dtype
+            plan = PackedLaunch(kernel, ((n + threads - 1) // threads,), (threads,), params)
         if len(self._ew_plans) >= PLAN_MEMO:
             self._ew_plans.clear()
         self._ew_plans[pkey] = plan
@@ -338,14 +342,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         if plan is None:
             plan = self._ew_plan(pkey, root, dst, values)
         if plan is not False:
-            kernel, grid, head, dst_strides, leaf_strides = plan
-            args: list[Any] = [*head, dst, *dst_strides]
-            for value, st in zip(values, leaf_strides):
-                args.append(value)
-                args += st
-            for sc in scalars:
-                args.append(sc.value)
-            kernel(grid, (self.EW_THREADS,), tuple(args))
+            plan.launch([dst, *values, *[sc.value for sc in scalars]])
             return
         kernel = self._kernel(root, (key, dtype), dtype)
         # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
@@ -647,15 +644,9 @@ class CupyBackend(LazyEngine, ArrayBackend):
         plan = self._sum_plans.get(pkey)
         if plan is None:
             plan = self._sum_plan(pkey, a, values)
-        kernel, size, grid, threads, head, value_strides, parts, n_out, out_shape = plan
+        launch, size, transports, parts, n_out, out_shape = plan
         out = cupy.ndarray(size, out_dtype)
-        args: list[Any] = [*head, out]
-        for v, st in zip(values, value_strides):
-            args.append(v)
-            args += st
-        for sc in scalars:
-            args.append(K.scalar_transport(sc.dtype).type(sc.value))
-        kernel(grid, threads, tuple(args))
+        launch.launch([out, *values, *[t(sc.value) for t, sc in zip(transports, scalars)]])
         stats = self.stats
         stats["fused_launches"] += 1
         stats["fused_ops"] += len(key_struct[0]) + 1
@@ -665,8 +656,9 @@ class CupyBackend(LazyEngine, ArrayBackend):
         return out.reshape(out_shape)
 
     def _sum_plan(self, pkey: tuple, a: LazyArray, values: list) -> tuple:
-        """``(kernel, partials, grid, block, leading arguments, stride arguments per leaf, parts, outputs,
-        result shape)`` of one ``_own_sum`` layout (``pkey``: structure, dtype, shape, axes, keepdims, strides)."""
+        """``(packed launch, partials, scalar transport types, parts, outputs, result shape)`` of one
+        ``_own_sum`` layout (``pkey``: structure, dtype, shape, axes, keepdims, strides); the launch takes the
+        partials' buffer, each leaf, then each scalar."""
         key_struct, out_dtype, shape, axes, keepdims = pkey[:5]
         kept_shape, (kdims, kstrides), (rdims, rstrides) = reduction_layout(
             shape, axes, [tuple(s // v.itemsize for s in v.strides) for v in values])
@@ -684,11 +676,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
             kernel = cupy.RawKernel(source, "fg_rsum_serial" if serial else "fg_rsum")
             self._kernels[key] = kernel
         i64 = np.int64
-        head = (i64(n_in), i64(n_out if serial else parts), *map(i64, kdims), *map(i64, rdims))
-        strides = tuple((*map(i64, ks), *map(i64, rs)) for ks, rs in zip(kstrides, rstrides))
+        params: list[Any] = [i64(n_in), i64(n_out if serial else parts), *map(i64, kdims), *map(i64, rdims), ARRAY]
+        for ks, rs in zip(kstrides, rstrides):
+            params += [ARRAY, *map(i64, ks), *map(i64, rs)]
+        transports = tuple(K.scalar_transport(d).type for d in key_struct[2])
+        params += [np.dtype(t) for t in transports]
         out_shape = tuple(1 if d in axes else n for d, n in enumerate(shape)) if keepdims else kept_shape
         grid = (-(-n_out // threads),) if serial else (n_out * parts,)
-        plan = (kernel, n_out * parts, grid, (threads,), head, strides, parts, n_out, out_shape)
+        plan = (PackedLaunch(kernel, grid, (threads,), params), n_out * parts, transports, parts, n_out, out_shape)
         if len(self._sum_plans) >= PLAN_MEMO:
             self._sum_plans.clear()
         self._sum_plans[pkey] = plan
