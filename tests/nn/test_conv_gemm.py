@@ -159,3 +159,56 @@ def test_benchmark_cnns_train_like_torch(device, name):
     from benchmarks.__main__ import loss_agreement
 
     assert loss_agreement(name, 0.03, device, steps=2) < 1e-4
+
+
+STRIDED_CONFIGS = [  # (C_in, C_out, size, kernel, stride, dilation): strided windows over odd sizes, 1-3 dims
+    (3, 4, (11,), (3,), (2,), (1,)),
+    (2, 3, (13,), (4,), (3,), (1,)),
+    (2, 3, (9, 11), (3, 4), (3, 2), (1, 1)),
+    (3, 2, (10, 7), (4, 4), (2, 2), (1, 1)),
+    (2, 3, (11, 9), (3, 3), (2, 3), (2, 1)),
+    (2, 3, (7, 8, 9), (3, 2, 3), (2, 3, 2), (1, 1, 1)),
+    (2, 2, (9, 7, 8), (2, 4, 2), (3, 2, 2), (1, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("cfg", STRIDED_CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+def test_strided_conv_gemm_matches_torch(cfg, blocks, monkeypatch):
+    """The NumPy composites' strided im2col in 1-3 dims, strides 2 and 3 over odd sizes (windows that leave
+    trailing rows unread): ``conv_gemm`` and ``conv_gemm_backward``, and ``conv_gemm_transpose_backward`` of
+    the transposed convolution, against PyTorch's output and gradients."""
+    import torch
+
+    c_in, c_out, size, kernel, stride, dilation = cfg
+    nd = len(kernel)
+    be = get_backend("cpu")
+    if blocks == "one_row":
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    rng = np.random.default_rng(4)
+    to_last = lambda a: np.ascontiguousarray(np.moveaxis(a, 0, -1))  # noqa: E731 - (N, C, *S) -> (C, *S, N)
+    x = rng.standard_normal((3, c_in) + size).astype(np.float32)
+    w = rng.standard_normal((c_out, c_in) + kernel).astype(np.float32)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = getattr(torch.nn.functional, f"conv{nd}d")(tx, tw, stride=stride, dilation=dilation)
+    g = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    y.backward(torch.tensor(g))
+    w2 = w.reshape(c_out, -1)
+    out = tuple(y.shape[2:])
+    got = be.conv_gemm(to_last(x), w2, kernel, stride, dilation, out)
+    np.testing.assert_allclose(got, to_last(y.detach().numpy()), rtol=1e-4, atol=1e-4)
+    gx, gw = be.conv_gemm_backward(to_last(x), w2, to_last(g), kernel, stride, dilation, True, True)
+    np.testing.assert_allclose(gx, to_last(tx.grad.numpy()), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gw, tw.grad.numpy().reshape(w2.shape), rtol=1e-4, atol=1e-4)
+    # the transposed convolution c_out -> c_in back to ``size``: its backward's im2col is of the strided g
+    xt = rng.standard_normal((3, c_out) + out).astype(np.float32)
+    txt, twt = torch.tensor(xt, requires_grad=True), torch.tensor(w, requires_grad=True)
+    extra = tuple(n - ((i - 1) * s + d * (k - 1) + 1) for n, i, s, d, k in zip(size, out, stride, dilation, kernel))
+    yt = getattr(torch.nn.functional, f"conv_transpose{nd}d")(txt, twt, stride=stride, dilation=dilation,
+                                                               output_padding=extra)
+    gt = rng.standard_normal(tuple(yt.shape)).astype(np.float32)
+    yt.backward(torch.tensor(gt))
+    gx, gw = be.conv_gemm_transpose_backward(to_last(xt), w2, to_last(gt), kernel, stride, dilation, True, True)
+    np.testing.assert_allclose(gx, to_last(txt.grad.numpy()), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gw, twt.grad.numpy().reshape(w2.shape), rtol=1e-4, atol=1e-4)
