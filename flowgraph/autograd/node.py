@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -236,25 +237,26 @@ def _tensor_api() -> _TensorAPI:
     return _API[0]
 
 
-class DeferredGrad:
+class DeferredGrad(ABC):
     """A gradient a backward returns not yet computed, so the engine can add it straight into a running sum
     it owns (``accumulate``): a parameter shared by every step of an unrolled loop then costs one kernel per
     step and no separate add. Anywhere else it becomes an ordinary gradient (``tensor()``). Backwards return
-    one only on a backend that declares ``accumulates_in_place``, outside ``create_graph``."""
+    one only on a backend that declares ``accumulates_in_place``, outside ``create_graph``. The kinds are
+    ``MatmulGrad`` and ``ColumnSumGrad`` (the engine recognises exactly those, ``_DEFERRED``)."""
 
     __slots__ = ("backend",)
 
     shape: tuple
     dtype: Any
 
+    @abstractmethod
     def tensor(self) -> Tensor:
         """The gradient, computed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def accumulate(self, dst: Any) -> Any:
         """``dst + gradient`` (a backend array of the gradient's shape and dtype), in ``dst`` where the backend
         can."""
-        raise NotImplementedError
 
 
 class MatmulGrad(DeferredGrad):

@@ -666,6 +666,20 @@ def matmul_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int
         raise ShapeError(f"matmul: batch dimensions of {a_shape} and {b_shape} do not broadcast") from None
 
 
+def accumulate_dims(dst: Any, a: Any, b: Any) -> tuple[int, int, int] | None:
+    """``(m, k, n)`` where ``dst += a @ b`` can run as one accumulating GEMM (``Backend.matmul_accumulate``):
+    ``a``, ``b`` 2-d of ``dst``'s dtype, a non-empty reduction, and ``dst`` holding ``m * n`` elements (a bias's
+    ``(n,)`` takes ``(1, n)``); None otherwise. Which dtypes its GEMM takes, and whether ``dst`` is laid out
+    row-major once realized, are the caller's to check."""
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or a.dtype != dst.dtype:
+        return None
+    (m, k), (k2, n) = a.shape, b.shape
+    size = math.prod(dst.shape)
+    if k != k2 or k == 0 or size == 0 or size != m * n:
+        return None
+    return m, k, n
+
+
 #: Elementwise launches of at least this many elements over 2 or more collapsed dims get their dims baked into
 #: the kernel source (``decompose(values=...)``; one kernel per shape, on CUDA and OpenCL): BatchNorm's
 #: normalise + ReLU over (128, 64, 64, 64) with per-channel operands took 177 us with the dims as arguments

@@ -38,6 +38,7 @@ from ..fusion import (
     Expr,
     Scalar,
     UpdateKernel,
+    accumulate_dims,
     adam_update_scalars,
     collapse,
     index_fits_int,
@@ -1289,16 +1290,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
         """``dst += av @ bv`` by one cuBLAS GEMM with ``beta = 1`` where ``av``, ``bv`` are 2-d float arrays of
         ``dst``'s dtype and ``dst`` (its pending sum run first) is contiguous with the product's size; False
         (nothing done) otherwise."""
-        if (av.ndim != 2 or bv.ndim != 2 or av.dtype not in GEMM_TYPES or av.dtype != bv.dtype
-                or av.dtype != dst.dtype or av.shape[1] != bv.shape[0] or av.shape[1] == 0
-                or math.prod(dst.shape) != av.shape[0] * bv.shape[1] or math.prod(dst.shape) == 0):
+        dims = accumulate_dims(dst, av, bv) if av.dtype in GEMM_TYPES else None
+        if dims is None:
             return False
         out = self._arr(dst)
         if not out.flags.c_contiguous:
             return False
         self._flush_readers(id(out.data.mem))  # pending expressions reading the old sum run first
-        m, k = av.shape
-        n = bv.shape[1]
+        m, k, n = dims
         op_a = self._gemm_operand(av, (), m, k)
         op_b = self._gemm_operand(bv, (), k, n)
         self._blas_handle().gemm(av.dtype, m, n, k, op_a[0], op_b[0], out.data.ptr, 1, accumulate=True)

@@ -29,6 +29,7 @@ from ..fusion import (
     Expr,
     Scalar,
     UpdateKernel,
+    accumulate_dims,
     adam_update_scalars,
     index_fits_int,
     is_host_scalar,
@@ -1014,17 +1015,15 @@ class OpenCLBackend(LazyEngine, Backend):
         """``dst += a @ b`` by the GEMM kernel where ``a``, ``b`` are 2-d float arrays of ``dst``'s dtype and
         ``dst`` is row-major with the product's size (realized first); False (nothing done) otherwise."""
         a, b, dst = (self._own(x, "matmul_accumulate") for x in (a, b, dst))
-        if (a.ndim != 2 or b.ndim != 2 or a.dtype.kind != "f" or a.dtype != b.dtype or a.dtype != dst.dtype
-                or a.shape[1] != b.shape[0] or a.shape[1] == 0 or shape_size(dst.shape) == 0
-                or shape_size(dst.shape) != a.shape[0] * b.shape[1]):
+        dims = accumulate_dims(dst, a, b) if a.dtype.kind == "f" else None
+        if dims is None:
             return False
         self.realize(dst)
         if not is_contiguous(dst.shape, dst.strides):
             return False
         a, b = self.realize(a), self.realize(b)
         self._flush_readers(self._storage_id(dst))  # pending expressions reading the old sum run first
-        m, k = a.shape
-        n = b.shape[1]
+        m, k, n = dims
         out = self._view(dst, (m, n), contiguous_strides((m, n)), dst.offset)
         self._gemm(a, b, out, (), (m, k, n), True)
         return True
