@@ -48,6 +48,13 @@ ROW_INPUT_LEAVES = 8
 
 #: Reader lists of an allocation drop the readers that were realized or freed each time they grow by this many.
 PRUNE_READERS = 64
+
+#: The registry of reader lists drops the entries of freed allocations when it holds more than twice its live
+#: entries, and at least this many: amortised one liveness test per entry added, and the weak references of
+#: an eager step's activations die within the step instead of ageing into the collector's oldest generation
+#: (at 4096, about 150 references a step of gru_seq reached it and brought on its 80-110 ms full collections
+#: sooner; docs/cuda.md, "Python's garbage collector and eager steps").
+READER_ENTRIES = 64
 _ref = weakref.ref
 
 
@@ -129,7 +136,7 @@ class LazyEngine:
     def _init_lazy(self) -> None:
         #: Per allocation (``_storage_id``), the pending arrays that read it directly.
         self._readers: dict[int, list[weakref.ref]] = {}
-        self._readers_limit = 4096
+        self._readers_limit = READER_ENTRIES
         self._result_dtypes: dict[tuple[str, np.dtype], np.dtype] = {}
 
     def is_pending(self, a: Any) -> bool:
@@ -145,7 +152,7 @@ class LazyEngine:
                 # Entries of freed allocations hold only dead references (a live pending reader keeps its
                 # input alive).
                 self._readers = {k: v for k, v in self._readers.items() if _alive(v)}
-                self._readers_limit = max(4096, 2 * len(self._readers))
+                self._readers_limit = max(READER_ENTRIES, 2 * len(self._readers))
             found = self._readers[storage] = []
         elif len(found) >= PRUNE_READERS and not len(found) % PRUNE_READERS:
             # Readers realized since (no longer a hazard unless they share this storage) or freed.

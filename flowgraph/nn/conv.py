@@ -25,6 +25,7 @@ PyTorch does: the im2col is rebuilt in backward rather than kept from the forwar
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -281,39 +282,52 @@ def _conv_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tup
             f"smaller than the kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
         )
     y = bk.conv_gemm(xd, w._data, kernel, stride, dilation, out_size)
-    to_first, to_last = (nd + 1, 0) + tuple(range(1, nd + 1)), tuple(range(1, nd + 2)) + (0,)
+    to_first = (nd + 1, 0) + tuple(range(1, nd + 1))
     out = _wrap(bk.permute(y, to_first) if batch_first else y, bk)
     need_x, need_w = x.requires_grad, w.requires_grad
     if STATE.enabled and (need_x or need_w):
-        inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, x.shape[1:-1])) + (
-            slice(None),)
-
-        def backward(g: Tensor, x: Tensor, w: Tensor):
-            if batch_first:
-                g = g.permute(to_last) if STATE.enabled else _wrap(g._backend.permute(g._data, to_last), g._backend)
-            if STATE.enabled:  # create_graph: the same steps in differentiable ops
-                flat = [0, 0]
-                for lo, hi in reversed(widths):
-                    flat += [lo, hi]
-                xp = pad(x, flat, "constant", 0.0) if padded else x
-                g2 = g.reshape(g.shape[0], -1)
-                gw = gx = None
-                if need_w:
-                    cols = _windows(xp, kernel, stride, dilation, out_size, batch_last=True)
-                    gw = g2.matmul(cols.reshape(w.shape[1], -1).transpose(0, 1))
-                if need_x:
-                    gcols = w.transpose(0, 1).matmul(g2).reshape((x.shape[0], math.prod(kernel)) + g.shape[1:])
-                    gx = _fold_windows(gcols, tuple(xp.shape), kernel, stride, dilation, batch_last=True)
-                    gx = gx[inner] if padded else gx
-                return gx, gw
-            bk = g._backend
-            xd = bk.pad(x._data, full, 0.0) if padded else x._data
-            gxd, gwd = bk.conv_gemm_backward(xd, w._data, g._data, kernel, stride, dilation, need_x, need_w)
-            gx = None if gxd is None else _wrap(bk.slice(gxd, inner) if padded else gxd, bk)
-            return gx, None if gwd is None else _wrap(gwd, bk)
-
-        _record(out, f"Conv{nd}dGemm", (x, w), (x, w), backward)
+        _record(out, f"Conv{nd}dGemm", (x, w), (x, w),
+                _conv_gemm_backward(kernel, stride, dilation, tuple(map(tuple, widths)), tuple(x.shape[1:-1]),
+                                    out_size, batch_first, need_x, need_w))
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _conv_gemm_backward(kernel: tuple, stride: tuple, dilation: tuple, widths: tuple, in_size: tuple,
+                        out_size: tuple, batch_first: bool, need_x: bool, need_w: bool):
+    """``_conv_gemm``'s backward, built once per geometry and set of needed gradients (a closure made per call
+    is objects the cyclic garbage collector tracks while the step's graph lives: see ``_bilinear_backward``)."""
+    nd = len(kernel)
+    padded = any(lo or hi for lo, hi in widths)
+    full = [(0, 0)] + list(widths) + [(0, 0)]
+    to_last = tuple(range(1, nd + 2)) + (0,)
+    inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, in_size)) + (slice(None),)
+
+    def backward(g: Tensor, x: Tensor, w: Tensor):
+        if batch_first:
+            g = g.permute(to_last) if STATE.enabled else _wrap(g._backend.permute(g._data, to_last), g._backend)
+        if STATE.enabled:  # create_graph: the same steps in differentiable ops
+            flat = [0, 0]
+            for lo, hi in reversed(widths):
+                flat += [lo, hi]
+            xp = pad(x, flat, "constant", 0.0) if padded else x
+            g2 = g.reshape(g.shape[0], -1)
+            gw = gx = None
+            if need_w:
+                cols = _windows(xp, kernel, stride, dilation, out_size, batch_last=True)
+                gw = g2.matmul(cols.reshape(w.shape[1], -1).transpose(0, 1))
+            if need_x:
+                gcols = w.transpose(0, 1).matmul(g2).reshape((x.shape[0], math.prod(kernel)) + g.shape[1:])
+                gx = _fold_windows(gcols, tuple(xp.shape), kernel, stride, dilation, batch_last=True)
+                gx = gx[inner] if padded else gx
+            return gx, gw
+        bk = g._backend
+        xd = bk.pad(x._data, full, 0.0) if padded else x._data
+        gxd, gwd = bk.conv_gemm_backward(xd, w._data, g._data, kernel, stride, dilation, need_x, need_w)
+        gx = None if gxd is None else _wrap(bk.slice(gxd, inner) if padded else gxd, bk)
+        return gx, None if gwd is None else _wrap(gwd, bk)
+
+    return backward
 
 
 def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tuple, full: tuple,
@@ -371,49 +385,67 @@ def _native_ok(x: Tensor, weight: Tensor, widths, mode: str, nd: int) -> bool:
             and all(lo == hi for lo, hi in widths) and bk.native_conv(x.dtype.np, nd))
 
 
-def _bilinear(name: str, a: Tensor, b: Tensor, compute, grad_a, grad_b) -> Tensor:
-    """``compute(a, b)`` on the arrays (made contiguous), recorded as node ``name`` of a bilinear op: ``a``'s
-    gradient is ``grad_a(h, b)`` and ``b``'s is ``grad_b(a, h)`` for the output gradient ``h``, so each input
-    is saved only when the other one needs a gradient."""
+def _bilinear(name: str, a: Tensor, b: Tensor, compute, grads: tuple) -> Tensor:
+    """``compute(a, b)`` on the arrays (made contiguous), recorded as node ``name`` of a bilinear op: for the
+    output gradient ``h``, ``a``'s gradient is ``grad_a(h, b)`` and ``b``'s is ``grad_b(a, h)``
+    (``grads = (grad_a, grad_b)``), so each input is saved only when the other one needs a gradient."""
     bk = a._backend
     out = _wrap(compute(bk.contiguous(a._data), bk.contiguous(b._data)), bk)
     need_a, need_b = a.requires_grad, b.requires_grad
     if STATE.enabled and (need_a or need_b):
-
-        def backward(h: Tensor, *saved: Tensor):
-            sa = saved[0] if need_b else None
-            sb = saved[-1] if need_a else None
-            return (grad_a(h, sb) if need_a else None), (grad_b(sa, h) if need_b else None)
-
-        _record(out, name, (a, b), ((a,) if need_b else ()) + ((b,) if need_a else ()), backward)
+        _record(out, name, (a, b), ((a,) if need_b else ()) + ((b,) if need_a else ()),
+                _bilinear_backward(grads, need_a, need_b))
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _bilinear_backward(grads: tuple, need_a: bool, need_b: bool):
+    """``_bilinear``'s backward, built once per pair of gradient functions (themselves built once per layout:
+    ``_native_grads``) and needed gradients. A closure made per call is a function, a tuple and cells that the
+    cyclic garbage collector tracks for as long as the step's graph lives (``nn.linear._linear_2d_backward``)."""
+    grad_a, grad_b = grads
+
+    def backward(h: Tensor, *saved: Tensor):
+        sa = saved[0] if need_b else None
+        sb = saved[-1] if need_a else None
+        return (grad_a(h, sb) if need_a else None), (grad_b(sa, h) if need_b else None)
+
+    return backward
+
+
+@functools.lru_cache(maxsize=1024)
+def _native_grads(kind: str, x_shape: tuple, w_shape: tuple, geometry: tuple) -> tuple:
+    """``(grad_a, grad_b)`` of the native convolution op ``kind`` (F, D or W below) for an input of ``x_shape``
+    and a weight of ``w_shape``: each of F, D and W is bilinear and its gradients are the other two."""
+    if kind == "F":
+        return (lambda h, w: _native_input_grad(h, w, x_shape, geometry),
+                lambda x, h: _native_weight_grad(x, h, w_shape, geometry))
+    if kind == "D":
+        return (lambda h, w: _native_forward(h, w, geometry),
+                lambda g, h: _native_weight_grad(h, g, w_shape, geometry))
+    return (lambda h, g: _native_input_grad(g, h, x_shape, geometry),
+            lambda x, h: _native_forward(x, h, geometry))
 
 
 def _native_forward(x: Tensor, w: Tensor, geometry: tuple) -> Tensor:
     """F(x, w): ``(N, C_in, *S)`` and ``(C_out, C_in/groups, *K)`` to ``(N, C_out, *out)``; ``geometry`` is
     ``(stride, padding, dilation, groups)``."""
-    x_shape, w_shape = tuple(x.shape), tuple(w.shape)
     return _bilinear("Convolution", x, w, lambda xd, wd: x._backend.conv_forward(xd, wd, *geometry),
-                     lambda h, w: _native_input_grad(h, w, x_shape, geometry),
-                     lambda x, h: _native_weight_grad(x, h, w_shape, geometry))
+                     _native_grads("F", tuple(x.shape), tuple(w.shape), geometry))
 
 
 def _native_input_grad(g: Tensor, w: Tensor, x_shape: tuple, geometry: tuple) -> Tensor:
     """D(g, w): the input gradient of F for an input of ``x_shape`` (and a transposed convolution's forward)."""
-    w_shape = tuple(w.shape)
     return _bilinear("ConvolutionInputGrad", g, w,
                      lambda gd, wd: g._backend.conv_input_grad(gd, wd, x_shape, *geometry),
-                     lambda h, w: _native_forward(h, w, geometry),
-                     lambda g, h: _native_weight_grad(h, g, w_shape, geometry))
+                     _native_grads("D", x_shape, tuple(w.shape), geometry))
 
 
 def _native_weight_grad(x: Tensor, g: Tensor, w_shape: tuple, geometry: tuple) -> Tensor:
     """W(x, g): the weight gradient of F, of ``w_shape``."""
-    x_shape = tuple(x.shape)
     return _bilinear("ConvolutionWeightGrad", x, g,
                      lambda xd, gd: x._backend.conv_weight_grad(xd, gd, w_shape, *geometry),
-                     lambda h, g: _native_input_grad(g, h, x_shape, geometry),
-                     lambda x, h: _native_forward(x, h, geometry))
+                     _native_grads("W", tuple(x.shape), w_shape, geometry))
 
 
 def _gemm_operands(weight: Tensor, cols: Tensor, groups: int, rows: int, length: int) -> tuple[Tensor, Tensor]:

@@ -68,6 +68,16 @@ def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     need_b = bias is not None and bias.requires_grad
     if not (STATE.enabled and (need_x or need_w or need_b)):
         return out
+    return _record(out, "Linear", (x, weight, bias), _linear_saved(x, weight, need_x, need_w),
+                   _LINEAR_2D_BACKWARD[need_x, need_w, need_b])
+
+
+def _linear_2d_backward(need_x: bool, need_w: bool, need_b: bool):
+    """``_linear_2d``'s backward for the inputs that need a gradient. The eight of them are built once
+    (``_LINEAR_2D_BACKWARD``): a closure made per call is a function, a tuple and a cell per flag the cyclic
+    garbage collector tracks, and the graph of an eager step is alive when it runs (each collection of the
+    middle generation moves the whole graph to the oldest, whose full collections cost 80-110 ms with torch
+    and CuPy loaded: docs/cuda.md)."""
 
     def backward(g: Tensor, *saved: Tensor):
         x, weight = saved[0] if need_w else None, saved[-1] if need_x else None  # see _linear_saved
@@ -90,7 +100,11 @@ def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
             gw = MatmulGrad(bk, gt, x._data) if deferred else _wrap(bk.matmul(gt, x._data), bk)
         return (_wrap(bk.matmul(gd, weight._data), bk) if need_x else None, gw, gb)
 
-    return _record(out, "Linear", (x, weight, bias), _linear_saved(x, weight, need_x, need_w), backward)
+    return backward
+
+
+_LINEAR_2D_BACKWARD = {(a, b, c): _linear_2d_backward(a, b, c) for a in (False, True) for b in (False, True)
+                       for c in (False, True)}
 
 
 class Linear(Module):

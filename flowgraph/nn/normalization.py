@@ -18,6 +18,7 @@ and the weight, as PyTorch does, and falls back to the same composed formula und
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -133,48 +134,61 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
     rows = math.prod(x.shape) // cols
     x_shape = tuple(x.shape)
     bk = x._backend
-
-    def flat(t: Tensor | None, backend, dtype, size: tuple[int, ...]):
-        if t is None:
-            return None
-        data = t._data if t._data.dtype == dtype else backend.cast(t._data, dtype)
-        # no reshape when the shape is already right: a device reshape realizes a pending value, and the
-        # kernels compute a pending input themselves (``LazyEngine._row_input``: the forward's input, a linear
-        # layer's bias and activation; ``LazyEngine._pending_pair_sum``: the backward's sum of two gradients)
-        return data if tuple(data.shape) == size else backend.reshape(data, size)
-
     d = x._data
-    y, mean, rstd = bk.layer_norm(flat(x, bk, d.dtype, (rows, cols)), flat(weight, bk, d.dtype, (cols,)),
-                                  flat(bias, bk, d.dtype, (cols,)), eps,
-                                  None if residual is None else flat(residual, bk, d.dtype, (rows, cols)))
+    y, mean, rstd = bk.layer_norm(_flat(x, bk, d.dtype, (rows, cols)), _flat(weight, bk, d.dtype, (cols,)),
+                                  _flat(bias, bk, d.dtype, (cols,)), eps,
+                                  None if residual is None else _flat(residual, bk, d.dtype, (rows, cols)))
     out = _wrap(bk.reshape(y, x_shape), bk)
     if _needs_grad(x, weight, bias, residual):
         need_r = residual is not None and residual.requires_grad
         has_w = weight is not None
         need_x, need_w = x.requires_grad, has_w and weight.requires_grad
         need_b = bias is not None and bias.requires_grad
-        axes = tuple(range(len(x_shape) - len(shape), len(x_shape)))
-
-        def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
-            weight = rest[0] if has_w else None
-            gr = g if need_r else None  # the residual's gradient is the output's
-            if not (need_x or need_w or need_b):  # only the residual asks
-                return None, None, None, gr
-            if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
-                return (*_standardize_grads_composed(g, x, axes, eps, weight, need_x, shape if need_w else None,
-                                                     shape if need_b else None), gr)
-            gbk = g._backend
-            dtype = x._data.dtype
-            gx, gw, gb = gbk.layer_norm_backward(
-                flat(g, gbk, dtype, (rows, cols)), gbk.reshape(x._data, (rows, cols)), mean._data, rstd._data,
-                flat(weight, gbk, dtype, (cols,)), need_x, need_w, need_b)
-            return (None if gx is None else _wrap(gbk.reshape(gx, x_shape), gbk),
-                    None if gw is None else _wrap(gbk.reshape(gw, shape), gbk),
-                    None if gb is None else _wrap(gbk.reshape(gb, shape), gbk), gr)
-
         saved = (x, _wrap(mean, bk), _wrap(rstd, bk)) + ((weight,) if has_w else ())
-        _record(out, "LayerNorm", (x, weight, bias, residual), saved, bw)
+        _record(out, "LayerNorm", (x, weight, bias, residual), saved,
+                _layer_norm_backward(x_shape, shape, eps, need_x, need_w, need_b, need_r, has_w))
     return out
+
+
+def _flat(t: Tensor | None, backend, dtype, size: tuple[int, ...]):
+    """``t``'s array in ``dtype``, shaped ``size`` (None for None)."""
+    if t is None:
+        return None
+    data = t._data if t._data.dtype == dtype else backend.cast(t._data, dtype)
+    # no reshape when the shape is already right: a device reshape realizes a pending value, and the
+    # kernels compute a pending input themselves (``LazyEngine._row_input``: the forward's input, a linear
+    # layer's bias and activation; ``LazyEngine._pending_pair_sum``: the backward's sum of two gradients)
+    return data if tuple(data.shape) == size else backend.reshape(data, size)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layer_norm_backward(x_shape: tuple, shape: tuple, eps: float, need_x: bool, need_w: bool, need_b: bool,
+                         need_r: bool, has_w: bool):
+    """``_layer_norm``'s backward, built once per layout and set of needed gradients: a closure made per call
+    is a function, a tuple and a cell per captured value the cyclic collector tracks (see
+    ``linear._linear_2d_backward``)."""
+    cols = math.prod(shape)
+    rows = math.prod(x_shape) // cols
+    axes = tuple(range(len(x_shape) - len(shape), len(x_shape)))
+
+    def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
+        weight = rest[0] if has_w else None
+        gr = g if need_r else None  # the residual's gradient is the output's
+        if not (need_x or need_w or need_b):  # only the residual asks
+            return None, None, None, gr
+        if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
+            return (*_standardize_grads_composed(g, x, axes, eps, weight, need_x, shape if need_w else None,
+                                                 shape if need_b else None), gr)
+        gbk = g._backend
+        dtype = x._data.dtype
+        gx, gw, gb = gbk.layer_norm_backward(
+            _flat(g, gbk, dtype, (rows, cols)), gbk.reshape(x._data, (rows, cols)), mean._data, rstd._data,
+            _flat(weight, gbk, dtype, (cols,)), need_x, need_w, need_b)
+        return (None if gx is None else _wrap(gbk.reshape(gx, x_shape), gbk),
+                None if gw is None else _wrap(gbk.reshape(gw, shape), gbk),
+                None if gb is None else _wrap(gbk.reshape(gb, shape), gbk), gr)
+
+    return bw
 
 
 def layer_norm_residual(input: Tensor, module: LayerNorm, residual: Tensor) -> Tensor:
@@ -220,29 +234,35 @@ def _batch_norm_train(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps
         has_w = weight is not None
         need_x, need_w = x.requires_grad, has_w and weight.requires_grad
         need_b = bias is not None and bias.requires_grad
-        nd = x.ndim
-        axes = (0,) + tuple(range(2, nd))
-        c = x.shape[1]
-
-        def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
-            weight = rest[0] if has_w else None
-            if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
-                view = (1, c) + (1,) * (nd - 2)
-                gx, gw, gb = _standardize_grads_composed(
-                    g, x, axes, eps, None if weight is None else _channel_view(weight, nd), need_x,
-                    view if need_w else None, view if need_b else None)
-                return gx, None if gw is None else gw.reshape((c,)), None if gb is None else gb.reshape((c,))
-            gbk = g._backend
-            dtype = x._data.dtype
-            wd = None if weight is None else (weight._data if weight._data.dtype == dtype
-                                              else gbk.cast(weight._data, dtype))
-            grads = gbk.batch_norm_backward(g._data if g._data.dtype == dtype else gbk.cast(g._data, dtype),
-                                            x._data, mean._data, rstd._data, wd, need_x, need_w, need_b)
-            return tuple(None if a is None else _wrap(a, gbk) for a in grads)
-
         saved = (x, _wrap(mean, bk), _wrap(rstd, bk)) + ((weight,) if has_w else ())
-        _record(out, "BatchNorm", (x, weight, bias), saved, bw)
+        _record(out, "BatchNorm", (x, weight, bias), saved,
+                _batch_norm_backward(x.ndim, x.shape[1], eps, has_w, need_x, need_w, need_b))
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _batch_norm_backward(nd: int, c: int, eps: float, has_w: bool, need_x: bool, need_w: bool, need_b: bool):
+    """``_batch_norm_train``'s backward, built once per rank, channel count and set of needed gradients (see
+    ``_layer_norm_backward``)."""
+    axes = (0,) + tuple(range(2, nd))
+
+    def bw(g: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, *rest: Tensor):
+        weight = rest[0] if has_w else None
+        if STATE.enabled:  # create_graph: make the gradient itself differentiable in x
+            view = (1, c) + (1,) * (nd - 2)
+            gx, gw, gb = _standardize_grads_composed(
+                g, x, axes, eps, None if weight is None else _channel_view(weight, nd), need_x,
+                view if need_w else None, view if need_b else None)
+            return gx, None if gw is None else gw.reshape((c,)), None if gb is None else gb.reshape((c,))
+        gbk = g._backend
+        dtype = x._data.dtype
+        wd = None if weight is None else (weight._data if weight._data.dtype == dtype
+                                          else gbk.cast(weight._data, dtype))
+        grads = gbk.batch_norm_backward(g._data if g._data.dtype == dtype else gbk.cast(g._data, dtype),
+                                        x._data, mean._data, rstd._data, wd, need_x, need_w, need_b)
+        return tuple(None if a is None else _wrap(a, gbk) for a in grads)
+
+    return bw
 
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:

@@ -12,6 +12,7 @@ averaging matrix, max pooling gathers each output's (padded-to-equal-length) ind
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -146,18 +147,25 @@ def _block_max(x: Tensor, kernel: tuple, out: tuple) -> Tensor:
     bk = x._backend
     values = _wrap(bk.max_pool_blocks(x._data, kernel), bk)
     if x.requires_grad and STATE.enabled:
-        ones_ = (1,) * len(kernel)
-
-        def bw(g: Tensor, x: Tensor, y: Tensor):
-            if STATE.enabled:  # create_graph: the window path's differentiable form
-                with no_grad():
-                    kidx = _window_max(x.detach(), kernel, kernel, ones_, out)[1]
-                return (_window_max_grad(g, kidx, tuple(x.shape), kernel, kernel, ones_),)
-            bk = g._backend
-            return (_wrap(bk.max_pool_blocks_backward(x._data, y._data, g._data, kernel), bk),)
-
-        _record(values, "BlockMax", (x,), (x, values), bw)
+        _record(values, "BlockMax", (x,), (x, values), _block_max_backward(kernel, out))
     return values
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_max_backward(kernel: tuple, out: tuple):
+    """``_block_max``'s backward, built once per geometry (a closure made per call is objects the cyclic
+    garbage collector tracks for as long as the step's graph lives: ``nn.linear._linear_2d_backward``)."""
+    ones_ = (1,) * len(kernel)
+
+    def bw(g: Tensor, x: Tensor, y: Tensor):
+        if STATE.enabled:  # create_graph: the window path's differentiable form
+            with no_grad():
+                kidx = _window_max(x.detach(), kernel, kernel, ones_, out)[1]
+            return (_window_max_grad(g, kidx, tuple(x.shape), kernel, kernel, ones_),)
+        bk = g._backend
+        return (_wrap(bk.max_pool_blocks_backward(x._data, y._data, g._data, kernel), bk),)
+
+    return bw
 
 
 # ---------------------------------------------------------------------- max pooling

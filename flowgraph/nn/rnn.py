@@ -15,6 +15,7 @@ O(L) rather than one full-size zero tensor per step.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -190,7 +191,20 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int, bx: Tensor | 
     needs = (xp.requires_grad or needs_b[0], hp.requires_grad or needs_b[1], h.requires_grad)
     which = (xp.requires_grad, hp.requires_grad, h.requires_grad)
 
+    saved = (xp, hp, h, _wrap(rz, bk), _wrap(n, bk), *(b for b in biases if b is not None))
+    return _record(_wrap(h_new, bk), "GRUCell", (xp, hp, h, bx, bp), saved,
+                   _gru_pointwise_backward(hidden, needs, needs_b, which, bx is not None, bp is not None))
+
+
+@functools.lru_cache(maxsize=256)
+def _gru_pointwise_backward(hidden: int, needs: tuple, needs_b: tuple, which: tuple, has_bx: bool, has_bp: bool):
+    """``_gru_pointwise``'s backward, built once per width and set of needed gradients (a closure made per
+    step is several objects the cyclic collector tracks: see ``linear._linear_2d_backward``). The biases
+    come back among the saved tensors (those that are not None, ``bx`` first)."""
+
     def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, rz_t: Tensor, n_t: Tensor, *bs: Tensor):
+        bx = bs[0] if has_bx else None
+        bp = bs[-1] if has_bp else None
         if grad.requires_grad:
             xb, hb = _with_biases(xp, hp, bx, bp)
             gs = _gru_pointwise_grads(grad, *_gru_pieces(xb, hb, h, hidden)[:4], h, needs)
@@ -202,8 +216,7 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int, bx: Tensor | 
             gb = tuple(_wrap(bk.sum(gs[k]._data, (0,), False), bk) if needs_b[k] else None for k in range(2))
         return (*(gs[k] if which[k] else None for k in range(3)), *gb)
 
-    saved = (xp, hp, h, _wrap(rz, bk), _wrap(n, bk), *(b for b in biases if b is not None))
-    return _record(_wrap(h_new, bk), "GRUCell", (xp, hp, h, bx, bp), saved, bw)
+    return bw
 
 
 def _with_biases(xp: Tensor, hp: Tensor, bx: Tensor | None, bp: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -6,6 +6,7 @@ every backend differentiates everything (and ``create_graph=True`` gives higher-
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -195,6 +196,20 @@ def _shape_of(t):
 
 
 # ---------------------------------------------------------------------- arithmetic
+@functools.lru_cache(maxsize=4096)
+def _add_backward(sa: tuple | None, sb: tuple | None):
+    """``add``'s backward for operand shapes ``sa``, ``sb`` (None for a scalar operand), built once per pair
+    of shapes: a closure made per call is a function, a tuple and cells that the cyclic garbage collector tracks,
+    and they live as long as the step's graph (see ``nn.linear._linear_2d_backward``)."""
+
+    def bw(g):
+        gs = g._data.shape
+        return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
+                None if sb is None else (g if gs == sb else sum_to(g, sb)))
+
+    return bw
+
+
 def add(a, b, alpha: float = 1) -> Tensor:
     """``a + alpha * b`` with broadcasting."""
     if alpha != 1:
@@ -205,16 +220,22 @@ def add(a, b, alpha: float = 1) -> Tensor:
     except ValueError as exc:
         raise _shape_error("add", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        sa = None if at is None else at._data.shape
-        sb = None if bt is None else bt._data.shape
-
-        def bw(g):
-            gs = g._data.shape
-            return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
-                    None if sb is None else (g if gs == sb else sum_to(g, sb)))
-
-        _record(out, "Add", (at, bt), (), bw)
+        _record(out, "Add", (at, bt), (), _add_backward(None if at is None else at._data.shape,
+                                                          None if bt is None else bt._data.shape))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _sub_backward(sa: tuple | None, sb: tuple | None):
+    """``sub``'s backward for operand shapes ``sa``, ``sb`` (None for a scalar), built once per pair of shapes
+    (see ``_add_backward``)."""
+
+    def bw(g):
+        gs = g._data.shape
+        return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
+                None if sb is None else (-g if gs == sb else sum_to(-g, sb)))
+
+    return bw
 
 
 def sub(a, b, alpha: float = 1) -> Tensor:
@@ -232,15 +253,8 @@ def sub(a, b, alpha: float = 1) -> Tensor:
     except ValueError as exc:
         raise _shape_error("sub", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        sa = None if at is None else at._data.shape
-        sb = None if bt is None else bt._data.shape
-
-        def bw(g):
-            gs = g._data.shape
-            return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
-                    None if sb is None else (-g if gs == sb else sum_to(-g, sb)))
-
-        _record(out, "Sub", (at, bt), (), bw)
+        _record(out, "Sub", (at, bt), (), _sub_backward(None if at is None else at._data.shape,
+                                                          None if bt is None else bt._data.shape))
     return out
 
 
@@ -266,8 +280,10 @@ def mul(a, b) -> Tensor:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def _mul_backward(need_a: bool, need_b: bool, sa: tuple, sb: tuple, out_dtype):
-    """Backward of a tensor-tensor product; ``saved`` is (b, a), (b,) or (a,) after which operands need grad."""
+    """Backward of a tensor-tensor product; ``saved`` is (b, a), (b,) or (a,) after which operands need grad.
+    Built once per shapes and dtype (see ``_add_backward``)."""
 
     def bw(g, *sv):
         tb = sv[0] if need_a else None

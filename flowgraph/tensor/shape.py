@@ -3,6 +3,7 @@ repeat, cat, stack, split, chunk, flip, pad, roll, narrow, movedim; ``clone``, `
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 
@@ -56,8 +57,23 @@ def reshape(a: Tensor, *shape) -> Tensor:
     if src is a._data:  # a view of a contiguous tensor; a non-contiguous one is copied first (never aliased)
         _make_view(out, a, reshape, shape)
     if a.requires_grad and STATE.enabled:
-        _record(out, "Reshape", (a,), (), lambda g: (g.reshape(old),))
+        _record(out, "Reshape", (a,), (), _reshape_backward(old))
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _permute_backward(inv: tuple):
+    """``permute``'s backward through the inverse permutation ``inv``, built once per permutation (see
+    ``_reshape_backward``)."""
+    return lambda g: (g.permute(inv),)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reshape_backward(old: tuple):
+    """``reshape``'s backward to the shape ``old``, built once per shape (a closure made per call is objects
+    the cyclic garbage collector tracks for as long as the step's graph lives: see
+    ``nn.linear._linear_2d_backward``)."""
+    return lambda g: (g.reshape(old),)
 
 
 view = reshape
@@ -78,7 +94,7 @@ def permute(a: Tensor, *dims) -> Tensor:
         inv = [0] * nd
         for i, d in enumerate(dims):
             inv[d] = i
-        _record(out, "Permute", (a,), (), lambda g: (g.permute(inv),))
+        _record(out, "Permute", (a,), (), _permute_backward(tuple(inv)))
     return out
 
 

@@ -132,3 +132,18 @@ def test_kernels_with_dims_baked_in_match_the_general_kernel(be, monkeypatch, sh
         np.testing.assert_allclose(t, expected_t, rtol=1e-6)
     baked = [k for k in be._kernels if isinstance(k, tuple) and k[0] == "ew" and k[-1] is not None]
     assert any(len(k[-1]) > 1 for k in baked)
+
+
+def test_reader_registry_drops_freed_allocations_and_keeps_live_hazards(be):
+    """Entries of freed allocations leave the registry as it grows (``READER_ENTRIES``), so its weak references
+    die young; a live pending reader of a live allocation is still realized before that allocation is written."""
+    from flowgraph.backends.lazy import READER_ENTRIES
+
+    kept = be.from_host(np.arange(4, dtype=F32))
+    reader = be.mul(kept, 3.0)  # pending reader of ``kept``, alive throughout
+    for i in range(20 * READER_ENTRIES):
+        tmp = be.from_host(np.full(4, i, F32))
+        be.to_host(be.add(tmp, 1.0))  # a pending reader of a fresh allocation, then both freed
+    assert len(be._readers) <= 2 * READER_ENTRIES + 2
+    be.assign(kept, 0.0)
+    np.testing.assert_array_equal(host(be, reader), 3 * np.arange(4))
