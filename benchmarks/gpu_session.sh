@@ -4,7 +4,7 @@
 # data-parallel equality and scaling (2 GPUs), and a kernel profile of mlp.
 # Results land in $OUT (or ./out). Run from the repository root:  bash benchmarks/gpu_session.sh
 # Each stage has a time budget (seconds, environment): TEST_BUDGET, CUDA_BENCH_BUDGET, OCL_BENCH_BUDGET, DP_BUDGET.
-# STAGES picks stages (default: all): tests bench dp profile overhead memory cpu kernels replay.
+# STAGES picks stages (default: all): tests bench dp profile overhead memory cpu kernels replay gc.
 set -u
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 if [ -d .whl ]; then  # wheels carried to a machine without network (see CONTRIBUTING.md)
@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import flowgraph as fg, cupy, torch; print(fg.available_devices(), cupy.__version__, torch.__version__)" \
   > "$OUT/devices.txt" 2>&1
-STAGES="${STAGES:-tests bench dp profile overhead memory cpu kernels replay}"
+STAGES="${STAGES:-tests bench dp profile overhead memory cpu kernels replay gc}"
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree tests/runtime tests/utils"
 if has tests; then
@@ -31,6 +31,9 @@ timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "cuda" -n 16 -p no:
 timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "opencl" -n 16 -p no:cacheprovider \
   > "$OUT/tests_opencl.txt" 2>&1
 timeout 60 python3 -m pytest tests/distributed -q -rs -p no:cacheprovider > "$OUT/tests_distributed.txt" 2>&1
+fi
+if has gc; then  # Python's cyclic collector during eager steps (docs/cuda.md)
+  timeout 120 python3 -m benchmarks.gc_collections --device cuda --models all --steps 200 > "$OUT/gc_cuda.txt" 2>&1
 fi
 if has overhead; then
   python3 benchmarks/overhead.py --device cuda --ops 1000 --repeats 7 > "$OUT/overhead_cuda.txt" 2>&1
