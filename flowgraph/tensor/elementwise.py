@@ -309,7 +309,22 @@ def _mul_backward(need_a: bool, need_b: bool, sa: tuple, sb: tuple, out_dtype):
 
 
 def _mul_scalar_backward(c, tensor_first: bool, shape: tuple, out_dtype):
-    """Backward of a tensor times a Python scalar ``c``: nothing saved."""
+    """Backward of a tensor times a Python scalar ``c``: nothing saved. Shared between calls with the same
+    scalar (of the same type), side, shape and dtype (see ``_add_backward``)."""
+    try:
+        return _shared_mul_scalar_backward(type(c), c, tensor_first, shape, out_dtype)
+    except TypeError:  # an unhashable scalar (a 0-d array): its own closure
+        return _make_mul_scalar_backward(c, tensor_first, shape, out_dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_mul_scalar_backward(kind: type, c, tensor_first: bool, shape: tuple, out_dtype):
+    """``_make_mul_scalar_backward`` once per key (``kind`` keeps 1, 1.0 and True apart)."""
+    return _make_mul_scalar_backward(c, tensor_first, shape, out_dtype)
+
+
+def _make_mul_scalar_backward(c, tensor_first: bool, shape: tuple, out_dtype):
+    """The backward closure of ``_mul_scalar_backward``."""
 
     def bw(g):
         gd = g._data

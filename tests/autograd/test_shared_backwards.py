@@ -41,12 +41,21 @@ def test_backward_function_is_shared_between_calls(device, make):
             assert a.backward is b.backward, a.name
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "reshape"])
-def test_elementwise_and_reshape_backwards_are_shared(device, op):
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "mul_scalar", "reshape", "permute"])
+def test_elementwise_and_shape_backwards_are_shared(device, op):
     a1, b1, a2, b2 = (fg.randn(3, 1, device=device, requires_grad=True) for _ in range(4))
     f = {"add": lambda a, b: a + b.reshape(1, 3), "sub": lambda a, b: a - b.reshape(1, 3),
-         "mul": lambda a, b: a * b.reshape(1, 3), "reshape": lambda a, b: a.reshape(1, 3)}[op]
+         "mul": lambda a, b: a * b.reshape(1, 3), "mul_scalar": lambda a, b: a * 0.5,
+         "reshape": lambda a, b: a.reshape(1, 3), "permute": lambda a, b: a.permute(1, 0)}[op]
     assert _node(f(a1, b1)).backward is _node(f(a2, b2)).backward
+
+
+def test_scalar_products_keep_the_scalars_type(device):
+    """``x * 2`` and ``x * 2.0`` (equal keys for a plain cache) get their own backwards."""
+    x = fg.randn(3, device=device, requires_grad=True)
+    assert _node(x * 2).backward is not _node(x * 2.0).backward
+    (x * 2).sum().backward()
+    np.testing.assert_allclose(x.grad.cpu().numpy(), np.full(3, 2.0, np.float32))
 
 
 def test_shared_backward_keeps_each_calls_flags(device):
