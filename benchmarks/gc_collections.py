@@ -16,24 +16,12 @@ import argparse
 import gc
 import time
 
-import numpy as np
-
-from .models import MODELS, build_flowgraph, spec
+from .models import MODELS, flowgraph_training
 
 
 def measure(name: str, device: str, scale: float, steps: int) -> tuple[list[int], float, float]:
     """``(collections per generation, ms a step in the collector, ms a step)`` over ``steps`` eager steps."""
-    import flowgraph as fg
-    from flowgraph import nn, optim
-
-    fg.manual_seed(0)
-    model = build_flowgraph(name, scale).to(device)
-    opt = optim.Adam(model.parameters(), lr=1e-3)
-    sp = spec(name, scale)
-    rng = np.random.default_rng(0)
-    x = fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device)
-    y = fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device)
-    loss_fn = nn.MSELoss()
+    model, opt, x, y, loss_fn = flowgraph_training(name, scale, device)
 
     def step() -> None:
         opt.zero_grad()

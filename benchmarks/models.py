@@ -76,6 +76,24 @@ def _conv_channels(sp: Spec) -> list[int]:
     return [3, base, base * 2, base * 4, base * 8, base * 8]
 
 
+def flowgraph_training(name: str, scale: float, device: str):
+    """``(model, Adam optimizer, x, y, MSE loss)`` for one fixed batch of ``name`` on ``device``: the setup of
+    the step probes (``profile_step``, ``gc_collections``), seeded as the benchmark seeds its models."""
+    import numpy as np
+
+    import flowgraph as fg
+    from flowgraph import nn, optim
+
+    fg.manual_seed(0)
+    model = build_flowgraph(name, scale).to(device)
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+    sp = spec(name, scale)
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device)
+    y = fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device)
+    return model, opt, x, y, nn.MSELoss()
+
+
 # ---------------------------------------------------------------------- flowgraph
 def build_flowgraph(name: str, scale: float = 1.0):
     """The flowgraph Graph for ``name``."""

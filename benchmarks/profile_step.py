@@ -13,24 +13,14 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
-from .models import build_flowgraph, spec
+from .models import flowgraph_training
 
 
 def profile(name: str, device: str, scale: float, repeats: int, cprofile: int = 0) -> None:
     import flowgraph as fg
-    from flowgraph import nn, optim
 
-    fg.manual_seed(0)
-    model = build_flowgraph(name, scale).to(device)
-    opt = optim.Adam(model.parameters(), lr=1e-3)
-    sp = spec(name, scale)
-    rng = np.random.default_rng(0)
-    x = fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device)
-    y = fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device)
+    model, opt, x, y, loss_fn = flowgraph_training(name, scale, device)
     bk = fg.get_backend(device)
-    loss_fn = nn.MSELoss()
     for _ in range(2):  # warm-up: kernels compile, optimizer state appears
         loss = loss_fn(model(x), y)
         opt.zero_grad()
