@@ -100,3 +100,30 @@ def test_einsum_errors(device):
         fg.einsum("ij,jk->ik", fg.zeros(2, 3, device=device), fg.zeros(4, 5, device=device))
     with pytest.raises(fg.FlowError):
         fg.einsum("ii->i", fg.zeros(3, 3, device=device))
+
+
+_LAYOUTS = {  # name: (shape of a, shape of b, the views multiplied; t transposes)
+    "contiguous": ((5, 3), (3, 4), lambda a, b, t: (a, b)),
+    "a_transposed": ((3, 5), (3, 4), lambda a, b, t: (t(a), b)),
+    "b_transposed": ((5, 3), (4, 3), lambda a, b, t: (a, t(b))),
+    "both_transposed": ((3, 5), (4, 3), lambda a, b, t: (t(a), t(b))),
+    "column_slice": ((5, 7), (3, 4), lambda a, b, t: (a[:, 2:5], b)),  # leading dimension 7 for width 3
+    "row_vector": ((1, 3), (3, 4), lambda a, b, t: (a, b)),
+    "inner_one": ((5, 1), (1, 4), lambda a, b, t: (a, b)),
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_repeated_matmul_of_one_layout_reads_each_calls_operands(device, layout):
+    """A training loop multiplies arrays of the same layout every step: the second and later calls (on CUDA,
+    through the layout kept from the first, ``_gemm_plan``) must read that call's operands, for transposed
+    views and column slices (leading dimension above the width) as for contiguous arrays."""
+    import flowgraph as fg
+
+    rng = np.random.default_rng(7)
+    sa, sb, view = _LAYOUTS[layout]
+    for _ in range(3):
+        an, bn = (rng.standard_normal(s).astype(np.float32) for s in (sa, sb))
+        a, b = view(fg.tensor(an, device=device), fg.tensor(bn, device=device), lambda x: x.t())
+        na, nb = view(an, bn, lambda x: x.T)
+        np.testing.assert_allclose(a.matmul(b).cpu().numpy(), na @ nb, rtol=1e-5, atol=1e-5)
