@@ -197,15 +197,17 @@ def _shape_of(t):
 
 # ---------------------------------------------------------------------- arithmetic
 @functools.lru_cache(maxsize=4096)
-def _add_backward(sa: tuple | None, sb: tuple | None):
-    """``add``'s backward for operand shapes ``sa``, ``sb`` (None for a scalar operand), built once per pair
-    of shapes: a closure made per call is a function, a tuple and cells that the cyclic garbage collector tracks,
-    and they live as long as the step's graph (see ``nn.linear._linear_2d_backward``)."""
+def _add_backward(sa: tuple | None, sb: tuple | None, subtract: bool = False):
+    """The backward of ``add`` (``sub`` with ``subtract``) for operand shapes ``sa``, ``sb`` (None for a scalar
+    operand), built once per pair of shapes: a closure made per call is a function, a tuple and cells that the
+    cyclic garbage collector tracks, and they live as long as the step's graph (see
+    ``nn.linear._linear_2d_backward``)."""
 
     def bw(g):
         gs = g._data.shape
+        gb = -g if subtract and sb is not None else g
         return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
-                None if sb is None else (g if gs == sb else sum_to(g, sb)))
+                None if sb is None else (gb if gs == sb else sum_to(gb, sb)))
 
     return bw
 
@@ -220,22 +222,8 @@ def add(a, b, alpha: float = 1) -> Tensor:
     except ValueError as exc:
         raise _shape_error("add", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        _record(out, "Add", (at, bt), (), _add_backward(None if at is None else at._data.shape,
-                                                          None if bt is None else bt._data.shape))
+        _record(out, "Add", (at, bt), (), _add_backward(_shape_of(at), _shape_of(bt)))
     return out
-
-
-@functools.lru_cache(maxsize=4096)
-def _sub_backward(sa: tuple | None, sb: tuple | None):
-    """``sub``'s backward for operand shapes ``sa``, ``sb`` (None for a scalar), built once per pair of shapes
-    (see ``_add_backward``)."""
-
-    def bw(g):
-        gs = g._data.shape
-        return (None if sa is None else (g if gs == sa else sum_to(g, sa)),
-                None if sb is None else (-g if gs == sb else sum_to(-g, sb)))
-
-    return bw
 
 
 def sub(a, b, alpha: float = 1) -> Tensor:
@@ -253,8 +241,7 @@ def sub(a, b, alpha: float = 1) -> Tensor:
     except ValueError as exc:
         raise _shape_error("sub", a, b, exc) from None
     if STATE.enabled and ((at is not None and at.requires_grad) or (bt is not None and bt.requires_grad)):
-        _record(out, "Sub", (at, bt), (), _sub_backward(None if at is None else at._data.shape,
-                                                          None if bt is None else bt._data.shape))
+        _record(out, "Sub", (at, bt), (), _add_backward(_shape_of(at), _shape_of(bt), True))
     return out
 
 

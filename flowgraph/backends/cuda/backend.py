@@ -1241,10 +1241,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
             return cupy.matmul(a, b)
         plan = self._gemm_plan(a, b) if a.ndim == 2 and b.ndim == 2 else None
         if plan is not None:  # the common 2-d case: the layout worked out on an earlier call
-            m, n, k, a_ld, a_col, b_ld, b_col = plan
-            out = cupy.ndarray((m, n), a.dtype)
-            self._blas_handle().gemm(a.dtype, m, n, k, (a.data.ptr, a_ld, a_col, 0), (b.data.ptr, b_ld, b_col, 0),
-                                     out.data.ptr, 1)
+            out = cupy.ndarray(plan[:2], a.dtype)
+            self._planned_gemm(plan, a, b, out, False)
             return out
         squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
         if squeeze_a:
@@ -1307,9 +1305,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         self._flush_readers(id(out.data.mem))  # pending expressions reading the old sum run first
         plan = self._gemm_plan(av, bv)
         if plan is not None:
-            m, n, k, a_ld, a_col, b_ld, b_col = plan
-            self._blas_handle().gemm(av.dtype, m, n, k, (av.data.ptr, a_ld, a_col, 0), (bv.data.ptr, b_ld, b_col, 0),
-                                     out.data.ptr, 1, accumulate=True)
+            self._planned_gemm(plan, av, bv, out, True)
             return True
         m, k, n = dims
         op_a = self._gemm_operand(av, (), m, k)
@@ -1327,8 +1323,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
         work out from the shapes and strides, kept per layout so a repeated call (every step of a training loop)
         only reads its pointers (about 10 us of Python a call on an H200's host). None otherwise."""
         key = (a.shape, a.strides, b.shape, b.strides, a.dtype)
-        plan = self._gemm_plans.get(key)
-        if plan is not None or key in self._gemm_plans:
+        plan = self._gemm_plans.get(key, self._gemm_plans)  # the dict itself marks a layout not seen yet
+        if plan is not self._gemm_plans:
             return plan
         plan = None
         (m, k), (k2, n) = a.shape, b.shape
@@ -1341,6 +1337,12 @@ class CupyBackend(LazyEngine, ArrayBackend):
             self._gemm_plans.clear()
         self._gemm_plans[key] = plan
         return plan
+
+    def _planned_gemm(self, plan: tuple, a: Any, b: Any, out: Any, accumulate: bool) -> None:
+        """``out = a @ b`` (``+=`` with ``accumulate``) through the layout ``plan`` of ``_gemm_plan``."""
+        m, n, k, a_ld, a_col, b_ld, b_col = plan
+        self._blas_handle().gemm(a.dtype, m, n, k, (a.data.ptr, a_ld, a_col, 0), (b.data.ptr, b_ld, b_col, 0),
+                                 out.data.ptr, 1, accumulate=accumulate)
 
     @staticmethod
     def _gemm_operand(x: Any, batch: Shape, rows: int, cols: int) -> tuple[tuple[int, int, bool, int], Any]:
