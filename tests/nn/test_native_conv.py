@@ -236,3 +236,78 @@ def test_cuda_convolutions_with_and_without_cudnn_match_torch(cfg, enabled):
     np.testing.assert_allclose(fy.detach().cpu().numpy(), ty.detach().numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(fx.grad.cpu().numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(fw.grad.cpu().numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_cudnn_plans_execute_natively_with_the_public_calls_result():
+    """cuda only: the plans a float32 convolution builds (fprop, dgrad, wgrad) run through the frontend's native
+    entry point, and the public ``execute`` of the same plan gives the same result."""
+    _cuda_or_skip()
+    import cupy
+
+    bk = fg.get_backend("cuda")
+    rng = np.random.default_rng(3)
+    x = fg.tensor(rng.standard_normal((2, 3, 9, 8)).astype(np.float32), device="cuda", requires_grad=True)
+    w = fg.tensor(rng.standard_normal((5, 3, 3, 3)).astype(np.float32), device="cuda", requires_grad=True)
+    F.conv2d(x, w, padding=1).sum().backward()
+    cd = bk.cudnn()
+    plans = {key[0]: p for key, p in cd.plans.items()
+             if key[0] in ("fprop", "dgrad", "wgrad") and key[4] == "float32"
+             and key[1] in ((2, 3, 9, 8), (2, 5, 9, 8)) and key[2] in ((5, 3, 3, 3), (2, 5, 9, 8), (2, 3, 9, 8))}
+    assert set(plans) == {"fprop", "dgrad", "wgrad"}
+    for op, plan in plans.items():
+        assert plan.native is not None, op
+        ins = {role: cupy.asarray(rng.standard_normal(t.get_dim()).astype(np.float32))
+               for role, t in plan.tensors.items() if role != "y"}
+        outs = [cupy.full(plan.tensors["y"].get_dim(), np.nan, dtype=cupy.float32) for _ in range(2)]
+        ptrs = {role: a.data.ptr for role, a in ins.items()}
+        cd._execute(plan, {**ptrs, "y": outs[0].data.ptr})
+        plan.graph.execute({plan.tensors[r]: p for r, p in {**ptrs, "y": outs[1].data.ptr}.items()},
+                           cd._reserve(plan.workspace), handle=cd.handle)
+        first, second = (cupy.asnumpy(o) for o in outs)
+        assert not np.isnan(first).any(), op
+        np.testing.assert_allclose(first, second, rtol=1e-5, atol=1e-5, err_msg=op)
+
+
+def test_native_cudnn_execute_falls_back_to_the_public_call():
+    """A frontend without the native entry point, a plan served by one of its Python engines, or a graph with
+    inputs bound by itself get no native call: the public ``execute`` runs them."""
+    from flowgraph.backends.cuda import cudnn as cudnn_mod
+
+    class Cfg:
+        cpp_index = 4
+
+    class Lowered:
+        def __init__(self):
+            self.calls = []
+
+        def _execute_plan_at_index(self, *args):
+            self.calls.append(args)
+
+    class Graph:
+        selected_engine = None
+        _data_bindings: dict = {}
+        _plan_index = 4
+
+        def __init__(self):
+            self._lowered_graph = Lowered()
+
+        def _materialize_backend_plan(self, index):
+            assert index == 4
+            return Cfg()
+
+    class Handle:
+        backend_handle = 1234
+
+    g = Graph()
+    run = cudnn_mod._native_execute(g, Handle())
+    run({1: 10, 2: 20}, 99)
+    assert g._lowered_graph.calls == [({1: 10, 2: 20}, 99, 4, 1234, None, None, None)]
+    python_engine = Graph()
+    python_engine.selected_engine = object()
+    bound = Graph()
+    bound._data_bindings = {7: 0.5}
+    old = Graph()
+    del old._lowered_graph
+    assert cudnn_mod._native_execute(python_engine, Handle()) is None
+    assert cudnn_mod._native_execute(bound, Handle()) is None
+    assert cudnn_mod._native_execute(old, Handle()) is None

@@ -158,6 +158,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
         self._init_lazy()
         self._ew_plans: dict[tuple, Any] = {}  # ``_ew_plan`` per program and layout
         self._sum_plans: dict[tuple, Any] = {}  # ``_sum_plan`` per program, layout and axes
+        self._row_launches: dict[tuple, Any] = {}  # ``_call``'s packed launches per kernel, shape and arguments
+        self._strip_layouts: dict[tuple, tuple] = {}  # ``_strip_launch``'s launch layout per kernel and shape
         self._rng_state: Any = None
         self._rng: Any = None
         self._blas: Cublas | None = None
@@ -899,10 +901,12 @@ class CupyBackend(LazyEngine, ArrayBackend):
         if work:
             if device_steps:
                 kernel = self._row_kernel(R.ADAM_MULTI_TABLE_DEVICE, dtype, ("adam_multi_device",))
-                kernel((table[1],), (256,), (table[0], np.int64(len(work)), *(x.reshape(1) for x in steps), *rest))
+                self._call(kernel, (table[1],), (256,),
+                           (table[0], np.int64(len(work)), *(x.reshape(1) for x in steps), *rest))
             else:
                 kernel = self._row_kernel(R.ADAM_MULTI_TABLE, dtype, ("adam_multi",))
-                kernel((table[1],), (256,), (table[0], np.int64(len(work)), t(step_size), t(eps_hat), *rest))
+                self._call(kernel, (table[1],), (256,),
+                           (table[0], np.int64(len(work)), t(step_size), t(eps_hat), *rest))
         return ([o[0] for o in operands], [o[2][0] for o in operands], [o[2][1] for o in operands], None)
 
     @staticmethod
@@ -925,6 +929,24 @@ class CupyBackend(LazyEngine, ArrayBackend):
         return device, (pinned, None if recorded else stream.record())
 
     # ----------------------------------------------------------------- LayerNorm (shared row kernels)
+    def _call(self, kernel: Any, grid: tuple, block: tuple, args: Sequence[Any]) -> None:
+        """``kernel(grid, block, args)`` (a ``cupy.RawKernel``) through a :class:`~.launch.PackedLaunch` kept per
+        kernel, launch shape and argument types: the shared row kernels (LayerNorm, batch norm, column sums, the
+        GRU cell, pooling, the multi-tensor Adam) launch with the same ones at every step, and CuPy converts
+        every argument of every call (see ``launch.py``). ``args``: ``cupy.ndarray`` s (their data pointers)
+        and NumPy scalars; anything else is launched by CuPy as given."""
+        key = (kernel, grid, block, tuple(map(type, args)))
+        plan = self._row_launches.get(key)
+        if plan is None:
+            if not all(type(a) is cupy.ndarray or isinstance(a, np.generic) for a in args):
+                kernel(grid, block, tuple(args))
+                return
+            if len(self._row_launches) >= PLAN_MEMO:
+                self._row_launches.clear()
+            plan = self._row_launches[key] = PackedLaunch(
+                kernel, grid, block, [ARRAY if type(a) is cupy.ndarray else a.dtype for a in args])
+        plan.launch(args)
+
     def _row_kernel(self, spec: R.RowKernel | Callable[[], R.RowKernel], dtype: np.dtype, key: tuple) -> Any:
         """The compiled shared row kernel ``spec`` for ``dtype`` (cached by ``key``; ``spec`` may be a function
         making it, called only when ``key`` is not compiled yet)."""
@@ -957,7 +979,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 flat.append(dtype.type(a))
             else:
                 flat += [a.value if type(a) is LazyArray else a, zero]
-        kernel((groups,), (max(32, R.row_group(width, R.MAX_GROUP)),), tuple(flat))
+        self._call(kernel, (groups,), (max(32, R.row_group(width, R.MAX_GROUP)),), flat)
 
     def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
@@ -968,10 +990,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
         self._use()
         out_shape, geometry = dims
         x = cupy.ascontiguousarray(self._arr(a))
-        y = cupy.empty(out_shape, dtype=x.dtype)
+        y = cupy.ndarray(out_shape, dtype=x.dtype)
         if y.size:
             k = self._row_kernel(R.MAX_POOL_BLOCKS, x.dtype, ("max_pool_blocks",))
-            k((-(-y.size // 256),), (256,), (np.int64(y.size), *map(np.int64, geometry), x, np.int64(0), y))
+            self._call(k, (-(-y.size // 256),), (256,),
+                       (np.int64(y.size), *map(np.int64, geometry), x, np.int64(0), y))
         return y
 
     def max_pool_blocks_backward(self, a: Array, best: Array, g: Array, kernel: tuple[int, ...]) -> Array:
@@ -984,11 +1007,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
         _, geometry = dims
         x = cupy.ascontiguousarray(self._arr(a))
         gy = cupy.ascontiguousarray(self._arr(g))
-        gx = cupy.empty(x.shape, dtype=x.dtype)
+        gx = cupy.ndarray(x.shape, dtype=x.dtype)
         if gy.size:
             k = self._row_kernel(R.MAX_POOL_BLOCKS_BACKWARD, x.dtype, ("max_pool_blocks_backward",))
-            k((-(-gy.size // 256),), (256,), (np.int64(gy.size), *map(np.int64, geometry), x, np.int64(0), gy,
-                                              np.int64(0), gx))
+            self._call(k, (-(-gy.size // 256),), (256,),
+                       (np.int64(gy.size), *map(np.int64, geometry), x, np.int64(0), gy, np.int64(0), gx))
         return gx  # an empty g tiles an empty input: nothing to write
 
     def _gru_kernel(self, backward: bool, arrays: tuple, biases: tuple) -> tuple | None:
@@ -1003,7 +1026,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         reads, g_sum = self._gradient_reads(arrays[0], backward and rows * hidden > 0)
         operands = (*reads, *arrays[1:])
         ops = [cupy.ascontiguousarray(self._arr(a)) for a in (*operands, *(b for b in biases if b is not None))]
-        outs = tuple(cupy.empty(s, ops[0].dtype) for s in result_shapes)
+        outs = tuple(cupy.ndarray(s, ops[0].dtype) for s in result_shapes)
         if rows * hidden:
             spec = R.gru_kernel(biases, backward, g_sum is not None)
             zero = np.int64(0)
@@ -1011,7 +1034,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
             for a in ops:
                 args += [a, zero]
             written = outs if g_sum is None else (*outs, g_sum.value)
-            self._row_kernel(spec, ops[0].dtype, (spec.name,))((-(-rows * hidden // 256),), (256,), (*args, *written))
+            self._call(self._row_kernel(spec, ops[0].dtype, (spec.name,)), (-(-rows * hidden // 256),), (256,),
+                       (*args, *written))
             if g_sum is not None:
                 self._realized_into(arrays[0], g_sum)
         return outs
@@ -1021,13 +1045,20 @@ class CupyBackend(LazyEngine, ArrayBackend):
         """Run a column-sum kernel (``row_kernels._strip_sums``) over ``(rows, cols)``: the ``(sums, cols)``
         sums, the row chunks' partial sums added by a second launch when there are several."""
         kernel = self._row_kernel(spec, dtype, key)
-        # the registers a computed input needs may allow fewer than STRIP_GROUP threads per block
-        limit = 1 << (min(R.STRIP_GROUP, kernel.max_threads_per_block).bit_length() - 1)
-        width, lanes, parts, chunk = R.param_grad_layout(rows, cols, limit)
-        strips, total = -(-cols // width), parts * cols
-        partial = cupy.empty((sums, parts, cols), dtype=dtype)
-        kernel((parts * strips,), (width * lanes,),
-               (*(np.int64(v) for v in (rows, cols, chunk, width, strips, total)), *args, partial))
+        layout = self._strip_layouts.get((kernel, rows, cols))
+        if layout is None:
+            # the registers a computed input needs may allow fewer than STRIP_GROUP threads per block (a driver
+            # query, once per kernel and shape like the rest of the layout)
+            limit = 1 << (min(R.STRIP_GROUP, kernel.max_threads_per_block).bit_length() - 1)
+            width, lanes, parts, chunk = R.param_grad_layout(rows, cols, limit)
+            strips = -(-cols // width)
+            sizes = tuple(np.int64(v) for v in (rows, cols, chunk, width, strips, parts * cols))
+            if len(self._strip_layouts) >= PLAN_MEMO:
+                self._strip_layouts.clear()
+            layout = self._strip_layouts[(kernel, rows, cols)] = ((parts * strips,), (width * lanes,), parts, sizes)
+        grid, block, parts, sizes = layout
+        partial = cupy.ndarray((sums, parts, cols), dtype=dtype)
+        self._call(kernel, grid, block, (*sizes, *args, partial))
         return partial.reshape(sums, cols) if parts == 1 else self.sum(partial, (1,), False)
 
     def bias_grad(self, g: Array) -> Array:
@@ -1083,8 +1114,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
             flat, x_out = computed
             args += self._prologue_args(flat)
         w, b, res = (None if t is None else cupy.ascontiguousarray(self._arr(t)) for t in (weight, bias, residual))
-        y = cupy.empty((rows, cols), dtype=dtype)
-        mean, rstd = cupy.empty((rows,), dtype=dtype), cupy.empty((rows,), dtype=dtype)
+        y = cupy.ndarray((rows, cols), dtype=dtype)
+        mean, rstd = cupy.ndarray((rows,), dtype=dtype), cupy.ndarray((rows,), dtype=dtype)
         if rows and cols:
             for t in (w, b, res):
                 if t is not None:
@@ -1099,7 +1130,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 kernel = self._row_kernel(lambda: R.layer_norm_forward(*has, self._prologue(pending), added),
                                           dtype, ("layer_norm", *has, added, flat[0]))
                 args.append(x_out.value)
-            kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), tuple(args))
+            self._call(kernel, (rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),), args)
             if computed is not None:
                 self._realized_into(pending, x_out)
         return y, mean, rstd
@@ -1121,7 +1152,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         zero = np.int64(0)
         gx = gw = gb = None
         if need_x:
-            gx = cupy.empty((rows, cols), dtype=dtype)
+            gx = cupy.ndarray((rows, cols), dtype=dtype)
             if rows and cols:
                 args: list[Any] = [np.int64(cols)]
                 for a in gs:
@@ -1132,8 +1163,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 paired = g_sum is not None
                 kernel = self._row_kernel(R.layer_norm_backward(weight is not None, paired), dtype,
                                           ("layer_norm_backward", weight is not None, paired))
-                kernel((rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),),
-                       (*args, gx, *([g_sum.value] if paired else [])))
+                self._call(kernel, (rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),),
+                           (*args, gx, *([g_sum.value] if paired else [])))
         if g_sum is not None:
             self._realized_into(g, g_sum)
         g = gs[0] if g_sum is None else g_sum.value
