@@ -329,6 +329,81 @@ class NumpyBackend(ArrayBackend):
         cdf *= 0.5
         return np.multiply(x, cdf), cdf
 
+    _ONES: dict = {}  # (n, dtype) -> read-only vector of ones: row and column sums as BLAS matrix-vector products
+
+    @classmethod
+    def _ones(cls, n: int, dtype: np.dtype) -> np.ndarray:
+        key = (n, dtype)
+        ones = cls._ONES.get(key)
+        if ones is None:
+            ones = np.ones(n, dtype=dtype)
+            ones.flags.writeable = False
+            cls._ONES[key] = ones
+        return ones
+
+    @staticmethod
+    def _layer_norm_fits(x: Any, *others: Any) -> bool:
+        """The condition of the NumPy LayerNorm composites: a 2-d float32/float64 array, the others arrays of
+        its dtype or None."""
+        return (type(x) is np.ndarray and x.ndim == 2 and x.dtype in (np.float32, np.float64)
+                and all(t is None or (type(t) is np.ndarray and t.dtype == x.dtype) for t in others))
+
+    def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
+                   residual: Array | None = None) -> tuple:
+        """``Backend.layer_norm`` in about five passes over ``x``: the row means as one BLAS matrix-vector
+        product, the variances as ``np.vecdot`` rows of the centred copy, which is then scaled, weighted,
+        shifted (and the residual added) in place. The ``einsum`` reductions and fresh arrays of the generic
+        ``standardize`` took 73 -> 46 us on a (64, 512) float32 input, 611 -> 488 us for the backward of a
+        (256, 1024) one (best of 500, the project's 2-core VM). The generic default for other inputs."""
+        if not self._layer_norm_fits(x, weight, bias, residual) or (
+                residual is not None and residual.shape != x.shape):
+            return super().layer_norm(x, weight, bias, eps, residual)
+        cols = x.shape[1]
+        mean = np.matmul(x, self._ones(cols, x.dtype))
+        mean *= 1.0 / max(cols, 1)
+        y = np.subtract(x, mean[:, None])
+        rstd = np.vecdot(y, y)
+        rstd *= 1.0 / max(cols, 1)
+        rstd += eps
+        np.sqrt(rstd, out=rstd)
+        np.reciprocal(rstd, out=rstd)
+        y *= rstd[:, None]
+        if weight is not None:
+            y *= weight
+        if bias is not None:
+            y += bias
+        if residual is not None:
+            y += residual
+        return y, mean, rstd
+
+    def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
+                            need_x: bool, need_w: bool, need_b: bool) -> tuple:
+        """``Backend.layer_norm_backward`` with ``xhat`` rebuilt in one scratch array that becomes ``gx``; the
+        column sums of ``gw``/``gb`` and the row means of ``gx`` as BLAS matrix-vector products and
+        ``np.vecdot`` (see ``layer_norm``). The generic default for other inputs."""
+        if not self._layer_norm_fits(x, g, mean, rstd, weight) or g.shape != x.shape or mean.ndim != 1:
+            return super().layer_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
+        rows, cols = x.shape
+        xhat = np.subtract(x, mean[:, None])
+        xhat *= rstd[:, None]
+        gx = gw = gb = None
+        if need_w:
+            gw = np.matmul(self._ones(rows, x.dtype), np.multiply(g, xhat))
+        if need_b:
+            gb = np.matmul(self._ones(rows, x.dtype), g)
+        if need_x:
+            gy = g if weight is None else np.multiply(g, weight)
+            inv = 1.0 / max(cols, 1)
+            m1 = np.matmul(gy, self._ones(cols, x.dtype))
+            m1 *= inv
+            m2 = np.vecdot(gy, xhat)
+            m2 *= inv
+            xhat *= m2[:, None]
+            xhat += m1[:, None]
+            gx = np.subtract(gy, xhat, out=xhat)
+            gx *= rstd[:, None]
+        return gx, gw, gb
+
     def native_sdpa(self, dtype: np.dtype, head_dim: int) -> bool:
         """True for float32: ``F.scaled_dot_product_attention`` (no mask or the square causal one, no dropout)
         runs as ``sdpa_forward`` / ``sdpa_backward`` below, each one call of in-place passes, instead of the
