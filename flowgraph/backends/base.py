@@ -611,6 +611,17 @@ class Backend:
         y = pieces[0] if groups == 1 else self.concatenate(pieces, 0)  # (C_out, *out, N)
         return self.contiguous(self.permute(y, (nd + 1, 0) + tuple(range(1, nd + 1))))
 
+    def conv_forward_bias(self, x: Array, w: Array, b: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                          dilation: tuple[int, ...], groups: int) -> Array:
+        """``conv_forward`` with ``b`` (``(C_out,)``, ``x``'s dtype) added to each output channel: a biased
+        convolution layer's forward. Only called where ``native_conv`` says True.
+
+        Generic default: ``conv_forward``, then the bias broadcast and added (on the lazy backends a pending
+        add that the kernel reading the result computes). CUDA runs both as one cuDNN graph (``conv_fprop``
+        then ``bias``), no separate pass over the output."""
+        y = self.conv_forward(x, w, stride, padding, dilation, groups)
+        return self.add(y, self.reshape(b, (1, w.shape[0]) + (1,) * (x.ndim - 2)))
+
     # ------------------------------------------------------- fused attention (optional capability)
     def native_sdpa(self, dtype: np.dtype, head_dim: int) -> bool:
         """Whether this backend runs scaled dot-product attention of ``dtype`` as one fused kernel forward and

@@ -434,6 +434,37 @@ def _native_forward(x: Tensor, w: Tensor, geometry: tuple) -> Tensor:
                      _native_grads("F", tuple(x.shape), tuple(w.shape), geometry))
 
 
+def _native_forward_bias(x: Tensor, w: Tensor, b: Tensor, geometry: tuple) -> Tensor:
+    """F(x, w) + b per output channel as one backend op (``Backend.conv_forward_bias``: one cuDNN graph on
+    CUDA), recorded as one ``Convolution`` node: the input and weight gradients are F's (``_native_grads``), the
+    bias's is the output gradient summed over the batch and spatial dims."""
+    bk = x._backend
+    out = _wrap(bk.conv_forward_bias(bk.contiguous(x._data), bk.contiguous(w._data), bk.contiguous(b._data),
+                                     *geometry), bk)
+    need_x, need_w, need_b = x.requires_grad, w.requires_grad, b.requires_grad
+    if STATE.enabled and (need_x or need_w or need_b):
+        _record(out, "Convolution", (x, w, b), ((x,) if need_w else ()) + ((w,) if need_x else ()),
+                _biased_conv_backward(_native_grads("F", tuple(x.shape), tuple(w.shape), geometry), x.ndim,
+                                      need_x, need_w, need_b))
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _biased_conv_backward(grads: tuple, ndim: int, need_x: bool, need_w: bool, need_b: bool):
+    """``_native_forward_bias``'s backward, built once per layout and set of needed gradients (see
+    ``_bilinear_backward``)."""
+    grad_x, grad_w = grads
+    axes = (0,) + tuple(range(2, ndim))
+
+    def backward(h: Tensor, *saved: Tensor):
+        x = saved[0] if need_w else None
+        w = saved[-1] if need_x else None
+        return (grad_x(h, w) if need_x else None, grad_w(x, h) if need_w else None,
+                h.sum(axes) if need_b else None)
+
+    return backward
+
+
 def _native_input_grad(g: Tensor, w: Tensor, x_shape: tuple, geometry: tuple) -> Tensor:
     """D(g, w): the input gradient of F for an input of ``x_shape`` (and a transposed convolution's forward)."""
     return _bilinear("ConvolutionInputGrad", g, w,
@@ -501,9 +532,13 @@ def _convnd(
                 f"{where}: input of spatial size {tuple(x.shape[2:])} (padding {padding}) is smaller than the "
                 f"kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
             )
-        out = _native_forward(x, weight, (stride, padding, dilation, groups))
-        if bias is not None:
-            out = out + bias.reshape((1, c_out) + (1,) * nd)
+        geometry = (stride, padding, dilation, groups)
+        if bias is not None and bias.dtype is x.dtype and bias._backend is x._backend and bias.ndim == 1:
+            out = _native_forward_bias(x, weight, bias, geometry)
+        else:
+            out = _native_forward(x, weight, geometry)
+            if bias is not None:
+                out = out + bias.reshape((1, c_out) + (1,) * nd)
         return out.squeeze(0) if unbatched else out
     k = math.prod(kernel)
     # Channels first, batch last: the input is laid out (C, *S, N), its windows stack to (C, K, *out, N),

@@ -227,25 +227,31 @@ class Cudnn:
         return tuple(shape), tuple(stride), tuple(padding), tuple(dilation)
 
     def conv(self, op: str, a: Any, b: Any, out_shape: tuple[int, ...], stride, padding, dilation,
-             fp32_tf32: bool) -> Any:
+             fp32_tf32: bool, bias: Any = None) -> Any:
         """``op`` one of ``"fprop"`` (``a`` image, ``b`` weight), ``"dgrad"`` (``a`` output gradient, ``b``
         weight) or ``"wgrad"`` (``a`` image, ``b`` output gradient); contiguous CuPy arrays of one dtype, the
-        result a new contiguous array of ``out_shape``."""
+        result a new contiguous array of ``out_shape``. A ``bias`` (``(C_out,)``, with ``"fprop"``) is added to
+        each output channel in the same graph (cuDNN's runtime fusion: the convolution's result is never
+        written before it)."""
         dtype = np.dtype(a.dtype)
         out = self.cupy.ndarray(out_shape, dtype=dtype)  # cupy.empty without its Python
         if out.size == 0:
             return out
         if a.size == 0 or b.size == 0:
             out.fill(0)
+            if bias is not None and op == "fprop":
+                out += bias.reshape((1, -1) + (1,) * (out.ndim - 2))
             return out
         sa, st, pd, dl = self._as_2d(tuple(a.shape), stride, padding, dilation)
         sb = self._as_2d(tuple(b.shape), stride, padding, dilation)[0]
         so = self._as_2d(tuple(out_shape), stride, padding, dilation)[0]
-        key = (op, sa, sb, so, str(dtype), st, pd, dl, bool(fp32_tf32 and dtype == np.float32))
+        biased = bias is not None and op == "fprop"
+        key = (op, sa, sb, so, str(dtype), st, pd, dl, bool(fp32_tf32 and dtype == np.float32), biased)
 
         def make(graph: Any, compute: Any) -> dict[str, Any]:
-            ta = graph.tensor(name="a", dim=list(sa), stride=_packed(sa), data_type=_data_type(self.cudnn, dtype))
-            tb = graph.tensor(name="b", dim=list(sb), stride=_packed(sb), data_type=_data_type(self.cudnn, dtype))
+            io = _data_type(self.cudnn, dtype)
+            ta = graph.tensor(name="a", dim=list(sa), stride=_packed(sa), data_type=io)
+            tb = graph.tensor(name="b", dim=list(sb), stride=_packed(sb), data_type=io)
             geometry = dict(padding=list(pd), stride=list(st), dilation=list(dl), compute_data_type=compute)
             if op == "fprop":
                 y = graph.conv_fprop(image=ta, weight=tb, **geometry)
@@ -253,12 +259,21 @@ class Cudnn:
                 y = graph.conv_dgrad(loss=ta, filter=tb, **geometry)
             else:
                 y = graph.conv_wgrad(image=ta, loss=tb, **geometry)
-            y.set_output(True).set_dim(list(so)).set_stride(_packed(so)).set_data_type(
-                _data_type(self.cudnn, dtype))
-            return {"a": ta, "b": tb, "y": y}
+            tensors = {"a": ta, "b": tb}
+            if biased:
+                per_channel = (1, so[1]) + (1,) * (len(so) - 2)
+                tensors["bias"] = graph.tensor(name="bias", dim=list(per_channel), stride=_packed(per_channel),
+                                               data_type=io)
+                y = graph.bias(name="bias_add", input=y, bias=tensors["bias"])
+            y.set_output(True).set_dim(list(so)).set_stride(_packed(so)).set_data_type(io)
+            tensors["y"] = y
+            return tensors
 
         plan = self._build(key, dtype, make, fp32_tf32)
-        self._execute(plan, {"a": a.data.ptr, "b": b.data.ptr, "y": out.data.ptr})
+        pointers = {"a": a.data.ptr, "b": b.data.ptr, "y": out.data.ptr}
+        if biased:
+            pointers["bias"] = bias.data.ptr
+        self._execute(plan, pointers)
         return out
 
     # ------------------------------------------------------------------ attention
