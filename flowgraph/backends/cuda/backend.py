@@ -1232,12 +1232,16 @@ class CupyBackend(LazyEngine, ArrayBackend):
         """cuDNN's ``conv_fprop`` and ``bias`` as one graph (see ``Backend.conv_forward_bias``): the bias is added
         as the convolution's results are written (a 128x64x32x32 input, 128 3x3 filters, float32 with TF32:
         0.174 ms against 0.222 ms for the convolution and a separate add; with a ReLU after it the separate
-        passes cost 0.319 ms)."""
+        passes cost 0.319 ms). 1-d and 2-d convolutions (the ones checked against torch with a fused graph);
+        3-d ones, and problems cuDNN has no fused engine for, run the convolution and the generic add."""
+        generic = lambda: super(CupyBackend, self).conv_forward_bias(x, w, b, stride, padding,  # noqa: E731
+                                                                     dilation, groups)
+        if x.ndim > 4:
+            return generic()
         out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
                     for s, p, k, st, d in zip(x.shape[2:], padding, w.shape[2:], stride, dilation))
         return self._cudnn_conv("fprop", x, w, (x.shape[0], w.shape[0]) + out, stride, padding, dilation,
-                                lambda: super(CupyBackend, self).conv_forward_bias(x, w, b, stride, padding,
-                                                                                   dilation, groups), b)
+                                generic, b)
 
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
