@@ -117,6 +117,23 @@ def test_convolution_matches_torch_float32(device, name, monkeypatch):
     _conv_case(device, CONV[name], F32, monkeypatch)
 
 
+FUSED_BIAS = {  # name: CONV's layout; problems the H200's cuDNN took as one conv_fprop + bias graph in float32
+    "1d": (1, 2, 4, 6, (11,), (5,), 2, 2, 1, 1),
+    "2d": (2, 2, 3, 8, (9, 8), (3, 3), 1, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(FUSED_BIAS))
+def test_cuda_biased_convolution_is_one_cudnn_graph(device, name, monkeypatch):
+    """cuda only: a biased float32 convolution (TF32 off) builds one cuDNN graph, conv_fprop + bias, and gives
+    torch's output and gradients (``_conv_case``)."""
+    if not device.startswith("cuda"):
+        pytest.skip("the fused conv+bias graph is cuDNN's")
+    _conv_case(device, FUSED_BIAS[name], F32, monkeypatch)
+    plans = get_backend(device).cudnn().plans
+    assert any(key[0] == "fprop" and key[-1] and key[4] == "float32" for key in plans)
+
+
 TRANSPOSED = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, output_padding, dilation, groups)
     "1d": (1, 2, 3, 4, (7,), (3,), 2, 1, 1, 1, 1),
     "2d-output-padding": (2, 2, 4, 3, (5, 4), (3, 3), 2, 1, 1, 1, 1),
