@@ -319,56 +319,15 @@ class NumpyBackend(ArrayBackend):
         """The CPU device."""
         return ["cpu"]
 
-    #: Abramowitz and Stegun 7.1.26: ``erfc(z) = t * P(t) * exp(-z*z)`` with ``t = 1 / (1 + p z)`` for ``z >= 0``,
-    #: absolute error below 1.5e-7; here halved, so ``t * P(t) * exp(-x*x/2)`` is the normal tail ``Phi(-|x|)``.
-    _GELU_P = 0.3275911 / math.sqrt(2.0)
-    _GELU_HALF_A = (0.5 * 1.061405429, 0.5 * -1.453152027, 0.5 * 1.421413741, 0.5 * -0.284496736,
-                    0.5 * 0.254829592)  # highest power first
-
     def gelu_exact(self, x: Array) -> tuple:
-        """Exact GELU: ``(x * cdf, derivative)``, the derivative ``cdf + x * pdf`` being what the backward
-        multiplies by (``saved`` is the backend's own: see ``Backend.gelu_exact``), so the backward is one pass.
-
-        float32: ``cdf`` from the normal tail ``Phi(-|x|)`` of ``_GELU_HALF_A``, whose ``exp(-x*x/2)`` is also
-        the ``pdf``: 24 array passes forward and 1 backward, against 28 and 7 for erf's rational fit followed by
-        the derivative, and closer to the exact values (GELU within 4.2e-7 absolute over [-10, 10], the fit
-        1.3e-6; torch's 3.7e-7). float64 keeps ``erf``'s series (error ~1e-14, which gradcheck needs) and adds
-        the derivative's passes. Other inputs: the generic cdf, then the derivative in primitives."""
+        """Exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2`` finished in place (the
+        generic default's operations); the generic default unless ``x`` is a float32/float64 NumPy array."""
         if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or x.ndim == 0:
-            y, cdf = super().gelu_exact(x)
-            pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
-            return y, self.add(cdf, self.mul(x, pdf))
-        t = self._gelu_tail(x) if x.dtype == np.float32 else None
-        e = np.multiply(x, x)
-        e *= -0.5
-        np.exp(e, out=e)  # exp(-x*x/2), the pdf without its constant
-        if t is None:
-            cdf = self.erf(np.multiply(x, 1.0 / math.sqrt(2.0)))
-            cdf += 1.0
-            cdf *= 0.5
-        else:
-            t *= e  # Phi(-|x|)
-            cdf = np.subtract(1.0, t, dtype=x.dtype)
-            np.copyto(cdf, t, where=np.signbit(x))  # Phi(x): the tail itself below 0 (no 1 - (1 - t) rounding)
-        y = np.multiply(x, cdf)
-        e *= x
-        e *= 1.0 / math.sqrt(2.0 * math.pi)
-        e += cdf
-        return y, e
-
-    def _gelu_tail(self, x: np.ndarray) -> np.ndarray:
-        """``t * P(t)`` of ``_GELU_HALF_A`` for float32 ``x``, ``t = 1 / (1 + p |x| / sqrt(2))``: the normal tail
-        ``Phi(-|x|)`` once multiplied by ``exp(-x*x/2)``."""
-        f32 = np.float32
-        t = np.abs(x)
-        t *= f32(self._GELU_P)
-        t += f32(1.0)
-        np.reciprocal(t, out=t)
-        q = np.multiply(t, f32(self._GELU_HALF_A[0]))
-        for a in self._GELU_HALF_A[1:]:
-            q += f32(a)
-            q *= t
-        return q
+            return super().gelu_exact(x)
+        cdf = self.erf(np.multiply(x, 1.0 / math.sqrt(2.0)))
+        cdf += 1.0
+        cdf *= 0.5
+        return np.multiply(x, cdf), cdf
 
     _ONES: dict = {}  # (n, dtype) -> read-only vector of ones: row and column sums as BLAS matrix-vector products
 
@@ -612,12 +571,20 @@ class NumpyBackend(ArrayBackend):
         np.bitwise_xor(out, b_bits, out=out)
         return out.view(dtype)
 
-    def gelu_exact_backward(self, g: Array, x: Array, saved: Array | None) -> Array:
-        """``g * derivative``: ``saved`` is ``gelu_exact``'s derivative (one pass); without it (a caller that
-        kept nothing) the generic formula from ``x``."""
-        if saved is None:
-            return super().gelu_exact_backward(g, x, None)
-        return self.mul(g, saved)
+    def gelu_exact_backward(self, g: Array, x: Array, cdf: Array) -> Array:
+        """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))`` in one scratch array (the generic default's operations
+        and order, without a fresh array per step); the generic default unless ``g`` is a NumPy array of
+        ``x``'s dtype and shape."""
+        if type(g) is not np.ndarray or g.dtype != x.dtype or g.shape != x.shape or g.ndim == 0 or cdf is None:
+            return super().gelu_exact_backward(g, x, cdf)
+        t = np.multiply(x, x)
+        t *= -0.5
+        np.exp(t, out=t)
+        t *= 1.0 / math.sqrt(2.0 * math.pi)
+        t *= x
+        t += cdf
+        t *= g
+        return t
 
     _CONV_CHUNK_BYTES = 1 << 20  # im2col rows built at a time: half an L2 cache (best of 0.5-4 MiB measured)
     _CONV_WHOLE_BYTES = 4 << 20  # an im2col up to this size is built whole (small layers: fewer, larger copies)
