@@ -1234,8 +1234,9 @@ class CupyBackend(LazyEngine, ArrayBackend):
         0.174 ms against 0.222 ms for the convolution and a separate add; with a ReLU after it the separate
         passes cost 0.319 ms). 1-d and 2-d convolutions (the ones checked against torch with a fused graph);
         3-d ones, and problems cuDNN has no fused engine for, run the convolution and the generic add."""
-        generic = lambda: super(CupyBackend, self).conv_forward_bias(x, w, b, stride, padding,  # noqa: E731
-                                                                     dilation, groups)
+        def generic() -> Array:
+            return super(CupyBackend, self).conv_forward_bias(x, w, b, stride, padding, dilation, groups)
+
         if x.ndim > 4:
             return generic()
         out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
