@@ -336,6 +336,8 @@ class NumpyBackend(ArrayBackend):
         key = (n, dtype)
         ones = cls._ONES.get(key)
         if ones is None:
+            if len(cls._ONES) >= 64:  # a few row and column lengths per model; bounded for varying batches
+                cls._ONES.clear()
             ones = np.ones(n, dtype=dtype)
             ones.flags.writeable = False
             cls._ONES[key] = ones
@@ -345,8 +347,8 @@ class NumpyBackend(ArrayBackend):
     def _layer_norm_fits(x: Any, *others: Any) -> bool:
         """The condition of the NumPy LayerNorm composites: a 2-d float32/float64 array, the others arrays of
         its dtype or None."""
-        return (type(x) is np.ndarray and x.ndim == 2 and x.dtype in (np.float32, np.float64)
-                and all(t is None or (type(t) is np.ndarray and t.dtype == x.dtype) for t in others))
+        return (_float_ndarrays(x, *(t for t in others if t is not None)) and x.ndim == 2
+                and x.dtype in (np.float32, np.float64))
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
                    residual: Array | None = None) -> tuple:

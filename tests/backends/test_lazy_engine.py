@@ -134,11 +134,15 @@ def test_kernels_with_dims_baked_in_match_the_general_kernel(be, monkeypatch, sh
     assert any(len(k[-1]) > 1 for k in baked)
 
 
-def test_reader_registry_drops_freed_allocations_and_keeps_live_hazards(be):
+def test_reader_registry_drops_freed_allocations_and_keeps_live_hazards(be, monkeypatch):
     """Entries of freed allocations leave the registry as it grows (``READER_ENTRIES``), so its weak references
-    die young; a live pending reader of a live allocation is still realized before that allocation is written."""
+    die young; a live pending reader of a live allocation is still realized before that allocation is written.
+    The registry starts empty here: live readers that earlier tests in the same process left behind would
+    otherwise raise its limit (a pytest-xdist worker read 853 entries)."""
     from flowgraph.backends.lazy import READER_ENTRIES
 
+    monkeypatch.setattr(be, "_readers", {})
+    monkeypatch.setattr(be, "_readers_limit", READER_ENTRIES)
     kept = be.from_host(np.arange(4, dtype=F32))
     reader = be.mul(kept, 3.0)  # pending reader of ``kept``, alive throughout
     for i in range(20 * READER_ENTRIES):

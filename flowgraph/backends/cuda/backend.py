@@ -1218,12 +1218,18 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 raise
             return fallback()  # a problem cuDNN has no engine for (float64 3-d, say): the generic composite
 
+    @staticmethod
+    def _conv_out_shape(x: Array, w: Array, stride, padding, dilation) -> tuple[int, ...]:
+        """``(N, C_out, *out)`` of a convolution of ``x`` by ``w`` (``Backend.conv_forward``'s formula)."""
+        return (x.shape[0], w.shape[0]) + tuple(
+            (s + 2 * p - d * (k - 1) - 1) // st + 1
+            for s, p, k, st, d in zip(x.shape[2:], padding, w.shape[2:], stride, dilation))
+
     def conv_forward(self, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
                      dilation: tuple[int, ...], groups: int) -> Array:
         """cuDNN's ``conv_fprop`` (see ``Backend.conv_forward``)."""
-        out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
-                    for s, p, k, st, d in zip(x.shape[2:], padding, w.shape[2:], stride, dilation))
-        return self._cudnn_conv("fprop", x, w, (x.shape[0], w.shape[0]) + out, stride, padding, dilation,
+        out = self._conv_out_shape(x, w, stride, padding, dilation)
+        return self._cudnn_conv("fprop", x, w, out, stride, padding, dilation,
                                 lambda: super(CupyBackend, self).conv_forward(x, w, stride, padding, dilation,
                                                                               groups))
 
@@ -1239,10 +1245,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
         if x.ndim > 4:
             return generic()
-        out = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
-                    for s, p, k, st, d in zip(x.shape[2:], padding, w.shape[2:], stride, dilation))
-        return self._cudnn_conv("fprop", x, w, (x.shape[0], w.shape[0]) + out, stride, padding, dilation,
-                                generic, b)
+        out = self._conv_out_shape(x, w, stride, padding, dilation)
+        return self._cudnn_conv("fprop", x, w, out, stride, padding, dilation, generic, b)
 
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:

@@ -234,18 +234,18 @@ class Cudnn:
         each output channel in the same graph (cuDNN's runtime fusion: the convolution's result is never
         written before it)."""
         dtype = np.dtype(a.dtype)
+        biased = bias is not None and op == "fprop"
         out = self.cupy.ndarray(out_shape, dtype=dtype)  # cupy.empty without its Python
         if out.size == 0:
             return out
         if a.size == 0 or b.size == 0:
             out.fill(0)
-            if bias is not None and op == "fprop":
+            if biased:
                 out += bias.reshape((1, -1) + (1,) * (out.ndim - 2))
             return out
         sa, st, pd, dl = self._as_2d(tuple(a.shape), stride, padding, dilation)
         sb = self._as_2d(tuple(b.shape), stride, padding, dilation)[0]
         so = self._as_2d(tuple(out_shape), stride, padding, dilation)[0]
-        biased = bias is not None and op == "fprop"
         key = (op, sa, sb, so, str(dtype), st, pd, dl, bool(fp32_tf32 and dtype == np.float32), biased)
 
         def make(graph: Any, compute: Any) -> dict[str, Any]:
