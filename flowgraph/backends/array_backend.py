@@ -406,6 +406,91 @@ class NumpyBackend(ArrayBackend):
             gx *= rstd[:, None]
         return gx, gw, gb
 
+    @classmethod
+    def _channel_blocks(cls, a: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]] | None:
+        """``a`` ``(N, C, *S)`` as a 3-d view ``(B, C, M)`` whose axis 1 is the channel and axes 0 and 2 hold
+        every element of it, with the shape to reshape a ``(B, C, M)`` result to before ``a``'s layout is
+        restored by ``transpose(inverse(frame))``: ``(1, C, N * prod(S))`` when each channel is one contiguous
+        block (a batch-last convolution's output, ``_frame`` starting at the channel axis), ``(N, C, prod(S))``
+        when ``a`` is C-contiguous. Returns ``(view, frame)``, or None for other layouts."""
+        if a.ndim < 2:
+            return None
+        frame = cls._frame(a)
+        if frame[0] == 1:
+            b = a.transpose(frame)
+            return b.reshape(1, a.shape[1], -1), frame
+        if a.flags.c_contiguous:
+            return a.reshape(a.shape[0], a.shape[1], -1), frame
+        return None
+
+    @classmethod
+    def _from_channel_blocks(cls, v: np.ndarray, like: np.ndarray, frame: tuple[int, ...]) -> np.ndarray:
+        """A ``(B, C, M)`` result of ``_channel_blocks(like)``'s layout as an array of ``like``'s shape, laid out
+        as ``like`` is (a view)."""
+        return v.reshape(tuple(like.shape[i] for i in frame)).transpose(cls._inverse(frame))
+
+    def _channel_sums(self, v: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+        """Per channel of the ``(B, C, M)`` view ``v``: ``sum(v)``, or ``sum(v * w)`` for ``w`` of its shape, as
+        BLAS matrix-vector products / ``np.vecdot`` rows summed over ``B`` (no product array)."""
+        sums = np.matmul(v, self._ones(v.shape[2], v.dtype)) if w is None else np.vecdot(v, w)
+        return sums[0] if sums.shape[0] == 1 else sums.sum(axis=0)
+
+    def batch_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
+                   running_mean: Array | None = None, running_var: Array | None = None,
+                   momentum: float = 0.1) -> tuple:
+        """``Backend.batch_norm`` in four passes over ``x``: per-channel sums as BLAS matrix-vector products on
+        a ``(B, C, M)`` view (``_channel_blocks``: a batch-last convolution's output is one block per channel,
+        ``B = 1``), the variance as ``np.vecdot`` of the centred copy, which is then scaled and shifted in place
+        and returned in ``x``'s layout. The generic ``standardize`` (``einsum`` reductions, a product array for
+        the weight) took 0.48 -> 0.28 ms on a (32, 16, 32, 32) float32 input laid out batch-last (best of 50,
+        the project's 2-core VM; torch 0.70 ms). The generic default for other inputs and layouts."""
+        blocks = (self._channel_blocks(x) if _float_ndarrays(x, *(t for t in (weight, bias) if t is not None))
+                  and x.dtype in (np.float32, np.float64) and x.size else None)
+        if blocks is None:
+            return super().batch_norm(x, weight, bias, eps, running_mean, running_var, momentum)
+        v, frame = blocks
+        count = v.shape[0] * v.shape[2]
+        mean = self._channel_sums(v)
+        mean *= 1.0 / count
+        y = np.subtract(v, mean[:, None])
+        var = self._channel_sums(y, y)
+        var *= 1.0 / count
+        rstd = np.add(var, eps)
+        np.sqrt(rstd, out=rstd)
+        np.reciprocal(rstd, out=rstd)
+        y *= (rstd if weight is None else rstd * weight)[:, None]
+        if bias is not None:
+            y += bias[:, None]
+        self._update_running(running_mean, running_var, mean, var, momentum, count / max(count - 1, 1))
+        return self._from_channel_blocks(y, x, frame), mean, var, rstd
+
+    def batch_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
+                            need_x: bool, need_w: bool, need_b: bool) -> tuple:
+        """``Backend.batch_norm_backward`` on the ``(B, C, M)`` views of ``batch_norm``: ``sum(g)`` and
+        ``sum(g * (x - mean))`` per channel as BLAS matrix-vector products and ``np.vecdot``, then ``gx =
+        s * g - s * sum(g) / n - (x - mean) * s * rstd^2 * sum(g * (x - mean)) / n`` (``s = rstd * weight``) in
+        three in-place passes over the centred copy. The generic default unless ``g`` has ``x``'s layout."""
+        blocks = (self._channel_blocks(x) if _float_ndarrays(x, g, mean, rstd, *(() if weight is None else (weight,)))
+                  and x.dtype in (np.float32, np.float64) and x.size and g.shape == x.shape else None)
+        g_blocks = None if blocks is None else self._channel_blocks(g)
+        if blocks is None or g_blocks is None or g_blocks[1] != blocks[1] or g_blocks[0].shape != blocks[0].shape:
+            return super().batch_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
+        (v, frame), gv = blocks, g_blocks[0]
+        count = v.shape[0] * v.shape[2]
+        centred = np.subtract(v, mean[:, None])
+        sg = self._channel_sums(gv)
+        sgx = self._channel_sums(gv, centred)
+        sgx *= rstd  # sum(g * xhat)
+        gx = None
+        if need_x:
+            scale = rstd if weight is None else rstd * weight
+            gx = np.multiply(gv, scale[:, None])
+            centred *= (scale * rstd * sgx * (1.0 / count))[:, None]
+            gx -= centred
+            gx -= (scale * sg * (1.0 / count))[:, None]
+            gx = self._from_channel_blocks(gx, x, frame)
+        return gx, sgx if need_w else None, sg if need_b else None
+
     def native_sdpa(self, dtype: np.dtype, head_dim: int) -> bool:
         """True for float32: ``F.scaled_dot_product_attention`` (no mask or the square causal one, no dropout)
         runs as ``sdpa_forward`` / ``sdpa_backward`` below, each one call of in-place passes, instead of the
