@@ -262,6 +262,13 @@ class Backend:
         pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
         return self.mul(g, self.add(cdf, self.mul(x, pdf)))
 
+    def leaky_relu_backward(self, g: Array, y: Array, slope: float) -> Array:
+        """``g * (1 where y > 0 else slope)``: the input gradient of a leaky ReLU with ``slope >= 0`` from its
+        output ``y`` (positive exactly where the input was), ``g`` of ``y``'s dtype. Generic default in
+        primitives (on CUDA and OpenCL a pending expression a neighbouring kernel computes)."""
+        one, s = (self.full((), v, y.dtype) for v in (1.0, slope))
+        return self.mul(g, self.where(self.gt(y, 0), one, s))
+
     def standardize(self, x: Array, axes: tuple[int, ...], eps: float, w: Array | None,
                     b: Array | None) -> tuple:
         """Normalization layers' forward: ``(y, mean, var, xhat, rstd)`` with ``xhat = (x - mean) * rstd`` over

@@ -19,7 +19,7 @@ from ..tensor import softmax as _softmax
 from ..tensor import softplus as _softplus
 from ..tensor import tanh as _tanh
 from ..tensor.indexing import apply_inplace
-from ..tensor.tensor import _record
+from ..tensor.tensor import _record, _wrap
 from .module import Module, Parameter
 
 __all__ = [
@@ -88,7 +88,10 @@ def _leaky_relu(x: Tensor, slope: float) -> Tensor:
     if x.requires_grad and STATE.enabled:
 
         def bw(g: Tensor, y: Tensor):
-            return (g * where(y > 0, 1.0, slope),)
+            if STATE.enabled or g.dtype != y.dtype:  # create_graph, or a gradient of another dtype
+                return (g * where(y > 0, 1.0, slope),)
+            bk = g._backend
+            return (_wrap(bk.leaky_relu_backward(g._data, y._data, slope), bk),)
 
         _record(out, "LeakyRelu", (x,), (out,), bw)
     return out

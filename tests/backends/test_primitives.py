@@ -255,7 +255,7 @@ def test_where_and_cast(device):
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_where_large_is_exact(device, dtype):
     """Arrays past the NumPy backend's bitwise-select threshold: the same bits as np.where (NaN, -0.0), with a
-    broadcast condition or value, a permuted layout and Python scalars."""
+    broadcast condition or value, a permuted layout and Python scalars (+0, -0.0: only +0 is a plain mask)."""
     be = backend_for(device)
     if dtype is F64 and not be.supports_float64:
         pytest.skip("no float64 on this device")
@@ -268,6 +268,7 @@ def test_where_large_is_exact(device, dtype):
     cases = [
         (cond, a, a * dtype(0.2)), (cond, a, b), (cond, b, a), (cond, a, 0.0), (cond, 1.5, a), (cond, -1, a),
         (cond[:1], a, a), (cond.transpose(perm), a.transpose(perm), 0.5),
+        (cond, a, 0), (cond, a, -0.0), (cond[:1], a, 0.0), (cond, b, 0.0),  # a scalar zero (ReLU's backward)
     ]
     for c, x, y in cases:
         put = lambda v: be.from_host(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v  # noqa: E731
@@ -766,3 +767,28 @@ def test_gelu_exact_capability_matches_erf(device, dtype, shape):
                 np.testing.assert_allclose(be.to_host(gx), want_gx, **tol)
     finally:
         fusion.set_enabled(True)
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.2, 1.0, 1.5])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_leaky_relu_backward_matches_the_generic_default(device, slope, dtype):
+    """``leaky_relu_backward`` (NumPy: ``g * fmax(sign(y), slope)`` for slopes in [0, 1]) bit for bit against
+    the generic select: NaN, signed zeros and infinities in ``y`` and ``g``, a permuted layout, a 0-d pair."""
+    be = backend_for(device)
+    if dtype is F64 and not be.supports_float64:
+        pytest.skip("no float64 on this device")
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal((3, 16, 16, 32)).astype(dtype)
+    y.flat[::7], y.flat[::11], y.flat[::13], y.flat[::17] = np.nan, -0.0, 0.0, -np.inf
+    g = rng.standard_normal(y.shape).astype(dtype)
+    g.flat[::5] = np.nan
+    cases = [(y, g, None), (y, g, (3, 0, 1, 2)), (y[0, 0, 0, :1].reshape(()), g[0, 0, 0, :1].reshape(()), None)]
+    for yh, gh, perm in cases:
+        yd, gd = be.from_host(np.ascontiguousarray(yh)), be.from_host(np.ascontiguousarray(gh))
+        if perm is not None:
+            yd, gd = be.permute(yd, perm), be.permute(gd, perm)
+        got = be.to_host(be.leaky_relu_backward(gd, yd, slope))
+        want = be.to_host(Backend.leaky_relu_backward(be, gd, yd, slope))
+        assert got.dtype == want.dtype == dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8),
+                                      np.ascontiguousarray(want).view(np.uint8))
