@@ -266,8 +266,7 @@ class Backend:
         """``g * (1 where y > 0 else slope)``: the input gradient of a leaky ReLU with ``slope >= 0`` from its
         output ``y`` (positive exactly where the input was), ``g`` of ``y``'s dtype. Generic default in
         primitives (on CUDA and OpenCL a pending expression a neighbouring kernel computes)."""
-        one, s = (self.full((), v, y.dtype) for v in (1.0, slope))
-        return self.mul(g, self.where(self.gt(y, 0), one, s))
+        return self.mul(g, self.where(self.gt(y, 0), self.full((), 1.0, y.dtype), slope))
 
     def standardize(self, x: Array, axes: tuple[int, ...], eps: float, w: Array | None,
                     b: Array | None) -> tuple:
