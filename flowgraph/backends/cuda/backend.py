@@ -1161,7 +1161,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 if weight is not None:
                     args += [cupy.ascontiguousarray(self._arr(weight)), zero]
                 paired = g_sum is not None
-                kernel = self._row_kernel(R.layer_norm_backward(weight is not None, paired), dtype,
+                kernel = self._row_kernel(lambda: R.layer_norm_backward(weight is not None, paired), dtype,
                                           ("layer_norm_backward", weight is not None, paired))
                 self._call(kernel, (rows,), (max(32, R.row_group(cols, R.MAX_GROUP)),),
                            (*args, gx, *([g_sum.value] if paired else [])))

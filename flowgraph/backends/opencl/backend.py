@@ -926,7 +926,7 @@ class OpenCLBackend(LazyEngine, Backend):
                 args += [x.buffer, x.offset, mean.buffer, rstd.buffer]
                 args += [] if w is None else [w.buffer, w.offset]
                 paired = g_sum is not None
-                self._row_launch(R.layer_norm_backward(w is not None, paired),
+                self._row_launch(lambda: R.layer_norm_backward(w is not None, paired),
                                  ("layer_norm_backward", dtype.str, w is not None, paired), dtype, rows, cols,
                                  args + [o.buffer for o in ((gx, g_sum) if paired else (gx,))])
         if g_sum is not None:
