@@ -8,6 +8,7 @@ attribute lookup: the host cost per op decides small-model speed.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -23,6 +24,46 @@ def _float_ndarrays(*arrays: Any) -> bool:
     first = arrays[0]
     return (all(type(a) is np.ndarray for a in arrays) and first.dtype.kind == "f"
             and all(a.dtype == first.dtype for a in arrays))
+
+
+@functools.lru_cache(maxsize=1024)
+def _conv_offsets_padded(x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
+                         r1: int, padding: tuple) -> tuple:
+    """Per kernel offset of an im2col over an unpadded batch-last ``x`` ``(C, *S, N)`` with zero ``padding``
+    (``(low, high)`` per spatial dim), for output rows ``r0:r1``: ``(src, dst, zeros)``, the index of the
+    part of ``x`` the window reads (None when it reads only padding), the index of where that part goes in the
+    offset's block ``(C, r1 - r0, *out[1:], N)``, and the indices of the block's slabs that read padding.
+
+    Per dim, window element ``i`` sits at padded coordinate ``b + i * s`` (``b`` the offset's start); it is in
+    ``x`` for ``i`` in ``[i0, i1)``. The zero slabs cover the rest of the block once: for each dim ``d``, the
+    elements outside ``[i0, i1)`` in ``d`` and inside it in every dim before ``d``. Cached like
+    ``Backend._conv_offsets``: a step asks for the same few index lists at every call."""
+    sizes = x_shape[1:-1]
+    counts = (r1 - r0,) + tuple(out[1:])
+    every = (slice(None),)
+    result = []
+    for off in itertools.product(*(range(k) for k in kernel)):
+        src: list[slice] = []
+        ranges: list[tuple[int, int]] = []
+        for d, (o, dil, s, count, size, (lo, _)) in enumerate(zip(off, dilation, stride, counts, sizes, padding)):
+            b = o * dil + (r0 * s if d == 0 else 0)
+            i0 = max(0, -((b - lo) // s))  # ceil((lo - b) / s): the first element inside x
+            i1 = min(count, (size - 1 + lo - b) // s + 1)
+            i1 = max(i1, i0)
+            u0 = b + i0 * s - lo
+            src.append(slice(u0, u0 + (i1 - i0 - 1) * s + 1, s))
+            ranges.append((i0, i1))
+        if any(i1 == i0 for i0, i1 in ranges):
+            result.append((None, None, (every,)))  # the window reads only padding here: all zeros
+            continue
+        zeros = []
+        for d, (i0, i1) in enumerate(ranges):
+            before = tuple(slice(a, z) for a, z in ranges[:d])
+            for part in ((slice(0, i0),) if i0 > 0 else ()) + ((slice(i1, counts[d]),) if i1 < counts[d] else ()):
+                zeros.append(every + before + (part,))
+        dst = every + tuple(slice(a, z) for a, z in ranges)
+        result.append((every + tuple(src), dst, tuple(zeros)))
+    return tuple(result)
 
 
 class ArrayBackend(Backend):
@@ -706,20 +747,23 @@ class NumpyBackend(ArrayBackend):
         return max(1, min(out[0], self._CONV_CHUNK_BYTES // max(row, 1)))
 
     def conv_gemm(self, x: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                  dilation: tuple[int, ...], out: tuple[int, ...]) -> Array:
+                  dilation: tuple[int, ...], out: tuple[int, ...],
+                  padding: tuple[tuple[int, int], ...] | None = None) -> Array:
         """``Backend.conv_gemm`` a cache-sized block of output rows at a time: each block's im2col is copied
         into one reused buffer and multiplied straight into its rows of the result, so no ``C_in * K``-times
-        input-sized buffer exists (mnist's second conv, forward: 16.8 -> 11 ms). The generic default unless
-        ``x`` and ``w`` are NumPy arrays of one float dtype."""
+        input-sized buffer exists (mnist's second conv, forward: 16.8 -> 11 ms). The padding is written by the
+        im2col itself (``_conv_cols_into``): no padded copy of ``x``. The generic default unless ``x`` and
+        ``w`` are NumPy arrays of one float dtype."""
         if not _float_ndarrays(x, w):
-            return super().conv_gemm(x, w, kernel, stride, dilation, out)
+            return super().conv_gemm(x, w, kernel, stride, dilation, out, padding)
+        x = self._c_copy(x)  # a permuted view (an NCHW input read batch-last): the im2col reads contiguous runs
         k = math.prod(kernel)
         rows = self._conv_rows(x, k, out)
         result = np.empty((w.shape[0],) + tuple(out) + (x.shape[-1],), dtype=x.dtype)
         buf = None
         for r0 in range(0, out[0], rows):
             r1 = min(out[0], r0 + rows)
-            buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1)
+            buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1, padding)
             self._gemm_into(w, buf, result[:, r0:r1].reshape(w.shape[0], -1))
         return result
 
@@ -776,35 +820,44 @@ class NumpyBackend(ArrayBackend):
         return gx, gw
 
     def conv_gemm_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                           dilation: tuple[int, ...], need_x: bool, need_w: bool) -> tuple:
+                           dilation: tuple[int, ...], need_x: bool, need_w: bool,
+                           padding: tuple[tuple[int, int], ...] | None = None) -> tuple:
         """``Backend.conv_gemm_backward`` a cache-sized block of output rows at a time: the block's im2col is
-        rebuilt into one reused buffer for the weight gradient, and its ``w^T @ g`` rows are folded into the
-        input gradient while they are in cache (mnist's second conv, backward with the im2col rebuilt:
-        28 ms against 30 ms for the whole-buffer form reading a saved im2col). The generic default unless
-        ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
+        rebuilt into one reused buffer for the weight gradient (its padding written by the im2col, as in
+        ``conv_gemm``), and its ``w^T @ g`` rows are folded into the input gradient while they are in cache
+        (mnist's second conv, backward with the im2col rebuilt: 28 ms against 30 ms for the whole-buffer form
+        reading a saved im2col); the input gradient is folded into the padded shape and returned as the view
+        of ``x``'s part. The generic default unless ``x``, ``w`` and ``g`` are NumPy arrays of one float
+        dtype."""
         if not _float_ndarrays(x, w, g):
-            return super().conv_gemm_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
+            return super().conv_gemm_backward(x, w, g, kernel, stride, dilation, need_x, need_w, padding)
         out = tuple(g.shape[1:-1])
         g = self._c_copy(g)
+        if need_w:
+            x = self._c_copy(x)
         k = math.prod(kernel)
         rows = self._conv_rows(x, k, out)
         gw = np.zeros(w.shape, dtype=x.dtype) if need_w else None
         gx = None
-        if need_x and self._conv_phases_apply(kernel, stride, dilation, out, x.shape):
-            gx = self._conv_phase_transpose(g, w, kernel, stride, x.shape)
+        full = x.shape if padding is None else (
+            (x.shape[0],) + tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[1:-1], padding)) + (x.shape[-1],))
+        if need_x and self._conv_phases_apply(kernel, stride, dilation, out, full):
+            gx = self._conv_phase_transpose(g, w, kernel, stride, full)
             need_x = False
         elif need_x:
-            gx = np.zeros(x.shape, dtype=x.dtype)
+            gx = np.zeros(full, dtype=x.dtype)
         wt = w.T if need_x else None  # BLAS reads the transpose in place: no (C_in * K, C_out) copy per call
         buf = gbuf = None
         for r0 in range(0, out[0], rows):
             r1 = min(out[0], r0 + rows)
             g2 = g[:, r0:r1].reshape(g.shape[0], -1)
             if need_w:
-                buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1)
+                buf = self._conv_cols_into(buf, x, kernel, stride, dilation, out, r0, r1, padding)
                 gw += self._rows_times_cols_t(g2, buf)
             if need_x:
                 gbuf = self._conv_fold_rows(gx, wt, g2, gbuf, kernel, stride, dilation, out, r0, r1)
+        if gx is not None and padding is not None:
+            gx = gx[(slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape[1:-1]))]
         return gx, gw
 
     def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
@@ -898,17 +951,29 @@ class NumpyBackend(ArrayBackend):
         return gbuf
 
     def _conv_cols_into(self, buf, x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, out: tuple,
-                        r0: int, r1: int) -> np.ndarray:
+                        r0: int, r1: int, padding: tuple | None = None) -> np.ndarray:
         """The im2col of output rows ``r0:r1`` copied into ``buf`` (a new one when ``buf`` is None or of
-        another size), returned as ``(C_in * K, cols)``."""
+        another size), returned as ``(C_in * K, cols)``. With ``padding`` (``(low, high)`` per spatial dim)
+        ``x`` is the unpadded input: each offset copies the part of its window inside ``x`` and writes zeros
+        in the slabs that read the padding (``_conv_offsets_padded``), so no padded copy of ``x`` is made."""
         c, n = x.shape[0], x.shape[-1]
         k = math.prod(kernel)
         shape = (c, k, r1 - r0) + tuple(out[1:]) + (n,)
         if buf is None or buf.size != math.prod(shape):
             buf = np.empty(shape, dtype=x.dtype)
         blocks = buf.reshape(shape)
-        for j, ix in enumerate(self._conv_offsets(x.shape, kernel, stride, dilation, out, r0, r1)):
-            np.copyto(blocks[:, j], x[ix])
+        if padding is None:
+            for j, ix in enumerate(self._conv_offsets(x.shape, kernel, stride, dilation, out, r0, r1)):
+                np.copyto(blocks[:, j], x[ix])
+        else:
+            offsets = _conv_offsets_padded(x.shape, kernel, stride, dilation, tuple(out), r0, r1,
+                                           tuple(map(tuple, padding)))
+            for j, (src, dst, zeros) in enumerate(offsets):
+                block = blocks[:, j]
+                for z in zeros:
+                    block[z] = 0
+                if src is not None:
+                    np.copyto(block[dst], x[src])
         return blocks.reshape(c * k, -1)
 
     _ADAM_CHUNK = 65536  # elements per chunk of adam_step: 256 KiB per float32 buffer, ~1.5 MiB in flight

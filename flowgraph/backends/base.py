@@ -545,24 +545,35 @@ class Backend:
         return gx
 
     def conv_gemm(self, x: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                  dilation: tuple[int, ...], out: tuple[int, ...]) -> Array:
-        """A convolution in the batch-last layout: ``x`` ``(C_in, *S, N)`` (already padded), ``w``
-        ``(C_out, C_in * K)`` with ``K = prod(kernel)`` (kernel offsets row-major, innermost), the result
-        ``(C_out, *out, N)``.
+                  dilation: tuple[int, ...], out: tuple[int, ...],
+                  padding: tuple[tuple[int, int], ...] | None = None) -> Array:
+        """A convolution in the batch-last layout: ``x`` ``(C_in, *S, N)``, ``w`` ``(C_out, C_in * K)`` with
+        ``K = prod(kernel)`` (kernel offsets row-major, innermost), the result ``(C_out, *out, N)``; ``padding``
+        (one ``(low, high)`` per spatial dim, or None) is the zero padding of ``x`` that ``out`` counts.
 
-        Generic default: im2col, one strided slice of ``x`` per kernel offset stacked into ``(C_in, K, *out, N)``
-        = ``(C_in * K, L * N)``, then one GEMM. Backends override it to avoid the whole im2col buffer."""
+        Generic default: ``x`` padded, then im2col, one strided slice per kernel offset stacked into
+        ``(C_in, K, *out, N)`` = ``(C_in * K, L * N)``, then one GEMM. Backends override it to avoid the whole
+        im2col buffer and the padded copy."""
+        if padding is not None:
+            x = self.pad(x, [(0, 0), *padding, (0, 0)], 0.0)
         return self.reshape(self.matmul(w, self._conv_cols(x, kernel, stride, dilation, out, 0, out[0])),
                             (w.shape[0],) + tuple(out) + (x.shape[-1],))
 
     def conv_gemm_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                           dilation: tuple[int, ...], need_x: bool, need_w: bool) -> tuple:
+                           dilation: tuple[int, ...], need_x: bool, need_w: bool,
+                           padding: tuple[tuple[int, int], ...] | None = None) -> tuple:
         """The gradients ``(gx, gw)`` of ``conv_gemm`` from its inputs and the output gradient ``g``
         ``(C_out, *out, N)`` (None where not asked): ``gw = g @ cols^T`` with the im2col ``cols`` built again
         from ``x`` (nothing convolution-sized is kept from the forward, as in PyTorch), and ``gx`` the col2im
-        of ``w^T @ g`` (each kernel offset's rows added into its strided slice of zeros shaped like ``x``).
+        of ``w^T @ g`` (each kernel offset's rows added into its strided slice of zeros shaped like the padded
+        ``x``), of ``x``'s shape (the padding's rows dropped).
 
-        Generic default: the whole ``cols`` and ``w^T @ g`` at once, in primitives."""
+        Generic default: ``x`` padded, then the whole ``cols`` and ``w^T @ g`` at once, in primitives."""
+        if padding is not None:
+            xp = self.pad(x, [(0, 0), *padding, (0, 0)], 0.0)
+            gx, gw = self.conv_gemm_backward(xp, w, g, kernel, stride, dilation, need_x, need_w)
+            inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape[1:-1]))
+            return (None if gx is None else self.slice(gx, inner + (slice(None),))), gw
         out = tuple(g.shape[1:-1])
         g2 = self.reshape(g, (g.shape[0], -1))
         gw = gx = None

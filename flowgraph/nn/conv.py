@@ -266,22 +266,22 @@ def _conv_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dilation: tup
     right after a convolution) writes it directly instead of rebasing a base through ``CopySlices`` (a full-size
     mask, a ``where`` of zeros for the base and a gradient sum: dcgan_d's first layer, ~1 ms per step).
 
-    Backward keeps only ``x`` and ``w``, as PyTorch does: ``Backend.conv_gemm_backward`` pads ``x`` again and
+    ``x`` is not padded here: ``Backend.conv_gemm`` takes the padding (NumPy writes it into the im2col, no
+    padded copy of ``x``). Backward keeps only ``x`` and ``w``, as PyTorch does: ``Backend.conv_gemm_backward``
     rebuilds the im2col, so no ``K``-times input-sized buffer lives from the forward to the backward (the
     im2col saved for the weight gradient was mnist's largest tensor: 42 MiB per step for its second conv).
     Under ``create_graph`` the backward is the same computation in differentiable tensor ops."""
     bk = x._backend
     nd = len(kernel)
-    padded = any(lo or hi for lo, hi in widths)
-    full = [(0, 0)] + list(widths) + [(0, 0)]
-    xd = bk.pad(x._data, full, 0.0) if padded else x._data
-    out_size = tuple(_window_out(m, kk, s, d) for m, kk, s, d in zip(xd.shape[1:-1], kernel, stride, dilation))
+    padding = tuple(map(tuple, widths)) if any(lo or hi for lo, hi in widths) else None
+    padded_size = tuple(m + lo + hi for m, (lo, hi) in zip(x.shape[1:-1], widths))
+    out_size = tuple(_window_out(m, kk, s, d) for m, kk, s, d in zip(padded_size, kernel, stride, dilation))
     if any(o <= 0 for o in out_size):
         raise ShapeError(
-            f"{where}: input of spatial size {tuple(x.shape[1:-1])} (padded {tuple(xd.shape[1:-1])}) is "
+            f"{where}: input of spatial size {tuple(x.shape[1:-1])} (padded {padded_size}) is "
             f"smaller than the kernel's extent (kernel {kernel}, dilation {dilation}); the output would be empty"
         )
-    y = bk.conv_gemm(xd, w._data, kernel, stride, dilation, out_size)
+    y = bk.conv_gemm(x._data, w._data, kernel, stride, dilation, out_size, padding)
     to_first = (nd + 1, 0) + tuple(range(1, nd + 1))
     out = _wrap(bk.permute(y, to_first) if batch_first else y, bk)
     need_x, need_w = x.requires_grad, w.requires_grad
@@ -299,7 +299,6 @@ def _conv_gemm_backward(kernel: tuple, stride: tuple, dilation: tuple, widths: t
     is objects the cyclic garbage collector tracks while the step's graph lives: see ``_bilinear_backward``)."""
     nd = len(kernel)
     padded = any(lo or hi for lo, hi in widths)
-    full = [(0, 0)] + list(widths) + [(0, 0)]
     to_last = tuple(range(1, nd + 2)) + (0,)
     inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(widths, in_size)) + (slice(None),)
 
@@ -322,10 +321,9 @@ def _conv_gemm_backward(kernel: tuple, stride: tuple, dilation: tuple, widths: t
                 gx = gx[inner] if padded else gx
             return gx, gw
         bk = g._backend
-        xd = bk.pad(x._data, full, 0.0) if padded else x._data
-        gxd, gwd = bk.conv_gemm_backward(xd, w._data, g._data, kernel, stride, dilation, need_x, need_w)
-        gx = None if gxd is None else _wrap(bk.slice(gxd, inner) if padded else gxd, bk)
-        return gx, None if gwd is None else _wrap(gwd, bk)
+        gxd, gwd = bk.conv_gemm_backward(x._data, w._data, g._data, kernel, stride, dilation, need_x, need_w,
+                                         widths if padded else None)
+        return None if gxd is None else _wrap(gxd, bk), None if gwd is None else _wrap(gwd, bk)
 
     return backward
 

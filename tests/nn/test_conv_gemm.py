@@ -212,3 +212,54 @@ def test_strided_conv_gemm_matches_torch(cfg, blocks, monkeypatch):
     gx, gw = be.conv_gemm_transpose_backward(to_last(xt), w2, to_last(gt), kernel, stride, dilation, True, True)
     np.testing.assert_allclose(gx, to_last(txt.grad.numpy()), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gw, twt.grad.numpy().reshape(w2.shape), rtol=1e-4, atol=1e-4)
+
+
+PADDED_CONFIGS = [  # (C_in, C_out, size, kernel, stride, dilation, padding (low, high) per dim)
+    (3, 4, (7, 6), (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    (2, 3, (9, 8), (4, 4), (2, 2), (1, 1), ((1, 1), (1, 1))),  # dcgan's 4x4 stride-2 layers
+    (2, 3, (8, 9), (3, 2), (2, 1), (2, 1), ((2, 0), (0, 3))),  # asymmetric, dilated
+    (2, 2, (5, 4), (2, 2), (1, 1), (1, 1), ((3, 3), (3, 2))),  # windows that read only padding
+    (3, 2, (11,), (3,), (2,), (2,), ((4, 1),)),
+    (2, 3, (5, 6, 4), (3, 2, 3), (1, 2, 1), (1, 1, 1), ((1, 1), (0, 2), (2, 1))),
+]
+
+
+@pytest.mark.parametrize("cfg", PADDED_CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+@pytest.mark.parametrize("layout", ["batch-last", "permuted"])
+def test_padded_conv_gemm_matches_torch(cfg, blocks, layout, monkeypatch):
+    """``conv_gemm`` / ``conv_gemm_backward`` given the padding (NumPy writes it into the im2col: zeros in the
+    slabs of each window that read it, no padded copy of ``x``) against PyTorch on the padded input, in 1-3
+    dims, asymmetric, with windows that read nothing but padding, from a batch-last array or a permuted view
+    of an ``(N, C, *S)`` one (the first layer's input); the generic default (pad, then im2col) likewise."""
+    import torch
+
+    c_in, c_out, size, kernel, stride, dilation, padding = cfg
+    nd = len(kernel)
+    be = get_backend("cpu")
+    if blocks == "one_row":
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, c_in) + size).astype(np.float32)
+    w = rng.standard_normal((c_out, c_in) + kernel).astype(np.float32)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    flat = [v for lo_hi in reversed(padding) for v in lo_hi]
+    y = getattr(torch.nn.functional, f"conv{nd}d")(torch.nn.functional.pad(tx, flat), tw, stride=stride,
+                                                    dilation=dilation)
+    g = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    y.backward(torch.tensor(g))
+    to_last = lambda a: np.ascontiguousarray(np.moveaxis(a, 0, -1))  # noqa: E731 - (N, C, *S) -> (C, *S, N)
+    xl = to_last(x) if layout == "batch-last" else np.moveaxis(x, 0, -1)  # the permuted view itself
+    w2, gl, out = w.reshape(c_out, -1), to_last(g), tuple(y.shape[2:])
+    for forward, backward in ((type(be).conv_gemm, type(be).conv_gemm_backward),
+                              (Backend.conv_gemm, Backend.conv_gemm_backward)):
+        got = forward(be, xl, w2, kernel, stride, dilation, out, padding)
+        np.testing.assert_allclose(got, to_last(y.detach().numpy()), rtol=1e-4, atol=1e-4)
+        gx, gw = backward(be, xl, w2, gl, kernel, stride, dilation, True, True, padding)
+        assert gx.shape == xl.shape
+        np.testing.assert_allclose(gx, to_last(tx.grad.numpy()), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(gw, tw.grad.numpy().reshape(w2.shape), rtol=1e-4, atol=1e-4)
+        only_w = backward(be, xl, w2, gl, kernel, stride, dilation, False, True, padding)
+        assert only_w[0] is None
+        np.testing.assert_allclose(only_w[1], tw.grad.numpy().reshape(w2.shape), rtol=1e-4, atol=1e-4)
