@@ -34,6 +34,15 @@ def _torch_conv(x, w, kernel, stride, dilation):
     return to_last(y.detach().numpy()), to_last(g), to_last(tx.grad.numpy()), tw.grad.numpy().reshape(w.shape)
 
 
+def _cpu_in_blocks(blocks: str, monkeypatch):
+    """The NumPy backend, its composites working in blocks of one output row where ``blocks`` says so."""
+    be = get_backend("cpu")
+    if blocks == "one_row":
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    return be
+
+
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("blocks", ["whole", "one_row"])
 def test_conv_gemm_matches_torch(device, cfg, blocks, monkeypatch):
@@ -75,10 +84,7 @@ def test_conv_phase_transpose_matches_scattered_adds(cfg, blocks, monkeypatch):
     """The NumPy col2im by stride phases (one GEMM, one interleaving copy) against the generic default's
     scattered adds, in 1-3 dims, with inputs longer than the windows cover (cropped) and in row blocks."""
     c_in, c_out, size, kernel, stride = cfg
-    be = get_backend("cpu")
-    if blocks == "one_row":
-        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
-        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    be = _cpu_in_blocks(blocks, monkeypatch)
     rng = np.random.default_rng(2)
     out = tuple((n - k) // s + 1 for n, k, s in zip(size, kernel, stride))
     g = rng.standard_normal((c_out,) + out + (3,)).astype(np.float32)
@@ -182,10 +188,7 @@ def test_strided_conv_gemm_matches_torch(cfg, blocks, monkeypatch):
 
     c_in, c_out, size, kernel, stride, dilation = cfg
     nd = len(kernel)
-    be = get_backend("cpu")
-    if blocks == "one_row":
-        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
-        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    be = _cpu_in_blocks(blocks, monkeypatch)
     rng = np.random.default_rng(4)
     to_last = lambda a: np.ascontiguousarray(np.moveaxis(a, 0, -1))  # noqa: E731 - (N, C, *S) -> (C, *S, N)
     x = rng.standard_normal((3, c_in) + size).astype(np.float32)
@@ -236,10 +239,7 @@ def test_padded_conv_gemm_matches_torch(cfg, blocks, layout, monkeypatch):
 
     c_in, c_out, size, kernel, stride, dilation, padding = cfg
     nd = len(kernel)
-    be = get_backend("cpu")
-    if blocks == "one_row":
-        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0)
-        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1)
+    be = _cpu_in_blocks(blocks, monkeypatch)
     rng = np.random.default_rng(6)
     x = rng.standard_normal((3, c_in) + size).astype(np.float32)
     w = rng.standard_normal((c_out, c_in) + kernel).astype(np.float32)
