@@ -449,11 +449,11 @@ class NumpyBackend(ArrayBackend):
 
     @classmethod
     def _channel_blocks(cls, a: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]] | None:
-        """``a`` ``(N, C, *S)`` as a 3-d view ``(B, C, M)`` whose axis 1 is the channel and axes 0 and 2 hold
-        every element of it, with the shape to reshape a ``(B, C, M)`` result to before ``a``'s layout is
-        restored by ``transpose(inverse(frame))``: ``(1, C, N * prod(S))`` when each channel is one contiguous
-        block (a batch-last convolution's output, ``_frame`` starting at the channel axis), ``(N, C, prod(S))``
-        when ``a`` is C-contiguous. Returns ``(view, frame)``, or None for other layouts."""
+        """``(view, frame)``: ``a`` ``(N, C, *S)`` as a 3-d view ``(B, C, M)`` whose axis 1 is the channel and
+        whose axes 0 and 2 hold every element of it, and the axis order ``a`` is laid out in (``_frame``, which
+        ``_from_channel_blocks`` restores). The view is ``(1, C, N * prod(S))`` when each channel is one
+        contiguous block (a batch-last convolution's output: the frame starts at the channel axis) and
+        ``(N, C, prod(S))`` when ``a`` is C-contiguous; None for other layouts."""
         if a.ndim < 2:
             return None
         frame = cls._frame(a)
@@ -482,9 +482,9 @@ class NumpyBackend(ArrayBackend):
         """``Backend.batch_norm`` in four passes over ``x``: per-channel sums as BLAS matrix-vector products on
         a ``(B, C, M)`` view (``_channel_blocks``: a batch-last convolution's output is one block per channel,
         ``B = 1``), the variance as ``np.vecdot`` of the centred copy, which is then scaled and shifted in place
-        and returned in ``x``'s layout. The generic ``standardize`` (``einsum`` reductions, a product array for
-        the weight) took 0.48 -> 0.28 ms on a (32, 16, 32, 32) float32 input laid out batch-last (best of 50,
-        the project's 2-core VM; torch 0.70 ms). The generic default for other inputs and layouts."""
+        and returned in ``x``'s layout. Against the generic ``standardize`` (``einsum`` reductions, a product
+        array for the weight): 0.50 -> 0.32 ms on a (32, 16, 32, 32) float32 input laid out batch-last (best of
+        50, the project's 2-core VM; torch 0.57-0.70 ms). The generic default for other inputs and layouts."""
         blocks = (self._channel_blocks(x) if _float_ndarrays(x, *(t for t in (weight, bias) if t is not None))
                   and x.dtype in (np.float32, np.float64) and x.size else None)
         if blocks is None:
