@@ -681,7 +681,7 @@ class NumpyBackend(ArrayBackend):
         ``mask`` all ones where ``cond`` holds: five vectorised passes instead of ``np.where``'s
         per-element branch, which a random mask mispredicts half the time (a 2-MiB LeakyReLU input: 2.1 ->
         0.3 ms); with ``b`` a scalar +0 the select is ``a & mask`` (ReLU's backward on a 2-MiB input: 0.48 ->
-        0.29 ms). Bit copies, so the values (NaN payloads, signed zeros) are exactly ``np.where``'s. The
+        0.27 ms). Bit copies, so the values (NaN payloads, signed zeros) are exactly ``np.where``'s. The
         generic path unless ``cond`` is a boolean array of at least ``_WHERE_MIN`` elements and ``a``/``b`` are
         float arrays of one dtype or a Python number with one such array."""
         arrays = [v for v in (a, b) if type(v) is np.ndarray]
