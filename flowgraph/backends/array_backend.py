@@ -756,6 +756,7 @@ class NumpyBackend(ArrayBackend):
         ``w`` are NumPy arrays of one float dtype."""
         if not _float_ndarrays(x, w):
             return super().conv_gemm(x, w, kernel, stride, dilation, out, padding)
+        padding = None if padding is None else tuple(map(tuple, padding))  # hashable: the im2col's cache key
         x = self._c_copy(x)  # a permuted view (an NCHW input read batch-last): the im2col reads contiguous runs
         k = math.prod(kernel)
         rows = self._conv_rows(x, k, out)
@@ -831,6 +832,7 @@ class NumpyBackend(ArrayBackend):
         dtype."""
         if not _float_ndarrays(x, w, g):
             return super().conv_gemm_backward(x, w, g, kernel, stride, dilation, need_x, need_w, padding)
+        padding = None if padding is None else tuple(map(tuple, padding))  # hashable: the im2col's cache key
         out = tuple(g.shape[1:-1])
         g = self._c_copy(g)
         if need_w:
@@ -857,7 +859,7 @@ class NumpyBackend(ArrayBackend):
             if need_x:
                 gbuf = self._conv_fold_rows(gx, wt, g2, gbuf, kernel, stride, dilation, out, r0, r1)
         if gx is not None and padding is not None:
-            gx = gx[(slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape[1:-1]))]
+            gx = gx[self._unpadded_part(x.shape, padding)]
         return gx, gw
 
     def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
@@ -951,7 +953,7 @@ class NumpyBackend(ArrayBackend):
         return gbuf
 
     def _conv_cols_into(self, buf, x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, out: tuple,
-                        r0: int, r1: int, padding: tuple | None = None) -> np.ndarray:
+                        r0: int, r1: int, padding: tuple[tuple[int, int], ...] | None = None) -> np.ndarray:
         """The im2col of output rows ``r0:r1`` copied into ``buf`` (a new one when ``buf`` is None or of
         another size), returned as ``(C_in * K, cols)``. With ``padding`` (``(low, high)`` per spatial dim)
         ``x`` is the unpadded input: each offset copies the part of its window inside ``x`` and writes zeros
@@ -966,8 +968,7 @@ class NumpyBackend(ArrayBackend):
             for j, ix in enumerate(self._conv_offsets(x.shape, kernel, stride, dilation, out, r0, r1)):
                 np.copyto(blocks[:, j], x[ix])
         else:
-            offsets = _conv_offsets_padded(x.shape, kernel, stride, dilation, tuple(out), r0, r1,
-                                           tuple(map(tuple, padding)))
+            offsets = _conv_offsets_padded(x.shape, kernel, stride, dilation, tuple(out), r0, r1, padding)
             for j, (src, dst, zeros) in enumerate(offsets):
                 block = blocks[:, j]
                 for z in zeros:

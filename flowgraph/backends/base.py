@@ -572,8 +572,7 @@ class Backend:
         if padding is not None:
             xp = self.pad(x, [(0, 0), *padding, (0, 0)], 0.0)
             gx, gw = self.conv_gemm_backward(xp, w, g, kernel, stride, dilation, need_x, need_w)
-            inner = (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape[1:-1]))
-            return (None if gx is None else self.slice(gx, inner + (slice(None),))), gw
+            return (None if gx is None else self.slice(gx, self._unpadded_part(x.shape, padding))), gw
         out = tuple(g.shape[1:-1])
         g2 = self.reshape(g, (g.shape[0], -1))
         gw = gx = None
@@ -583,6 +582,12 @@ class Backend:
         if need_x:
             gx = self.conv_gemm_transpose(g, w, kernel, stride, dilation, tuple(x.shape))
         return gx, gw
+
+    @staticmethod
+    def _unpadded_part(shape: tuple, padding: tuple) -> tuple[slice, ...]:
+        """The index of the unpadded ``shape`` ``(C, *S, N)`` inside its zero-padded array (``padding``: one
+        ``(low, high)`` per spatial dim): ``conv_gemm_backward``'s input gradient, folded into the padded shape."""
+        return (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, shape[1:-1])) + (slice(None),)
 
     def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
                             dilation: tuple[int, ...], x_shape: tuple[int, ...]) -> Array:
