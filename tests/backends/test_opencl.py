@@ -222,3 +222,36 @@ def test_index_type_of_elementwise_and_reductions(be, monkeypatch, limit):
     keys = [k for k in be._kernels if isinstance(k, tuple) and k and k[0] in ("ew", "reduce")]
     assert any(k[0] == "ew" and k[-1] == want for k in keys) and any(k[0] == "reduce" and k[-1] == want
                                                                       for k in keys)
+
+
+@needs_opencl
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "any", "all", "argmax"])
+def test_short_reductions_over_many_outputs(be, op):
+    """At most ``SERIAL_REDUCE_INPUTS`` inputs per output into at least ``SERIAL_REDUCE_OUTPUTS`` outputs (the sum
+    of split-K partial results; a leading-axis sum) run one work-item per output: the same values as NumPy on a
+    fused input, a transposed view, an offset view and a short last axis, NaN included; argmax keeps the
+    work-group form. The form is chosen from the sizes: a long reduction keeps the tree."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 70, 90)).astype(np.float32)
+    x[1, 2, 3] = np.nan
+    xa = be.from_host(x)
+    ref = getattr(np, op)
+    fused = be.add(be.mul(xa, 2.0), 1.0)
+    cases = [(fused, x * 2 + 1, (0,)), (be.permute(xa, (2, 1, 0)), np.transpose(x, (2, 1, 0)), (2,)),
+             (be.slice(xa, (slice(1, 3), slice(None), slice(None))), x[1:3], (0,)),
+             (be.permute(xa, (1, 0, 2)), np.transpose(x, (1, 0, 2)), (1,))]
+    if op in ("any", "all"):
+        cases = [(be.gt(a, 0.5), w > 0.5, ax) for a, w, ax in cases]
+    for arr, want, axes in cases:
+        if op == "argmax":
+            got = be.to_host(be.argmax(arr, axes[0], False))
+            np.testing.assert_array_equal(got, np.argmax(want, axes[0]))
+            continue
+        got = be.to_host(getattr(be, op)(arr, axes, False))
+        expect = ref(want.astype(np.float64) if want.dtype.kind == "f" else want, axis=axes)
+        np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
+    serial_ops = {k[1] for k in be._kernels if isinstance(k, tuple) and k[:1] == ("reduce_serial",)}
+    assert (op in serial_ops) == (op != "argmax")
+    # a long reduction over few outputs keeps the work-group tree
+    long_sum = be.to_host(be.sum(be.from_host(np.ones((5000, 3), np.float32)), (0,), False))
+    np.testing.assert_array_equal(long_sum, [5000, 5000, 5000])

@@ -392,3 +392,46 @@ def test_convolution_step_under_jit_equals_eager(device):
     jitted, _, step = run(True)
     np.testing.assert_allclose(jitted, eager, rtol=0, atol=0)
     assert step.recordings == 1 and eager[-1] < eager[0]
+
+
+TF32 = {  # name: (x shape, w shape, stride, padding, dilation, groups, compute units): each tile class's kernel
+    "huge": ((3, 24, 12, 10), (130, 24, 3, 3), 1, 1, 1, 1, 1),
+    "tall": ((2, 16, 11, 9), (40, 16, 3, 3), 1, 1, 1, 1, 1),
+    "mid-stride2": ((2, 6, 11, 9), (12, 6, 3, 3), 2, 1, 1, 1, 1),
+    "short-groups-dilation": ((2, 12, 13, 11), (9, 4, 3, 2), (2, 1), 2, (2, 1), 3, 1),
+    "1d-split-k": ((6, 3, 500), (4, 3, 5), 1, 2, 1, 1, None),
+    "3d": ((2, 4, 5, 6, 7), (20, 4, 3, 2, 3), (1, 2, 1), 1, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(TF32))
+def test_tf32_tensor_core_kernels_match_torch_to_tf32_precision(device, name, monkeypatch):
+    """NVIDIA devices (compute capability 8.0+) only: under ``fg.backends.cudnn.allow_tf32`` float32 forward,
+    input and weight gradients run the ``mma.sync`` kernels, in every tile class, split-K and stride phases
+    included. Their error against a float64 reference is TF32's (inputs rounded to 10 mantissa bits), many
+    times the float32 kernels' error on the same problem, which shows that the tensor cores ran."""
+    x_shape, w_shape, stride, padding, dilation, groups, units = TF32[name]
+    nd = len(x_shape) - 2
+    be = _opencl_backend(device, F32, nd)
+    if not be._tf32_tensor_cores:
+        pytest.skip(f"{device}: no TF32 tensor cores reachable from OpenCL (an NVIDIA GPU of compute capability 8+)")
+    if units is not None:  # so that the small problem takes its tile class's tiles, not split-K
+        monkeypatch.setattr(type(be), "_compute_units", property(lambda self: units))
+    rng = np.random.default_rng(21)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    geometry = tuple((v,) * nd if isinstance(v, int) else v for v in (stride, padding, dilation)) + (groups,)
+    y_ref = getattr(torch.nn.functional, f"conv{nd}d")(torch.tensor(x), torch.tensor(w), None, *geometry).numpy()
+    g = rng.standard_normal(y_ref.shape)
+    refs = (y_ref, *_torch_grads(x, w, g, *geometry))
+    xs, ws, gs = (be.from_host(a.astype(np.float32)) for a in (x, w, g))
+
+    def errors(tf32):
+        monkeypatch.setattr(fg.backends.cudnn, "allow_tf32", tf32)
+        outs = (be.conv_forward(xs, ws, *geometry), be.conv_input_grad(gs, ws, x.shape, *geometry),
+                be.conv_weight_grad(xs, gs, w.shape, *geometry))
+        return [np.abs(be.to_host(out) - ref).max() / np.sqrt(np.mean(ref**2)) for out, ref in zip(outs, refs)]
+
+    exact, rounded = errors(False), errors(True)
+    assert any(key[5] for key in be._conv_choice)  # a tensor-core kernel was chosen
+    for op, e32, etf in zip(("forward", "input grad", "weight grad"), exact, rounded):
+        assert e32 < 1e-5 and 1e-5 < etf < 1e-2, (op, e32, etf)

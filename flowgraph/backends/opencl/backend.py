@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError, ShapeError
-from .. import fusion
+from .. import flags, fusion
 from .. import row_kernels as R
 from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
 from ..fusion import (
@@ -102,6 +102,10 @@ class OpenCLBackend(LazyEngine, Backend):
     #: BatchNorm2d(128)'s per-channel sums over (128, 32, 32) ran as 128 work-groups before: most of a GPU idle.
     SPLIT_ABOVE_INPUTS = 16384
     MAX_PARTS = 256
+    #: Reductions of at most this many inputs per output, into at least SERIAL_REDUCE_OUTPUTS outputs, run one
+    #: work-item per output (``_reduce_serial``): the sums of split-K partial results, leading-axis sums.
+    SERIAL_REDUCE_INPUTS = 64
+    SERIAL_REDUCE_OUTPUTS = 4096
     #: Work-group size of elementwise and line kernels.
     ELEMENTWISE_GROUP = 128
 
@@ -424,6 +428,10 @@ class OpenCLBackend(LazyEngine, Backend):
         out_shape = tuple(1 if d in axes else n for d, n in enumerate(a.shape)) if keepdims else kept_shape
         if n_out == 0:
             return self.empty(out_shape, out_dtype)
+        if n_in <= self.SERIAL_REDUCE_INPUTS and n_out >= self.SERIAL_REDUCE_OUTPUTS and op not in ("argmax",
+                                                                                                   "argmin"):
+            return self._reduce_serial(op, flat, a, kept_shape, kdims, kstrides, rdims, rstrides, n_in, n_out,
+                                       out_shape, out_dtype, acc_dtype)
         # Few outputs over many inputs: split each output over several work-groups, then fold the parts.
         parts = 1
         if n_out < MIN_REDUCTION_BLOCKS and n_in > self.SPLIT_ABOVE_INPUTS and op not in ("argmax", "argmin"):
@@ -449,6 +457,29 @@ class OpenCLBackend(LazyEngine, Backend):
         if parts > 1:
             folded = self._reduce(op, out, (1,), False, out_dtype, acc_dtype)
             return self._view(folded, out_shape, contiguous_strides(out_shape), 0)
+        return out
+
+    def _reduce_serial(self, op: str, flat: tuple, a: CLArray, kept_shape: Shape, kdims: Sequence[int],
+                       kstrides: Sequence[Sequence[int]], rdims: Sequence[int], rstrides: Sequence[Sequence[int]],
+                       n_in: int, n_out: int, out_shape: Shape, out_dtype: np.dtype,
+                       acc_dtype: np.dtype) -> CLArray:
+        """A short reduction over many outputs (``kernels.reduce_source(serial=True)``): one work-item per
+        output, consecutive outputs on consecutive work-items."""
+        leaves = flat[1]
+        out = self.empty(out_shape, out_dtype)
+        fits = index_fits_int(max(n_in, n_out), (*kdims, *rdims),
+                              [(*ks, *rs) for ks, rs in zip(kstrides, rstrides)], [leaf.offset for leaf in leaves])
+        it = "int" if fits else "long"
+        kr, rr = len(kdims), len(rdims)
+        key = ("reduce_serial", op, flat[0], acc_dtype, out_dtype, kr, rr, it)
+        kernel = self._kernel(key, lambda: K.reduce_source(linearize(a), kr, rr, op, acc_dtype, out_dtype, it,
+                                                           serial=True))
+        args: list[Any] = [n_in, n_out, *kdims, *rdims, out.buffer]
+        for leaf, ks, rs in zip(leaves, kstrides, rstrides):
+            args += [leaf.buffer, leaf.offset, *ks, *rs]
+        args += _scalar_args(flat[2])
+        group = min(self._group_limit(kernel), self.REDUCE_GROUP)
+        kernel(self.queue, (-(-n_out // group) * group,), (group,), *args)
         return out
 
     def _accumulator(self, dtype: np.dtype) -> np.dtype:
@@ -1110,7 +1141,8 @@ class OpenCLBackend(LazyEngine, Backend):
         acc = self._accumulator(dtype)
         is_gpu = self._conv_gpu_tiles
         row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
-        key = (op, nd, dtype, index_dtype, row_class, is_gpu)
+        tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
+        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
         if found is not None:
@@ -1118,10 +1150,13 @@ class OpenCLBackend(LazyEngine, Backend):
         max_group = self._max_group
         local_mem = int(self.cl_device.local_mem_size)
         while True:
-            tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, row_class)
+            tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, row_class,
+                                    op if tensor_cores else None)
+            tf32 = (tensor_cores and CK.mma_warps(tiles) is not None
+                    and tiles.local_bytes(acc.itemsize, CK.MMA_PAD) <= local_mem)
             kernel = self._kernel(
-                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles)),
-                lambda tiles=tiles: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles))
+                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32),
+                lambda tiles=tiles, tf32=tf32: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, tf32))
             limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
             if tiles.group <= limit or max_group <= 16:
                 break
@@ -1133,6 +1168,19 @@ class OpenCLBackend(LazyEngine, Backend):
     def _compute_units(self) -> int:
         """``CL_DEVICE_MAX_COMPUTE_UNITS`` (asked once: a device query is a driver call)."""
         return int(self.cl_device.max_compute_units)
+
+    @functools.cached_property
+    def _tf32_tensor_cores(self) -> bool:
+        """Whether float32 convolutions may run on TF32 tensor cores here (under ``fg.backends.cudnn.allow_tf32``,
+        PyTorch's switch for its cuDNN convolutions): an NVIDIA device of compute capability 8.0 or later, whose
+        OpenCL compiler takes the ``mma.sync`` PTX of ``conv.conv_source(tf32=True)`` (asked once)."""
+        device = self.cl_device
+        if "NVIDIA" not in device.vendor.upper():
+            return False
+        try:
+            return int(device.compute_capability_major_nv) >= 8
+        except (cl.Error, AttributeError):  # a driver without cl_nv_device_attribute_query
+            return False
 
     @functools.cached_property
     def _conv_gpu_tiles(self) -> bool:
@@ -1156,8 +1204,10 @@ class OpenCLBackend(LazyEngine, Backend):
         chunk = -(-per_split // tiles.depth) * tiles.depth  # a whole number of K steps
         return -(-k // chunk), chunk
 
-    #: Most slices a split reduction is split into (each one a partial result in memory).
-    MAX_CONV_SPLITS = 64
+    #: Most slices a split reduction is split into (each one a partial result in memory). A thin layer's weight
+    #: gradient (convnet's first: a 64 x 27 result over 524,288 positions) is one tile: with 64 slices it ran
+    #: 64 work-groups on an H200's 132 compute units (0.49 ms).
+    MAX_CONV_SPLITS = 512
     #: Convolutions whose buffers and GEMM sizes all stay within this many elements index in int32 (faster
     #: division on GPUs); larger ones run the int64 variant of the kernels.
     CONV_INT32_LIMIT = 2**31 - 1

@@ -80,10 +80,11 @@ class ConvTiles(NamedTuple):
         """Output columns per work-group."""
         return self.tx * self.wx
 
-    def local_bytes(self, itemsize: int) -> int:
-        """Local memory the two staged slices (each padded by a column), the per-row tables (at most 40 bytes a
-        row) and the per-column table (at most 20 bytes a column) take."""
-        return self.depth * (((self.tile_m + 1) + (self.tile_n + 1)) * itemsize + 40) + 20 * self.tile_n
+    def local_bytes(self, itemsize: int, pad: int = 1) -> int:
+        """Local memory the two staged slices (each padded by ``pad`` columns: 1 for the scalar kernel, 8 for
+        the tensor-core one), the per-row tables (at most 40 bytes a row) and the per-column table (at most 20
+        bytes a column) take."""
+        return self.depth * (((self.tile_m + pad) + (self.tile_n + pad)) * itemsize + 40) + 20 * self.tile_n
 
     def valid(self) -> bool:
         """Whether each work-item keeps one B column for the whole K loop (the kernel relies on it)."""
@@ -100,6 +101,14 @@ GPU_TILES = {
     "mid": ConvTiles(16, 8, 4, 4, 16),     # 32 x 64
     "short": ConvTiles(32, 8, 4, 2, 16),   # 16 x 128
     "single": ConvTiles(256, 1, 1, 1, 16),  # 1 x 256: one row (depthwise with multiplier 1)
+}
+#: Tensor-core (TF32) kernels' tiles where they differ from GPU_TILES, per op: 64 x 128 (warp blocks of 32 x 32)
+#: for the large forward and input-gradient problems. Measured on an H200's convnet step (eager, TF32 kernels):
+#: forward 2.59 -> 2.13 ms and input gradient 2.86 -> 2.06 ms against the 128 x 128 / 64 x 64 pair; the weight
+#: gradient (B staged by rows) ran slower with them (3.72 -> 4.28 ms) and keeps GPU_TILES.
+GPU_TF32_TILES = {
+    "forward": {"huge": ConvTiles(32, 8, 4, 8, 16), "tall": ConvTiles(32, 8, 4, 8, 16)},
+    "dgrad": {"huge": ConvTiles(32, 8, 4, 8, 16), "tall": ConvTiles(32, 8, 4, 8, 16)},
 }
 CPU_TILES = {
     "huge": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
@@ -121,12 +130,16 @@ def tile_class(is_gpu: bool, m: int, n: int, groups: int, compute_units: int) ->
 
 
 @functools.lru_cache(maxsize=256)
-def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, row_class: str) -> ConvTiles:
+def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, row_class: str,
+                 tf32_op: str | None = None) -> ConvTiles:
     """The tile configuration for a problem of ``row_class`` (see :func:`tile_class`) on a device with these
     properties: the entry of the device kind's table where it fits ``max_group`` work-items and ``local_mem``
     bytes, else the largest tile (then the deepest, then the widest work-group) among its halvings that does.
+    ``tf32_op``: the op of a tensor-core kernel, whose entry comes from GPU_TF32_TILES where that has one.
     Memoised: the search over every halving ran on each convolution (5 ms a call on PoCL)."""
     base = (GPU_TILES if is_gpu else CPU_TILES)[row_class]
+    if is_gpu and tf32_op is not None:
+        base = GPU_TF32_TILES.get(tf32_op, {}).get(row_class, base)
 
     def halvings(n: int) -> list[int]:
         return [n >> i for i in range(n.bit_length())]
@@ -134,6 +147,39 @@ def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, ro
     fitting = [t for t in map(ConvTiles._make, itertools.product(*(halvings(n) for n in base)))
                if t.valid() and t.group <= max_group and t.local_bytes(itemsize) <= local_mem]
     return max(fitting, key=lambda t: (t.tile_m * t.tile_n, t.depth, t.group))
+
+
+#: The tensor-core instruction of the TF32 kernels: a warp multiplies a 16x8 A fragment by an 8x8 B fragment
+#: into a 16x8 float32 accumulator (PTX ``mma.sync``, sm_80 and later).
+MMA_M, MMA_N, MMA_K = 16, 8, 8
+#: Columns the TF32 kernels pad each staged slice by: a row of the slice is then 8 banks (mod 32) from the
+#: next, so the 32 lanes of a fragment read (8 rows x 4 reduction steps) hit 32 different banks.
+MMA_PAD = 8
+
+
+def mma_warps(tiles: ConvTiles) -> tuple[int, int] | None:
+    """How the TF32 kernel splits ``tiles``' output tile among its warps: ``(warp rows, warp columns)``, each
+    warp computing a ``tile_m / rows x tile_n / cols`` block of whole 16x8 fragments, the squarest such split
+    (fewest fragment reads from local memory per multiply); ``None`` where the tile has no such split (fewer
+    than 16 rows, a work-group that is not whole warps, a slice depth that is not whole 8-steps)."""
+    if tiles.group % 32 or tiles.depth % MMA_K or tiles.tile_m % MMA_M or tiles.tile_n % (2 * MMA_N):
+        return None
+    warps = tiles.group // 32
+    splits = [(r, warps // r) for r in range(1, warps + 1) if warps % r == 0
+              and (tiles.tile_m // MMA_M) % r == 0 and (tiles.tile_n // MMA_N) % (warps // r) == 0]
+    if not splits:
+        return None
+    return min(splits, key=lambda rc: (tiles.tile_m // rc[0] + tiles.tile_n // rc[1], rc[0]))
+
+
+#: Rounds a float32 to TF32 (round to nearest, ties away: what cuDNN and cuBLAS feed their tensor cores), as
+#: the float32 whose bits the ``mma`` instruction reads. NVIDIA's OpenCL compiler passes inline PTX through.
+_TF32_HELPER = """inline float fg_tf32(float x) {
+  uint r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return as_float(r);
+}
+"""
 
 
 def geometry_names(nd: int) -> list[str]:
@@ -273,7 +319,7 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
 
 
 def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
-                tiles: ConvTiles) -> KernelSource:
+                tiles: ConvTiles, tf32: bool = False) -> KernelSource:
     """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
     ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64).
 
@@ -283,6 +329,11 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     and ``ssplit`` (the elements between the partial results of two splits; split-K runs write their own
     slices of a partial buffer), then the two inputs, each with its element offset. Launch:
     global ``(ceil(N / tile_n) * tx, ceil(M / tile_m) * ty, groups * splits)``, local ``(tx, ty, 1)``.
+
+    ``tf32`` (float32 only, NVIDIA devices of compute capability 8.0 or later, tiles that :func:`mma_warps`
+    splits): the staged slices are rounded to TF32 and multiplied on the tensor cores, each warp accumulating
+    its block of the tile with ``mma.sync`` in inline PTX, the precision cuDNN gives a float32 convolution under
+    ``fg.backends.cudnn.allow_tf32``. Staging, tables and stores are the scalar kernel's.
     """
     emitter = OpenCLEmitter()
     itype = ctype(index_dtype)
@@ -295,6 +346,12 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     # reads coalesce), with every column's split kept in a local table built once; Bs is padded against bank
     # conflicts of that transposing store. The other ops stage B by columns, one column per work-item.
     b_rows = op == "wgrad"
+    warps = mma_warps(tiles) if tf32 else None
+    if tf32 and (warps is None or dtype != np.float32 or acc_dtype != np.float32):
+        raise ValueError(f"conv_source: no TF32 kernel for {dtype} with tiles {tiles} (float32, and tiles that "
+                         "mma_warps splits into whole warps of 16x8 fragments)")
+    pad = MMA_PAD if tf32 else 1
+    rounded = "fg_tf32" if tf32 else ""
     params = Params()
     for name in ("M", "N", "K", "kchunk", "groups", "Cin", "Cout", "Cin_g", "Cout_g", "P", "SP", "KP",
                  *geometry_names(nd), *(phase_names(nd) if op == "dgrad" else ())):
@@ -366,13 +423,42 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     stores = [
         f"for (int l = 0; l < {n_a}; l++) {{",
         f"  int e = tid + l * {group};",
-        f"  {'if (e < ' + str(tm * depth) + ') ' if a_partial else ''}As[e % {depth}][e / {depth}] = ra[l];",
+        f"  {'if (e < ' + str(tm * depth) + ') ' if a_partial else ''}As[e % {depth}][e / {depth}] = {rounded}(ra[l]);",
         "}",
         *([f"for (int l = 0; l < {n_b}; l++) {{",
            f"  int e = tid + l * {group};",
-           f"  {'if (e < ' + str(tn * depth) + ') ' if b_partial else ''}Bs[e % {depth}][e / {depth}] = rb[l];",
-           "}"] if b_rows else [f"for (int l = 0; l < {n_b}; l++) Bs[brow + l * {bstep}][bcol] = rb[l];"]),
+           f"  {'if (e < ' + str(tn * depth) + ') ' if b_partial else ''}Bs[e % {depth}][e / {depth}] = "
+           f"{rounded}(rb[l]);",
+           "}"] if b_rows else [f"for (int l = 0; l < {n_b}; l++) Bs[brow + l * {bstep}][bcol] = {rounded}(rb[l]);"]),
     ]
+    if warps is None:
+        accumulators = [f"{acc_t} acc[{wy}][{wx}];",
+                        f"for (int i = 0; i < {wy}; i++) for (int j = 0; j < {wx}; j++) acc[i][j] = {zero};"]
+        multiply = [
+            f"for (int k = 0; k < {depth}; k++) {{",
+            f"  {acc_t} bv[{wx}];",
+            f"  for (int j = 0; j < {wx}; j++) bv[j] = Bs[k][tx + j * {tx}];",
+            f"  for (int i = 0; i < {wy}; i++) {{",
+            f"    {acc_t} av = As[k][ty + i * {ty}];",
+            f"    for (int j = 0; j < {wx}; j++) acc[i][j] += av * bv[j];",
+            "  }",
+            "}",
+        ]
+        results = [
+            f"for (int i = 0; i < {wy}; i++) {{",
+            f"  {itype} row = row0 + ty + i * {ty};",
+            "  if (row >= M) break;",
+            f"  for (int j = 0; j < {wx}; j++) {{",
+            f"    {itype} col = col0 + tx + j * {tx};",
+            "    if (col >= N) break;",
+            f"    {acc_t} v = acc[i][j];",
+            *[f"    {line}" for line in pieces["store"]],
+            "  }",
+            "}",
+        ]
+    else:
+        accumulators, multiply, results = _mma_pieces(tm // warps[0], tn // warps[1], warps[1], depth, itype,
+                                                      pieces["store"])
     lines = [
         "int tx = get_local_id(0), ty = get_local_id(1);",
         f"int tid = ty * {tx} + tx;",
@@ -383,14 +469,13 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         *_strides("Ss", "S", nd),
         *_strides("Os", "O", nd),
         *(_strides("Ks", "K", nd) if op == "dgrad" else []),
-        f"__local {acc_t} As[{depth}][{tm + 1}];",
-        f"__local {acc_t} Bs[{depth}][{tn + 1 if b_rows else tn}];",
+        f"__local {acc_t} As[{depth}][{tm + pad}];",
+        f"__local {acc_t} Bs[{depth}][{tn + pad if b_rows or tf32 else tn}];",
         *([f"__local long Cbase[{tn}];", *[f"__local {itype} Cb{j}[{tn}];" for j in range(nd)]] if b_rows else []),
         f"__local long Roff[{depth}];",
         *([f"__local long Aoff[{depth}];"] if has_aoff else []),
         *[f"__local {itype} Rk{j}[{depth}];" for j in range(nd)],
-        f"{acc_t} acc[{wy}][{wx}];",
-        f"for (int i = 0; i < {wy}; i++) for (int j = 0; j < {wx}; j++) acc[i][j] = {zero};",
+        *accumulators,
         # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
         *([] if b_rows else [
             f"int bcol = tid % {tn}, brow = tid / {tn};",
@@ -419,30 +504,58 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         "  if (more) {",
         *_indent(loads(f"t0 + {depth}"), 2),
         "  }",
-        f"  for (int k = 0; k < {depth}; k++) {{",
-        f"    {acc_t} bv[{wx}];",
-        f"    for (int j = 0; j < {wx}; j++) bv[j] = Bs[k][tx + j * {tx}];",
-        f"    for (int i = 0; i < {wy}; i++) {{",
-        f"      {acc_t} av = As[k][ty + i * {ty}];",
-        f"      for (int j = 0; j < {wx}; j++) acc[i][j] += av * bv[j];",
-        "    }",
-        "  }",
+        *_indent(multiply, 1),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         "}",
-        f"for (int i = 0; i < {wy}; i++) {{",
-        f"  {itype} row = row0 + ty + i * {ty};",
-        "  if (row >= M) break;",
-        f"  for (int j = 0; j < {wx}; j++) {{",
-        f"    {itype} col = col0 + tx + j * {tx};",
-        "    if (col >= N) break;",
-        f"    {acc_t} v = acc[i][j];",
-        *[f"    {line}" for line in pieces["store"]],
-        "  }",
-        "}",
+        *results,
     ]
     store = emitter.convert("(x)", acc_dtype, dtype)
-    preamble = f"#define STORE(x) {store}\n"
+    preamble = f"#define STORE(x) {store}\n" + (_TF32_HELPER if tf32 else "")
     return assemble(f"fg_conv_{op}", emitter, {dtype, acc_dtype}, params, lines, preamble=preamble)
+
+
+def _mma_pieces(wm: int, wn: int, warp_cols: int, depth: int, itype: str,
+                store: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """The TF32 kernel's accumulators, its multiply of one staged step and its result stores: each warp owns a
+    ``wm x wn`` block of the tile (warps laid out ``warp_cols`` to a row of blocks), ``wm / 16 x wn / 8``
+    fragments of four float32 accumulators per lane. Fragment layouts are PTX's for ``m16n8k8`` TF32: lane
+    ``4 * gq + tq`` holds A at rows ``gq, gq + 8`` and reduction steps ``tq, tq + 4``, B at column ``gq`` and
+    steps ``tq, tq + 4``, and accumulators at rows ``gq, gq + 8``, columns ``2 * tq, 2 * tq + 1``. Written out
+    in full (no loops), so every fragment and accumulator is a register."""
+    mt, nt = wm // MMA_M, wn // MMA_N
+    frags = [(i, j) for i in range(mt) for j in range(nt)]
+    accumulators = [
+        "int lane = tid % 32, warp = tid / 32, gq = lane >> 2, tq = lane & 3;",
+        f"int wr = (warp / {warp_cols}) * {wm} + gq, wc = (warp % {warp_cols}) * {wn} + gq;",
+        *[f"float c{i}_{j}_{r} = 0.0f;" for i, j in frags for r in range(4)],
+    ]
+    multiply = []
+    for k in range(0, depth, MMA_K):
+        for i in range(mt):
+            multiply += [f"uint a{i}_{r}_{k} = as_uint(As[{k} + tq{' + 4' if r >= 2 else ''}][wr + {i * MMA_M}"
+                         f"{' + 8' if r % 2 else ''}]);" for r in range(4)]
+        for j in range(nt):
+            multiply += [f"uint b{j}_{r}_{k} = as_uint(Bs[{k} + tq{' + 4' if r else ''}][wc + {j * MMA_N}]);"
+                         for r in range(2)]
+        for i, j in frags:
+            acc = ", ".join(f'"+f"(c{i}_{j}_{r})' for r in range(4))
+            a = ", ".join(f'"r"(a{i}_{r}_{k})' for r in range(4))
+            b = ", ".join(f'"r"(b{j}_{r}_{k})' for r in range(2))
+            multiply.append('asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, '
+                            f'{{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};" : {acc} : {a}, {b});')
+    results = [f"{itype} row_w = row0 + wr, col_w = col0 + wc - gq + 2 * tq;"]
+    for i, j in frags:
+        for r in range(4):
+            results += [
+                "{",
+                f"  {itype} row = row_w + {i * MMA_M + (8 if r >= 2 else 0)}, col = col_w + {j * MMA_N + r % 2};",
+                "  if (row < M && col < N) {",
+                f"    float v = c{i}_{j}_{r};",
+                *[f"    {line}" for line in store],
+                "  }",
+                "}",
+            ]
+    return accumulators, multiply, results
 
 
 class ConvGeometry(NamedTuple):

@@ -232,9 +232,13 @@ def _arg_better(op: str, dtype: np.dtype, v: str, i: str, bv: str, bi: str) -> s
 
 def reduce_source(
     program: FusedProgram, kept_rank: int, red_rank: int, op: str, acc_dtype: np.dtype, out_dtype: np.dtype,
-    index_type: str = "long",
+    index_type: str = "long", serial: bool = False,
 ) -> KernelSource:
     """``parts`` work-groups per output element: strided partial folds, then a tree in local memory.
+    ``serial`` (short reductions over many outputs, such as summing split-K partial results): one work-item
+    per output folds its ``n_in`` inputs in a loop, and the second index argument is the output count
+    ``n_out`` instead of ``parts`` (a work-group per output left most of each group idle: summing two 4.7 MB
+    partial results took 0.71 ms on an H200).
 
     Group ``g`` folds part ``g % parts`` of output ``g / parts`` and writes ``out[g]``; with ``parts > 1``
     the caller folds the partial results with a second reduction (not for argmax/argmin).
@@ -249,7 +253,10 @@ def reduce_source(
     arg = op in ("argmax", "argmin")
     acc_t = ctype(acc_dtype)
     params = Params()
-    params.index(it, "n_in", "parts", *[f"k{i}" for i in range(kept_rank)], *[f"r{i}" for i in range(red_rank)])
+    if serial and arg:
+        raise ValueError("reduce_source: argmax/argmin have no serial form")
+    params.index(it, "n_in", "n_out" if serial else "parts", *[f"k{i}" for i in range(kept_rank)],
+                 *[f"r{i}" for i in range(red_rank)])
     params.buffer(out_dtype, "out", const=False)
     for i, leaf in enumerate(program.leaves):
         params.buffer(leaf.dtype, f"in{i}", const=True)
@@ -261,11 +268,15 @@ def reduce_source(
         )
     for i, s in enumerate(program.scalars):
         params.scalar(s.dtype, f"s{i}")
-    params.local(acc_t, "sacc")
+    if not serial:
+        params.local(acc_t, "sacc")
     if arg:
         params.local("long", "sidx")
     expr_lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines = [
+        f"{it} o = get_global_id(0);",
+        "if (o >= n_out) return;",
+    ] if serial else [
         f"{it} g = get_group_id(0);",
         f"{it} o = g / parts, part = g % parts;",
         "int t = get_local_id(0);",
@@ -283,7 +294,7 @@ def reduce_source(
     # carry (as the CUDA kernel does): a 64-bit division per element and reduced axis made BatchNorm's
     # (N, H, W) sums several times slower than the elementwise kernels over the same data.
     # (only where the work-item has inputs: an empty reduced axis would divide by zero, which traps on CPUs)
-    lines.append(f"{it} j = part * L + t, S = ({it})L * parts;")
+    lines.append(f"{it} j = 0, S = 1;" if serial else f"{it} j = part * L + t, S = ({it})L * parts;")
     lines.append("if (j < n_in) {")
     lines += [f"  {line}" for line in decompose("j", "r", "rc", red_rank, it) + decompose("S", "r", "sd", red_rank, it)]
     lines.append("for (; j < n_in; j += S) {")
@@ -301,6 +312,10 @@ def reduce_source(
     if red_rank:
         inner.append("rc0 += sd0;")
     lines += [f"  {line}" for line in inner] + ["}", "}"]
+    dtypes = program.dtypes() | {acc_dtype, out_dtype}
+    if serial:
+        lines.append(f"out[o] = {emitter.convert('acc', acc_dtype, out_dtype)};")
+        return assemble("fg_reduce_serial", emitter, dtypes, params, lines)
     lines += ["sacc[t] = acc;"] + (["sidx[t] = bi;"] if arg else [])
     lines.append("barrier(CLK_LOCAL_MEM_FENCE);")
     lines.append("for (int s = L >> 1; s > 0; s >>= 1) {")
@@ -312,7 +327,6 @@ def reduce_source(
     lines += ["  barrier(CLK_LOCAL_MEM_FENCE);", "}"]
     final = "(long)sidx[0]" if arg else emitter.convert("sacc[0]", acc_dtype, out_dtype)
     lines.append(f"if (t == 0) out[g] = {final};")
-    dtypes = program.dtypes() | {acc_dtype, out_dtype}
     return assemble("fg_reduce", emitter, dtypes, params, lines)
 
 
