@@ -11,7 +11,7 @@ matmul: when true, cuBLAS computes with ``CUBLAS_COMPUTE_32F_FAST_TF32`` (inputs
 mantissa, float32 accumulation: about 1e-3 relative error, several times the speed on Ampere and later);
 when false, exact float32 (``CUBLAS_COMPUTE_32F``). Inside ``fg.capture`` the value at capture time is recorded
 with the step. It affects only CUDA float32 matmuls (``@``, ``Linear``, the matmul of a convolution, attention);
-the CPU and OpenCL always compute float32 exactly.
+the CPU and OpenCL always compute float32 matmuls exactly.
 
 ``float32_matmul_precision`` is the same setting in PyTorch's words: ``"highest"`` is ``allow_tf32 = False``;
 ``"high"`` and ``"medium"`` are ``allow_tf32 = True`` (PyTorch's ``"medium"`` may also use bfloat16 internally;
@@ -21,7 +21,9 @@ flowgraph uses TF32 for both).
 ``nvidia-cudnn-frontend``, the ``cuda`` extra). ``enabled`` (default ``True``) sends convolutions and float16 /
 bfloat16 attention through cuDNN where it is installed; ``False`` runs flowgraph's own kernels. ``allow_tf32``
 (default ``True``, as PyTorch) lets float32 convolutions use TF32 tensor cores; ``False`` deselects the engines
-cuDNN marks as tensor-core ones for float32, as PyTorch does. ``benchmark`` (default ``False``) is kept for
+cuDNN marks as tensor-core ones for float32, as PyTorch does. The OpenCL backend reads it too, as the switch for
+float32 convolutions: on an NVIDIA GPU of compute capability 8.0 or later its implicit-GEMM kernels then multiply
+on the tensor cores in TF32 (``flowgraph/backends/opencl/conv.py``); elsewhere OpenCL convolutions are exact. ``benchmark`` (default ``False``) is kept for
 scripts written for PyTorch: cuDNN's heuristics pick the engine either way. ``deterministic`` (default ``False``)
 is kept but does not change the CUDA ``scatter_add`` (embedding and indexing backward), whose atomic float
 additions may sum in a varying order.
