@@ -252,6 +252,14 @@ def test_short_reductions_over_many_outputs(be, op):
         np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
     serial_ops = {k[1] for k in be._kernels if isinstance(k, tuple) and k[:1] == ("reduce_serial",)}
     assert (op in serial_ops) == (op != "argmax")
+    if op in ("sum", "prod", "max", "any"):  # an empty reduced axis: the identity (max has none: an error)
+        empty = be.from_host(np.zeros((0, 5000), np.float32))
+        if op == "max":
+            with pytest.raises(BackendError, match="no identity"):
+                be.max(empty, (0,), False)
+        else:
+            got = be.to_host(getattr(be, op)(be.gt(empty, 0.0) if op == "any" else empty, (0,), False))
+            np.testing.assert_array_equal(got, np.full(5000, {"sum": 0, "prod": 1, "any": False}[op]))
     # a long reduction over few outputs keeps the work-group tree
     long_sum = be.to_host(be.sum(be.from_host(np.ones((5000, 3), np.float32)), (0,), False))
     np.testing.assert_array_equal(long_sum, [5000, 5000, 5000])

@@ -394,6 +394,34 @@ def test_convolution_step_under_jit_equals_eager(device):
     assert step.recordings == 1 and eager[-1] < eager[0]
 
 
+def test_tensor_core_warp_layout_covers_each_tile():
+    """``mma_warps``: every GPU tile with 16+ rows splits among its warps into blocks of whole 16x8 fragments that
+    cover the tile once (the squarest such split); the one-row tile has none (it runs the float32 kernel), and
+    a TF32 source is refused for anything but float32 on such tiles."""
+    from flowgraph.backends.opencl import conv as CK
+
+    tables = [*CK.GPU_TILES.values(), *(t for per_op in CK.GPU_TF32_TILES.values() for t in per_op.values())]
+    for tiles in tables:
+        warps = CK.mma_warps(tiles)
+        if tiles.tile_m < 16:
+            assert warps is None, tiles
+            continue
+        rows, cols = warps
+        assert rows * cols * 32 == tiles.group, tiles
+        block_m, block_n = tiles.tile_m // rows, tiles.tile_n // cols
+        assert block_m * rows == tiles.tile_m and block_n * cols == tiles.tile_n
+        assert block_m % CK.MMA_M == 0 and block_n % CK.MMA_N == 0
+    assert CK.mma_warps(CK.ConvTiles(16, 16, 8, 8, 16)) == (2, 4)   # 128 x 128: 64 x 32 blocks
+    assert CK.mma_warps(CK.ConvTiles(32, 8, 4, 8, 16)) == (2, 4)    # 64 x 128: 32 x 32 blocks
+    assert CK.mma_warps(CK.ConvTiles(16, 16, 4, 4, 12)) is None      # depth not whole 8-steps
+    source = CK.conv_source("forward", 2, F32, F32, np.dtype(np.int32), CK.ConvTiles(32, 8, 4, 8, 16), tf32=True)
+    assert source.source.count("mma.sync.aligned.m16n8k8") == 2 * 8 and "cvt.rna.tf32.f32" in source.source
+    with pytest.raises(ValueError, match="no TF32 kernel"):
+        CK.conv_source("forward", 2, F64, F64, np.dtype(np.int32), CK.ConvTiles(32, 8, 4, 8, 16), tf32=True)
+    with pytest.raises(ValueError, match="no TF32 kernel"):
+        CK.conv_source("wgrad", 2, F32, F32, np.dtype(np.int32), CK.GPU_TILES["single"], tf32=True)
+
+
 TF32 = {  # name: (x shape, w shape, stride, padding, dilation, groups, compute units): each tile class's kernel
     "huge": ((3, 24, 12, 10), (130, 24, 3, 3), 1, 1, 1, 1, 1),
     "tall": ((2, 16, 11, 9), (40, 16, 3, 3), 1, 1, 1, 1, 1),
