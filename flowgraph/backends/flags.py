@@ -23,9 +23,9 @@ bfloat16 attention through cuDNN where it is installed; ``False`` runs flowgraph
 (default ``True``, as PyTorch) lets float32 convolutions use TF32 tensor cores; ``False`` deselects the engines
 cuDNN marks as tensor-core ones for float32, as PyTorch does. The OpenCL backend reads it too, as the switch for
 float32 convolutions: on an NVIDIA GPU of compute capability 8.0 or later its implicit-GEMM kernels then multiply
-on the tensor cores in TF32 (``flowgraph/backends/opencl/conv.py``); elsewhere OpenCL convolutions are exact. ``benchmark`` (default ``False``) is kept for
-scripts written for PyTorch: cuDNN's heuristics pick the engine either way. ``deterministic`` (default ``False``)
-is kept but does not change the CUDA ``scatter_add`` (embedding and indexing backward), whose atomic float
+on the tensor cores in TF32 (``flowgraph/backends/opencl/conv.py``); elsewhere OpenCL convolutions are exact.
+``benchmark`` (default ``False``) is kept for scripts written for PyTorch: cuDNN's heuristics pick the engine
+either way. ``deterministic`` (default ``False``) is kept but does not change the CUDA ``scatter_add`` (embedding and indexing backward), whose atomic float
 additions may sum in a varying order.
 """
 
