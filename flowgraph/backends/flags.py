@@ -25,8 +25,8 @@ cuDNN marks as tensor-core ones for float32, as PyTorch does. The OpenCL backend
 float32 convolutions: on an NVIDIA GPU of compute capability 8.0 or later its implicit-GEMM kernels then multiply
 on the tensor cores in TF32 (``flowgraph/backends/opencl/conv.py``); elsewhere OpenCL convolutions are exact.
 ``benchmark`` (default ``False``) is kept for scripts written for PyTorch: cuDNN's heuristics pick the engine
-either way. ``deterministic`` (default ``False``) is kept but does not change the CUDA ``scatter_add`` (embedding and indexing backward), whose atomic float
-additions may sum in a varying order.
+either way. ``deterministic`` (default ``False``) is kept but does not change the CUDA ``scatter_add``
+(embedding and indexing backward), whose atomic float additions may sum in a varying order.
 """
 
 from __future__ import annotations
