@@ -566,14 +566,17 @@ class NumpyBackend(ArrayBackend):
 
     def sdpa_forward(self, q: Array, k: Array, v: Array, scale: float, causal: bool) -> tuple[Array, Array]:
         """``Backend.sdpa_forward`` with the softmax finished in place in the scores' buffer (the generic
-        default's operations and order); the generic default unless q, k, v are float32 NumPy arrays."""
+        default's operations); the rows' sums as one BLAS matrix-vector product with ones (NumPy's reduction
+        over a short last axis pays per row: the small GPT's (32, 4, 32, 32) scores, 128 -> 22 us). The
+        generic default unless q, k, v are float32 NumPy arrays."""
         if not _float_ndarrays(q, k, v) or q.dtype != np.float32:
             return super().sdpa_forward(q, k, v, scale, causal)
         p = self._probabilities(q, k, scale, causal)
         top = np.max(p, axis=3, keepdims=True)
         p -= top
         np.exp(p, out=p)
-        total = np.sum(p, axis=3, keepdims=True)
+        keys = p.shape[-1]
+        total = np.matmul(p.reshape(p.size // keys if keys else 0, keys), self._ones(keys, p.dtype)).reshape(top.shape)
         p /= total
         stats = np.log(total)
         stats += top
@@ -582,7 +585,9 @@ class NumpyBackend(ArrayBackend):
     def sdpa_backward(self, q: Array, k: Array, v: Array, out: Array, dout: Array, stats: Array, scale: float,
                       causal: bool) -> tuple[Array, Array, Array]:
         """``Backend.sdpa_backward`` in place: the weights rebuilt in the scores' buffer, ``dS`` in the
-        ``dO V^T`` buffer; the generic default unless every array is a float32 NumPy array."""
+        ``dO V^T`` buffer, the rows' ``dO . O`` by ``einsum`` (no product array; the small GPT's strided
+        (32, 4, 32, 16) heads: 124 -> 33 us); the generic default unless every array is a float32 NumPy
+        array."""
         if not _float_ndarrays(q, k, v, out, dout, stats) or q.dtype != np.float32:
             return super().sdpa_backward(q, k, v, out, dout, stats, scale, causal)
         p = self._probabilities(q, k, scale, causal)
@@ -590,7 +595,7 @@ class NumpyBackend(ArrayBackend):
         np.exp(p, out=p)
         dv = np.matmul(p.swapaxes(-1, -2), dout)
         ds = np.matmul(dout, v.swapaxes(-1, -2))
-        ds -= np.sum(np.multiply(dout, out), axis=3, keepdims=True)
+        ds -= np.einsum("...d,...d->...", dout, out)[..., None]
         ds *= p
         ds *= scale
         return np.matmul(ds, k), np.matmul(ds.swapaxes(-1, -2), q), dv
