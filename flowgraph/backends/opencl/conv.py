@@ -34,6 +34,11 @@ memory one step ahead into registers, so their latency overlaps the current step
 dtype, the spatial rank, the index type and the tile configuration are the only things in the source; every
 size, stride, padding, dilation, stride phase and the group count are kernel arguments, so one binary serves
 every shape of a rank.
+
+On NVIDIA GPUs of compute capability 8.0 or later, float32 kernels under ``fg.backends.cudnn.allow_tf32`` run
+the multiply on the tensor cores (``conv_source(tf32=True)``): NVIDIA's OpenCL compiler passes inline PTX
+through, so the slices are rounded to TF32 as they are staged and each warp accumulates its block of the tile
+with ``mma.sync`` (:func:`mma_warps`, :data:`GPU_TF32_TILES`).
 """
 
 from __future__ import annotations
