@@ -576,7 +576,7 @@ class NumpyBackend(ArrayBackend):
         p -= top
         np.exp(p, out=p)
         keys = p.shape[-1]
-        total = np.matmul(p.reshape(p.size // keys if keys else 0, keys), self._ones(keys, p.dtype)).reshape(top.shape)
+        total = np.matmul(p.reshape(math.prod(p.shape[:-1]), keys), self._ones(keys, p.dtype)).reshape(top.shape)
         p /= total
         stats = np.log(total)
         stats += top

@@ -103,7 +103,8 @@ class OpenCLBackend(LazyEngine, Backend):
     SPLIT_ABOVE_INPUTS = 16384
     MAX_PARTS = 256
     #: Reductions of at most this many inputs per output, into at least SERIAL_REDUCE_OUTPUTS outputs, run one
-    #: work-item per output (``_reduce_serial``): the sums of split-K partial results, leading-axis sums.
+    #: work-item per output (``reduce_source(serial=True)``): the sums of split-K partial results, leading-axis
+    #: sums.
     SERIAL_REDUCE_INPUTS = 64
     SERIAL_REDUCE_OUTPUTS = 4096
     #: Work-group size of elementwise and line kernels.
@@ -428,13 +429,13 @@ class OpenCLBackend(LazyEngine, Backend):
         out_shape = tuple(1 if d in axes else n for d, n in enumerate(a.shape)) if keepdims else kept_shape
         if n_out == 0:
             return self.empty(out_shape, out_dtype)
-        if n_in <= self.SERIAL_REDUCE_INPUTS and n_out >= self.SERIAL_REDUCE_OUTPUTS and op not in ("argmax",
-                                                                                                   "argmin"):
-            return self._reduce_serial(op, flat, a, kept_shape, kdims, kstrides, rdims, rstrides, n_in, n_out,
-                                       out_shape, out_dtype, acc_dtype)
+        arg = op in ("argmax", "argmin")
+        # Short reductions over many outputs (split-K partial sums): one work-item per output, consecutive
+        # outputs on consecutive work-items (``reduce_source(serial=True)``).
+        serial = n_in <= self.SERIAL_REDUCE_INPUTS and n_out >= self.SERIAL_REDUCE_OUTPUTS and not arg
         # Few outputs over many inputs: split each output over several work-groups, then fold the parts.
         parts = 1
-        if n_out < MIN_REDUCTION_BLOCKS and n_in > self.SPLIT_ABOVE_INPUTS and op not in ("argmax", "argmin"):
+        if not serial and n_out < MIN_REDUCTION_BLOCKS and n_in > self.SPLIT_ABOVE_INPUTS and not arg:
             parts = min(self.MAX_PARTS, -(-n_in // self.SPLIT_ABOVE_INPUTS), -(-MIN_REDUCTION_BLOCKS // n_out))
         out = self.empty(out_shape if parts == 1 else (n_out, parts), out_dtype if parts == 1 else acc_dtype)
         kr, rr = len(kdims), len(rdims)
@@ -443,43 +444,25 @@ class OpenCLBackend(LazyEngine, Backend):
         fits = index_fits_int(max(n_in, n_out * parts * self.REDUCE_GROUP), (*kdims, *rdims),
                               [(*ks, *rs) for ks, rs in zip(kstrides, rstrides)], [leaf.offset for leaf in leaves])
         it = "int" if fits else "long"
-        key = ("reduce", op, flat[0], acc_dtype, written, kr, rr, it)
-        kernel = self._kernel(key, lambda: K.reduce_source(linearize(a), kr, rr, op, acc_dtype, written, it))
-        group = min(self._group_limit(kernel), _next_pow2(max(-(-n_in // parts), 1)))
-        args: list[Any] = [n_in, parts, *kdims, *rdims, out.buffer]
+        key = ("reduce_serial" if serial else "reduce", op, flat[0], acc_dtype, written, kr, rr, it)
+        kernel = self._kernel(key, lambda: K.reduce_source(linearize(a), kr, rr, op, acc_dtype, written, it,
+                                                           serial=serial))
+        args: list[Any] = [n_in, n_out if serial else parts, *kdims, *rdims, out.buffer]
         for leaf, ks, rs in zip(leaves, kstrides, rstrides):
             args += [leaf.buffer, leaf.offset, *ks, *rs]
         args += _scalar_args(flat[2])
+        if serial:
+            group = min(self._group_limit(kernel), self.REDUCE_GROUP)
+            kernel(self.queue, (-(-n_out // group) * group,), (group,), *args)
+            return out
+        group = min(self._group_limit(kernel), _next_pow2(max(-(-n_in // parts), 1)))
         args.append(cl.LocalMemory(group * acc_dtype.itemsize))
-        if op in ("argmax", "argmin"):
+        if arg:
             args.append(cl.LocalMemory(group * 8))
         kernel(self.queue, (n_out * parts * group,), (group,), *args)
         if parts > 1:
             folded = self._reduce(op, out, (1,), False, out_dtype, acc_dtype)
             return self._view(folded, out_shape, contiguous_strides(out_shape), 0)
-        return out
-
-    def _reduce_serial(self, op: str, flat: tuple, a: CLArray, kept_shape: Shape, kdims: Sequence[int],
-                       kstrides: Sequence[Sequence[int]], rdims: Sequence[int], rstrides: Sequence[Sequence[int]],
-                       n_in: int, n_out: int, out_shape: Shape, out_dtype: np.dtype,
-                       acc_dtype: np.dtype) -> CLArray:
-        """A short reduction over many outputs (``kernels.reduce_source(serial=True)``): one work-item per
-        output, consecutive outputs on consecutive work-items."""
-        leaves = flat[1]
-        out = self.empty(out_shape, out_dtype)
-        fits = index_fits_int(max(n_in, n_out), (*kdims, *rdims),
-                              [(*ks, *rs) for ks, rs in zip(kstrides, rstrides)], [leaf.offset for leaf in leaves])
-        it = "int" if fits else "long"
-        kr, rr = len(kdims), len(rdims)
-        key = ("reduce_serial", op, flat[0], acc_dtype, out_dtype, kr, rr, it)
-        kernel = self._kernel(key, lambda: K.reduce_source(linearize(a), kr, rr, op, acc_dtype, out_dtype, it,
-                                                           serial=True))
-        args: list[Any] = [n_in, n_out, *kdims, *rdims, out.buffer]
-        for leaf, ks, rs in zip(leaves, kstrides, rstrides):
-            args += [leaf.buffer, leaf.offset, *ks, *rs]
-        args += _scalar_args(flat[2])
-        group = min(self._group_limit(kernel), self.REDUCE_GROUP)
-        kernel(self.queue, (-(-n_out // group) * group,), (group,), *args)
         return out
 
     def _accumulator(self, dtype: np.dtype) -> np.dtype:
@@ -1152,8 +1135,7 @@ class OpenCLBackend(LazyEngine, Backend):
         while True:
             tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, row_class,
                                     op if tensor_cores else None)
-            tf32 = (tensor_cores and CK.mma_warps(tiles) is not None
-                    and tiles.local_bytes(acc.itemsize, CK.MMA_PAD) <= local_mem)
+            tf32 = tensor_cores and CK.mma_warps(tiles) is not None
             kernel = self._kernel(
                 ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32),
                 lambda tiles=tiles, tf32=tf32: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, tf32))

@@ -107,6 +107,12 @@ GPU_TILES = {
     "short": ConvTiles(32, 8, 4, 2, 16),   # 16 x 128
     "single": ConvTiles(256, 1, 1, 1, 16),  # 1 x 256: one row (depthwise with multiplier 1)
 }
+#: The tensor-core instruction of the TF32 kernels: a warp multiplies a 16x8 A fragment by an 8x8 B fragment
+#: into a 16x8 float32 accumulator (PTX ``mma.sync``, sm_80 and later).
+MMA_M, MMA_N, MMA_K = 16, 8, 8
+#: Columns the TF32 kernels pad each staged slice by: a row of the slice is then 8 banks (mod 32) from the
+#: next, so the 32 lanes of a fragment read (8 rows x 4 reduction steps) hit 32 different banks.
+MMA_PAD = 8
 #: Tensor-core (TF32) kernels' tiles where they differ from GPU_TILES, per op: 64 x 128 (warp blocks of 32 x 32)
 #: for the large forward and input-gradient problems. Measured on an H200's convnet step (eager, TF32 kernels):
 #: forward 2.59 -> 2.13 ms and input gradient 2.86 -> 2.06 ms against the 128 x 128 / 64 x 64 pair; the weight
@@ -140,26 +146,21 @@ def choose_tiles(is_gpu: bool, max_group: int, local_mem: int, itemsize: int, ro
     """The tile configuration for a problem of ``row_class`` (see :func:`tile_class`) on a device with these
     properties: the entry of the device kind's table where it fits ``max_group`` work-items and ``local_mem``
     bytes, else the largest tile (then the deepest, then the widest work-group) among its halvings that does.
-    ``tf32_op``: the op of a tensor-core kernel, whose entry comes from GPU_TF32_TILES where that has one.
-    Memoised: the search over every halving ran on each convolution (5 ms a call on PoCL)."""
+    ``tf32_op``: the op of a tensor-core kernel, whose entry comes from GPU_TF32_TILES where that has one and
+    whose slices are padded by MMA_PAD columns. Memoised: the search over every halving ran on each
+    convolution (5 ms a call on PoCL)."""
     base = (GPU_TILES if is_gpu else CPU_TILES)[row_class]
+    pad = 1
     if is_gpu and tf32_op is not None:
         base = GPU_TF32_TILES.get(tf32_op, {}).get(row_class, base)
+        pad = MMA_PAD
 
     def halvings(n: int) -> list[int]:
         return [n >> i for i in range(n.bit_length())]
 
     fitting = [t for t in map(ConvTiles._make, itertools.product(*(halvings(n) for n in base)))
-               if t.valid() and t.group <= max_group and t.local_bytes(itemsize) <= local_mem]
+               if t.valid() and t.group <= max_group and t.local_bytes(itemsize, pad) <= local_mem]
     return max(fitting, key=lambda t: (t.tile_m * t.tile_n, t.depth, t.group))
-
-
-#: The tensor-core instruction of the TF32 kernels: a warp multiplies a 16x8 A fragment by an 8x8 B fragment
-#: into a 16x8 float32 accumulator (PTX ``mma.sync``, sm_80 and later).
-MMA_M, MMA_N, MMA_K = 16, 8, 8
-#: Columns the TF32 kernels pad each staged slice by: a row of the slice is then 8 banks (mod 32) from the
-#: next, so the 32 lanes of a fragment read (8 rows x 4 reduction steps) hit 32 different banks.
-MMA_PAD = 8
 
 
 def mma_warps(tiles: ConvTiles) -> tuple[int, int] | None:
