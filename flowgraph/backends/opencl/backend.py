@@ -1190,8 +1190,9 @@ class OpenCLBackend(LazyEngine, Backend):
     #: gradient (convnet's first: a 64 x 27 result over 524,288 positions) is one tile: with 64 slices it ran
     #: 64 work-groups on an H200's 132 compute units (0.49 ms).
     MAX_CONV_SPLITS = 512
-    #: Convolutions whose buffers and GEMM sizes all stay within this many elements index in int32 (faster
-    #: division on GPUs); larger ones run the int64 variant of the kernels.
+    #: Convolutions whose GEMM sizes and buffers (each with its element offset) all stay within this many elements
+    #: index in int32, offsets included (faster division and address arithmetic on GPUs); larger ones run the
+    #: int64 variant of the kernels.
     CONV_INT32_LIMIT = 2**31 - 1
 
     def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
@@ -1203,7 +1204,7 @@ class OpenCLBackend(LazyEngine, Backend):
         if k == 0 and op != "dgrad":  # the input gradient's phases write their zeros themselves
             self._write(out, Scalar(0, out.dtype))
             return
-        largest = max(out.size, *(a.size for a in inputs), m * n, n * k, m * k)
+        largest = max(out.offset + out.size, *(a.offset + a.size for a in inputs), m * n, n * k, m * k)
         index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
         kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups)
         it = index_dtype.type

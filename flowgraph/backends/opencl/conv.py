@@ -57,7 +57,6 @@ from .kernels import KernelSource, OpenCLEmitter, Params, assemble, ctype
 #: The three implicit-GEMM problems of a convolution (see the module docstring).
 OPS = ("forward", "dgrad", "wgrad")
 _INT = np.dtype(np.int32)
-_LONG = np.dtype(np.int64)
 
 
 class ConvTiles(NamedTuple):
@@ -236,9 +235,10 @@ def _indent(lines: list[str], depth: int) -> list[str]:
     return [("  " * depth) + line for line in lines]
 
 
-def _inside(coords: str, dims: str, nd: int) -> str:
-    """``0 <= coords_j < dims_j`` for every j."""
-    return " && ".join(f"{coords}{j} >= 0 && {coords}{j} < {dims}{j}" for j in range(nd))
+def _inside(coords: str, dims: str, nd: int, itype: str) -> str:
+    """``0 <= coords_j < dims_j`` for every j, one unsigned compare each (a negative coordinate wraps to a
+    value above any size)."""
+    return " && ".join(f"(u{itype}){coords}{j} < (u{itype}){dims}{j}" for j in range(nd))
 
 
 def _operands(op: str) -> tuple[str, str, str]:
@@ -246,11 +246,12 @@ def _operands(op: str) -> tuple[str, str, str]:
     return {"forward": ("y", "x", "w"), "dgrad": ("gx", "g", "w"), "wgrad": ("gw", "x", "g")}[op]
 
 
-def _strides(name: str, dims: str, nd: int) -> list[str]:
-    """C lines giving ``{name}j``, the row-major strides (in elements) of the sizes ``{dims}j``."""
-    lines = [f"long {name}{nd - 1} = 1;"]
+def _strides(name: str, dims: str, nd: int, itype: str) -> list[str]:
+    """C lines giving ``{name}j``, the row-major strides (in elements, of C type ``itype``) of the sizes
+    ``{dims}j``."""
+    lines = [f"{itype} {name}{nd - 1} = 1;"]
     for j in range(nd - 2, -1, -1):
-        lines.append(f"long {name}{j} = {name}{j + 1} * {dims}{j + 1};")
+        lines.append(f"{itype} {name}{j} = {name}{j + 1} * {dims}{j + 1};")
     return lines
 
 
@@ -277,15 +278,15 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
         return {
             "column": [f"{itype} n = gc / P, p = gc - n * P;", *decompose("p", "O", "o", nd, itype),
                        *[f"{itype} b{j} = o{j} * st{j} - pd{j};" for j in range(nd)],
-                       f"long colbase = x_off + ((long)n * Cin + (long)grp * Cin_g) * SP + {_dot('b', 'Ss', nd)};"],
+                       f"{itype} colbase = x_off + (n * Cin + grp * Cin_g) * SP + {_dot('b', 'Ss', nd)};"],
             "row": [f"{itype} ci = gk / KP, kr = gk - ci * KP;", *decompose("kr", "K", "k", nd, itype),
                     *[f"{itype} rk{j} = k{j} * dl{j};" for j in range(nd)],
-                    f"long roff = (long)ci * SP + {_dot('rk', 'Ss', nd)};"],
-            "load_a": [f"va = ({acc_t})w[w_off + ((long)grp * Cout_g + gm) * (long)K + gk];"],
+                    f"{itype} roff = ci * SP + {_dot('rk', 'Ss', nd)};"],
+            "load_a": [f"va = ({acc_t})w[w_off + (grp * Cout_g + gm) * K + gk];"],
             "load_b": [*[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
-                       f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
+                       f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
             "store": [f"{itype} n = col / P, p = col - n * P;",
-                      "y[y_off + (long)split * ssplit + ((long)n * Cout + (long)grp * Cout_g + row) * P + p] = "
+                      "y[y_off + split * ssplit + (n * Cout + grp * Cout_g + row) * P + p] = "
                       "STORE(v);"],
         }
     if op == "dgrad":
@@ -295,39 +296,40 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
         return {
             "column": [f"{itype} n = gc / UP, q = gc - n * UP;", *decompose("q", "U", "u", nd, itype),
                        *[f"{itype} b{j} = cb{j} + u{j};" for j in range(nd)],
-                       f"long colbase = g_off + ((long)n * Cout + (long)grp * Cout_g) * P + {_dot('b', 'Os', nd)};"],
+                       f"{itype} colbase = g_off + (n * Cout + grp * Cout_g) * P + {_dot('b', 'Os', nd)};"],
             "row": [f"{itype} co = gk / KCP, kr = gk - co * KCP;", *decompose("kr", "kc", "m", nd, itype),
                     *[f"{itype} rk{j} = m{j} * e{j};" for j in range(nd)],
-                    f"long roff = (long)co * P - ({_dot('rk', 'Os', nd)});",
-                    f"long aoff = (long)co * Cin_g * KP + {kernel_index};"],
-            "load_a": [f"va = ({acc_t})w[w_off + (long)grp * Cout_g * Cin_g * KP + (long)gm * KP + Aoff[ak]];"],
+                    f"{itype} roff = co * P - ({_dot('rk', 'Os', nd)});",
+                    f"{itype} aoff = co * Cin_g * KP + {kernel_index};"],
+            "load_a": [f"va = ({acc_t})w[w_off + grp * Cout_g * Cin_g * KP + gm * KP + Aoff[ak]];"],
             "load_b": [*[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
-                       f"if ({_inside('o', 'O', nd)}) vb = ({acc_t})g[colbase + Roff[bk]];"],
+                       f"if ({_inside('o', 'O', nd, itype)}) vb = ({acc_t})g[colbase + Roff[bk]];"],
             "store": [f"{itype} n = col / UP, q = col - n * UP;", *decompose("q", "U", "u", nd, itype),
                       *[f"{itype} i{j} = f{j} + st{j} * u{j};" for j in range(nd)],
-                      "gx[gx_off + ((long)n * Cin + (long)grp * Cin_g + row) * SP + "
+                      f"gx[gx_off + (n * Cin + grp * Cin_g + row) * SP + "
                       f"{_dot('i', 'Ss', nd)}] = STORE(v);"],
         }
     return {  # wgrad
         "column": [f"{itype} ci = gc / KP, kr = gc - ci * KP;", *decompose("kr", "K", "k", nd, itype),
                    *[f"{itype} b{j} = k{j} * dl{j} - pd{j};" for j in range(nd)],
-                   f"long colbase = x_off + ((long)grp * Cin_g + ci) * SP + {_dot('b', 'Ss', nd)};"],
+                   f"{itype} colbase = x_off + (grp * Cin_g + ci) * SP + {_dot('b', 'Ss', nd)};"],
         "row": [f"{itype} n = gk / P, p = gk - n * P;", *decompose("p", "O", "o", nd, itype),
                 *[f"{itype} rk{j} = o{j} * st{j};" for j in range(nd)],
-                f"long roff = (long)n * Cin * SP + {_dot('rk', 'Ss', nd)};",
-                "long aoff = (long)n * Cout * P + p;"],
-        "load_a": [f"va = ({acc_t})g[g_off + ((long)grp * Cout_g + gm) * P + Aoff[ak]];"],
+                f"{itype} roff = n * Cin * SP + {_dot('rk', 'Ss', nd)};",
+                f"{itype} aoff = n * Cout * P + p;"],
+        "load_a": [f"va = ({acc_t})g[g_off + (grp * Cout_g + gm) * P + Aoff[ak]];"],
         # B is staged by rows here (see conv_source): the column's part comes from the column table
         "load_b": [*[f"{itype} i{j} = Cb{j}[bn] + {rk[j]};" for j in range(nd)],
-                   f"if ({_inside('i', 'S', nd)}) vb = ({acc_t})x[Cbase[bn] + Roff[bk]];"],
-        "store": ["gw[gw_off + (long)split * ssplit + ((long)grp * Cout_g + row) * (long)N + col] = STORE(v);"],
+                   f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[Cbase[bn] + Roff[bk]];"],
+        "store": ["gw[gw_off + split * ssplit + (grp * Cout_g + row) * N + col] = STORE(v);"],
     }
 
 
 def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
                 tiles: ConvTiles, tf32: bool = False) -> KernelSource:
     """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
-    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size fits, else int64).
+    ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size and offset fits, else int64;
+    offsets, strides and the row tables are of that type too).
 
     Arguments, in order: ``M, N, K, kchunk, groups`` (the per-group GEMM and the reduction slice of one split),
     ``Cin, Cout, Cin_g, Cout_g, P, SP, KP`` (channels, ``prod(out)``, ``prod(S)``, ``prod(K)``), the
@@ -364,11 +366,11 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         params.scalar(index_dtype, name)
     out_name, first, second = _operands(op)
     params.buffer(dtype, out_name, const=False)
-    params.scalar(_LONG, f"{out_name}_off")
-    params.scalar(_LONG, "ssplit")
+    params.scalar(index_dtype, f"{out_name}_off")
+    params.scalar(index_dtype, "ssplit")
     for name in (first, second):
         params.buffer(dtype, name, const=True)
-        params.scalar(_LONG, f"{name}_off")
+        params.scalar(index_dtype, f"{name}_off")
     pieces = _problem(op, nd, itype, acc_t)
     has_aoff = any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
@@ -472,14 +474,14 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"{itype} row0 = ({itype})get_group_id(1) * {tm};",
         f"{itype} grp = ({itype})get_group_id(2) % groups, split = ({itype})get_group_id(2) / groups;",
         f"{itype} kbeg = split * kchunk, kend = min(K, kbeg + kchunk);",
-        *_strides("Ss", "S", nd),
-        *_strides("Os", "O", nd),
-        *(_strides("Ks", "K", nd) if op == "dgrad" else []),
+        *_strides("Ss", "S", nd, itype),
+        *_strides("Os", "O", nd, itype),
+        *(_strides("Ks", "K", nd, itype) if op == "dgrad" else []),
         f"__local {acc_t} As[{depth}][{tm + pad}];",
         f"__local {acc_t} Bs[{depth}][{tn + pad if b_rows or tf32 else tn}];",
-        *([f"__local long Cbase[{tn}];", *[f"__local {itype} Cb{j}[{tn}];" for j in range(nd)]] if b_rows else []),
-        f"__local long Roff[{depth}];",
-        *([f"__local long Aoff[{depth}];"] if has_aoff else []),
+        *([f"__local {itype} Cbase[{tn}];", *[f"__local {itype} Cb{j}[{tn}];" for j in range(nd)]] if b_rows else []),
+        f"__local {itype} Roff[{depth}];",
+        *([f"__local {itype} Aoff[{depth}];"] if has_aoff else []),
         *[f"__local {itype} Rk{j}[{depth}];" for j in range(nd)],
         *accumulators,
         # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
