@@ -86,9 +86,9 @@ class ConvTiles(NamedTuple):
 
     def local_bytes(self, itemsize: int, pad: int = 1) -> int:
         """Local memory the two staged slices (each padded by ``pad`` columns: 1 for the scalar kernel, 8 for
-        the tensor-core one), the per-row tables (at most 40 bytes a row) and the per-column table (at most 20
+        the tensor-core one), the per-row tables (at most 40 bytes a row) and the per-column table (at most 32
         bytes a column) take."""
-        return self.depth * (((self.tile_m + pad) + (self.tile_n + pad)) * itemsize + 40) + 20 * self.tile_n
+        return self.depth * (((self.tile_m + pad) + (self.tile_n + pad)) * itemsize + 40) + 32 * self.tile_n
 
     def valid(self) -> bool:
         """Whether each work-item keeps one B column for the whole K loop (the kernel relies on it)."""
@@ -263,8 +263,9 @@ def _dot(coords: str, strides: str, nd: int) -> str:
 def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
     """The op-specific pieces of the GEMM template.
 
-    Every B element is ``src[colbase + Roff[bk]]`` where the per-dim coordinates ``b_j`` (the column's part)
-    plus ``Rk_j[bk]`` (the reduction row's part) fall inside the source (``Roff``/``Rk`` are per-row tables the
+    Every B element is ``src[colbase + roff]`` where the per-dim coordinates ``b_j`` (the column's part)
+    plus ``rk_j`` (the reduction row's part) fall inside the source (``roff`` and ``rk_j`` come from ``Rt``, a
+    per-row table of 4-vectors ``(roff, rk_0, rk_1, rk_2)``, read with one local load; the tables are what the
     work-group builds in local memory once per K step, so the divisions that split a reduction index are paid
     ``depth`` times per step, not once per element). ``column``: lines run once per work-item for its B column
     ``gc``, setting ``colbase`` and ``b_j``; ``row``: lines for reduction index ``gk`` setting ``roff``, ``rk_j``
@@ -273,7 +274,8 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
     The input gradient runs once per stride phase (:func:`phase_args`), so it never visits a kernel offset that
     cannot reach an input position, and needs no divisibility test.
     """
-    rk = [f"Rk{j}[bk]" for j in range(nd)]
+    rk = [f"rt.s{j + 1}" for j in range(nd)]
+    row_entry = f"{itype}4 rt = Rt[bk];"
     if op == "forward":
         return {
             "column": [f"{itype} n = gc / P, p = gc - n * P;", *decompose("p", "O", "o", nd, itype),
@@ -283,8 +285,8 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
                     *[f"{itype} rk{j} = k{j} * dl{j};" for j in range(nd)],
                     f"{itype} roff = ci * SP + {_dot('rk', 'Ss', nd)};"],
             "load_a": [f"va = ({acc_t})w[w_off + (grp * Cout_g + gm) * K + gk];"],
-            "load_b": [*[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
-                       f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[colbase + Roff[bk]];"],
+            "load_b": [row_entry, *[f"{itype} i{j} = b{j} + {rk[j]};" for j in range(nd)],
+                       f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[colbase + rt.s0];"],
             "store": [f"{itype} n = col / P, p = col - n * P;",
                       "y[y_off + split * ssplit + (n * Cout + grp * Cout_g + row) * P + p] = "
                       "STORE(v);"],
@@ -302,8 +304,8 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
                     f"{itype} roff = co * P - ({_dot('rk', 'Os', nd)});",
                     f"{itype} aoff = co * Cin_g * KP + {kernel_index};"],
             "load_a": [f"va = ({acc_t})w[w_off + grp * Cout_g * Cin_g * KP + gm * KP + Aoff[ak]];"],
-            "load_b": [*[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
-                       f"if ({_inside('o', 'O', nd, itype)}) vb = ({acc_t})g[colbase + Roff[bk]];"],
+            "load_b": [row_entry, *[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
+                       f"if ({_inside('o', 'O', nd, itype)}) vb = ({acc_t})g[colbase + rt.s0];"],
             "store": [f"{itype} n = col / UP, q = col - n * UP;", *decompose("q", "U", "u", nd, itype),
                       *[f"{itype} i{j} = f{j} + st{j} * u{j};" for j in range(nd)],
                       f"gx[gx_off + (n * Cin + grp * Cin_g + row) * SP + "
@@ -319,8 +321,8 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
                 f"{itype} aoff = n * Cout * P + p;"],
         "load_a": [f"va = ({acc_t})g[g_off + (grp * Cout_g + gm) * P + Aoff[ak]];"],
         # B is staged by rows here (see conv_source): the column's part comes from the column table
-        "load_b": [*[f"{itype} i{j} = Cb{j}[bn] + {rk[j]};" for j in range(nd)],
-                   f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[Cbase[bn] + Roff[bk]];"],
+        "load_b": [row_entry, f"{itype}4 ct = Ct[bn];", *[f"{itype} i{j} = ct.s{j + 1} + {rk[j]};" for j in range(nd)],
+                   f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[ct.s0 + rt.s0];"],
         "store": ["gw[gw_off + split * ssplit + (grp * Cout_g + row) * N + col] = STORE(v);"],
     }
 
@@ -385,9 +387,8 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
             f"  {itype} gk = {t} + r;",
             "  if (gk < kend) {",
             *_indent(pieces["row"], 2),
-            "    Roff[r] = roff;",
+            f"    Rt[r] = ({itype}4)(roff, {', '.join([f'rk{j}' for j in range(nd)] + ['0'] * (3 - nd))});",
             *(["    Aoff[r] = aoff;"] if has_aoff else []),
-            *[f"    Rk{j}[r] = rk{j};" for j in range(nd)],
             "  }",
             "}",
         ]
@@ -422,8 +423,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"  {itype} gc = col0 + c;",
         "  if (gc < N) {",
         *_indent(pieces["column"], 2),
-        "    Cbase[c] = colbase;",
-        *[f"    Cb{j}[c] = b{j};" for j in range(nd)],
+        f"    Ct[c] = ({itype}4)(colbase, {', '.join([f'b{j}' for j in range(nd)] + ['0'] * (3 - nd))});",
         "  }",
         "}",
     ]
@@ -479,10 +479,9 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         *(_strides("Ks", "K", nd, itype) if op == "dgrad" else []),
         f"__local {acc_t} As[{depth}][{tm + pad}];",
         f"__local {acc_t} Bs[{depth}][{tn + pad if b_rows or tf32 else tn}];",
-        *([f"__local {itype} Cbase[{tn}];", *[f"__local {itype} Cb{j}[{tn}];" for j in range(nd)]] if b_rows else []),
-        f"__local {itype} Roff[{depth}];",
+        *([f"__local {itype}4 Ct[{tn}];"] if b_rows else []),
+        f"__local {itype}4 Rt[{depth}];",
         *([f"__local {itype} Aoff[{depth}];"] if has_aoff else []),
-        *[f"__local {itype} Rk{j}[{depth}];" for j in range(nd)],
         *accumulators,
         # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
         *([] if b_rows else [
