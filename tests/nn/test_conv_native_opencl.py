@@ -134,6 +134,32 @@ def test_cuda_biased_convolution_is_one_cudnn_graph(device, name, monkeypatch):
     assert any(key[0] == "fprop" and key[-1] and key[4] == "float32" for key in plans)
 
 
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", list(FUSED_BIAS))
+def test_opencl_biased_convolution_adds_the_bias_in_the_forward_kernel(device, name, dtype, monkeypatch):
+    """OpenCL: a biased convolution's forward is one kernel launch that adds the bias as it stores the result
+    (``conv_forward_bias``), with torch's output and gradients (``_conv_case``); a split forward (a long
+    reduction into a small output) adds it afterwards instead."""
+    be = _opencl_backend(device, dtype, FUSED_BIAS[name][0])
+    launches = []
+    launch = be._conv_launch
+
+    def spy(op, *args, **kwargs):
+        launches.append((op, kwargs.get("bias") is not None))
+        return launch(op, *args, **kwargs)
+
+    monkeypatch.setattr(be, "_conv_launch", spy)
+    _conv_case(device, FUSED_BIAS[name], dtype, monkeypatch)
+    assert launches.count(("forward", True)) == 1 and ("forward", False) not in launches
+    launches.clear()
+    x = fg.tensor(np.ones((1, 2, 300, 300), dtype), device=device)
+    w, b = fg.tensor(np.ones((1, 2, 3, 3), dtype), device=device), fg.tensor(np.full(1, 0.5, dtype), device=device)
+    monkeypatch.setattr(be, "_conv_splits", lambda *a: (2, 9))  # a forward split in two: the generic add
+    y = F.conv2d(x, w, b, stride=100)
+    np.testing.assert_allclose(y.numpy(), np.full((1, 1, 3, 3), 18.5))
+    assert ("forward", False) in launches and ("forward", True) not in launches
+
+
 TRANSPOSED = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, output_padding, dilation, groups)
     "1d": (1, 2, 3, 4, (7,), (3,), 2, 1, 1, 1, 1),
     "2d-output-padding": (2, 2, 4, 3, (5, 4), (3, 3), 2, 1, 1, 1, 1),

@@ -1061,6 +1061,24 @@ class OpenCLBackend(LazyEngine, Backend):
         m, n, k = geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size
         return self._conv_split_launch("forward", geo, shape, (x, w), m, n, k)
 
+    def conv_forward_bias(self, x: Array, w: Array, b: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                          dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_forward_bias`` with the bias added by the forward kernel as it stores each result (no
+        pass over the output for the add, nor a pending add for the next kernel to read); the generic default
+        where the forward is split over its reduction (the partial sums are added afterwards), has no
+        reduction or no output, or ``b`` is not a ``(C_out,)`` array of ``x``'s dtype."""
+        x, w = self._conv_operands("conv_forward_bias", x, w)
+        b = self.contiguous(self._own(b, "conv_forward_bias"))
+        geo = CK.ConvGeometry.of("conv_forward_bias", tuple(x.shape), tuple(w.shape), stride, padding, dilation,
+                                 groups)
+        m, n, k = geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size
+        if (b.dtype != x.dtype or tuple(b.shape) != (geo.c_out,) or k == 0 or m * n == 0
+                or self._conv_splits(m, n, k, groups, x.dtype)[0] > 1):
+            return super().conv_forward_bias(x, w, b, stride, padding, dilation, groups)
+        out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
+        self._conv_launch("forward", geo, out, (x, w), m, n, k, bias=b)
+        return out
+
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
         """``Backend.conv_input_grad`` as the gather-form kernel ``dgrad``, one launch per stride phase."""
@@ -1117,7 +1135,7 @@ class OpenCLBackend(LazyEngine, Backend):
         return a, b
 
     def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int, n: int,
-                    groups: int) -> tuple:
+                    groups: int, bias: bool = False) -> tuple:
         """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, compute units, max
         work-group size, local memory) and the problem's size (``m x n`` per group), shrunk once more if the
         built kernel's own work-group limit (registers) is lower than the device's."""
@@ -1125,7 +1143,7 @@ class OpenCLBackend(LazyEngine, Backend):
         is_gpu = self._conv_gpu_tiles
         row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
         tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
-        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, is_gpu)
+        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, is_gpu, bias)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
         if found is not None:
@@ -1137,8 +1155,8 @@ class OpenCLBackend(LazyEngine, Backend):
                                     op if tensor_cores else None)
             tf32 = tensor_cores and CK.mma_warps(tiles) is not None
             kernel = self._kernel(
-                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32),
-                lambda tiles=tiles, tf32=tf32: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, tf32))
+                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32, bias),
+                lambda tiles=tiles, tf32=tf32: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, tf32, bias))
             limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
             if tiles.group <= limit or max_group <= 16:
                 break
@@ -1196,24 +1214,27 @@ class OpenCLBackend(LazyEngine, Backend):
     CONV_INT32_LIMIT = 2**31 - 1
 
     def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
-                     n: int, k: int, splits: int = 1, chunk: int | None = None, extra: Sequence[int] = ()) -> None:
+                     n: int, k: int, splits: int = 1, chunk: int | None = None, extra: Sequence[int] = (),
+                     bias: CLArray | None = None) -> None:
         """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``, the kernel's
-        ``extra`` arguments after the geometry) into ``out``; ``k == 0`` writes zeros."""
+        ``extra`` arguments after the geometry) into ``out``; ``k == 0`` writes zeros. ``bias``: the forward's
+        per-channel bias, added as each result is stored."""
         if out.size == 0 or m * n == 0:
             return
         if k == 0 and op != "dgrad":  # the input gradient's phases write their zeros themselves
             self._write(out, Scalar(0, out.dtype))
             return
-        largest = max(out.offset + out.size, *(a.offset + a.size for a in inputs), m * n, n * k, m * k)
+        operands = inputs + ((bias,) if bias is not None else ())
+        largest = max(out.offset + out.size, *(a.offset + a.size for a in operands), m * n, n * k, m * k)
         index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
-        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups)
+        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, bias is not None)
         it = index_dtype.type
         sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
                  geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,
                  *geo.dilation, *extra]
         args: list[Any] = [it(v) for v in sizes]
         args += [out.buffer, out.offset, out.size // splits]
-        for a in inputs:
+        for a in operands:
             args += [a.buffer, a.offset]
         gsize = (-(-n // tiles.tile_n) * tiles.tx, -(-m // tiles.tile_m) * tiles.ty, geo.groups * splits)
         kernel(self.queue, gsize, (tiles.tx, tiles.ty, 1), *args)

@@ -112,13 +112,15 @@ MMA_M, MMA_N, MMA_K = 16, 8, 8
 #: Columns the TF32 kernels pad each staged slice by: a row of the slice is then 8 banks (mod 32) from the
 #: next, so the 32 lanes of a fragment read (8 rows x 4 reduction steps) hit 32 different banks.
 MMA_PAD = 8
-#: Tensor-core (TF32) kernels' tiles where they differ from GPU_TILES, per op: 64 x 128 (warp blocks of 32 x 32)
-#: for the large forward and input-gradient problems. Measured on an H200's convnet step (eager, TF32 kernels):
-#: forward 2.59 -> 2.13 ms and input gradient 2.86 -> 2.06 ms against the 128 x 128 / 64 x 64 pair; the weight
-#: gradient (B staged by rows) ran slower with them (3.72 -> 4.28 ms) and keeps GPU_TILES.
+#: Tensor-core (TF32) kernels' tiles where they differ from GPU_TILES, per op, for the large problems. Measured on
+#: an H200's convnet step (eager, TF32 kernels, `benchmarks.opencl_profile` and per-op sweeps) against the
+#: GPU_TILES pair (128 x 128 / 64 x 64, 256 work-items): the forward 128 x 256 with 512 work-items (warp blocks of
+#: 32 x 64; 2.00 -> 1.71 ms), the input gradient 64 x 128 (2.86 -> 2.06 ms; 128 x 256 ran 2.70), the weight
+#: gradient 128 x 64 (3.24 -> 2.80 ms; 128 x 128 with 256 work-items, 3.96).
 GPU_TF32_TILES = {
-    "forward": {"huge": ConvTiles(32, 8, 4, 8, 16), "tall": ConvTiles(32, 8, 4, 8, 16)},
+    "forward": {"huge": ConvTiles(32, 16, 8, 8, 16), "tall": ConvTiles(32, 16, 8, 8, 16)},
     "dgrad": {"huge": ConvTiles(32, 8, 4, 8, 16), "tall": ConvTiles(32, 8, 4, 8, 16)},
+    "wgrad": {"huge": ConvTiles(16, 16, 4, 8, 16), "tall": ConvTiles(16, 16, 4, 8, 16)},
 }
 CPU_TILES = {
     "huge": ConvTiles(16, 8, 8, 8, 16),    # 64 x 128
@@ -328,7 +330,7 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
 
 
 def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
-                tiles: ConvTiles, tf32: bool = False) -> KernelSource:
+                tiles: ConvTiles, tf32: bool = False, bias: bool = False) -> KernelSource:
     """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
     ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size and offset fits, else int64;
     offsets, strides and the row tables are of that type too).
@@ -344,7 +346,12 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     splits): the staged slices are rounded to TF32 and multiplied on the tensor cores, each warp accumulating
     its block of the tile with ``mma.sync`` in inline PTX, the precision cuDNN gives a float32 convolution under
     ``fg.backends.cudnn.allow_tf32``. Staging, tables and stores are the scalar kernel's.
+
+    ``bias`` (``forward`` only, one split): a last buffer argument ``bias`` with its element offset, ``(C_out,)``
+    of ``dtype``, added to each output channel as the result is stored (a biased layer's forward in one pass).
     """
+    if bias and op != "forward":
+        raise ValueError(f"conv_source: a bias is added by the forward kernel only, not {op!r}")
     emitter = OpenCLEmitter()
     itype = ctype(index_dtype)
     acc_t = ctype(acc_dtype)
@@ -370,10 +377,12 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     params.buffer(dtype, out_name, const=False)
     params.scalar(index_dtype, f"{out_name}_off")
     params.scalar(index_dtype, "ssplit")
-    for name in (first, second):
+    for name in (first, second) + (("bias",) if bias else ()):
         params.buffer(dtype, name, const=True)
         params.scalar(index_dtype, f"{name}_off")
     pieces = _problem(op, nd, itype, acc_t)
+    if bias:  # v is the accumulated sum of the output element at (row, col): its channel's bias joins it
+        pieces["store"] = [f"v += ({acc_t})bias[bias_off + grp * Cout_g + row];", *pieces["store"]]
     has_aoff = any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
     # elements of A and B each work-item stages per step
