@@ -1143,7 +1143,7 @@ class OpenCLBackend(LazyEngine, Backend):
         is_gpu = self._conv_gpu_tiles
         row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
         tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
-        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, is_gpu, bias)
+        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, bias, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
         if found is not None:
