@@ -160,6 +160,33 @@ def test_opencl_biased_convolution_adds_the_bias_in_the_forward_kernel(device, n
     assert ("forward", False) in launches and ("forward", True) not in launches
 
 
+CHANNELS_INNER = {  # name: CONV's layout, with 16 input channels per group (the forward reads channels innermost)
+    "2d": (2, 2, 16, 8, (7, 6), (3, 3), 1, 1, 1, 1),
+    "2d-stride-dilation-groups": (2, 2, 32, 6, (9, 8), (3, 2), (2, 1), (1, 2), (1, 2), 2),
+    "1d": (1, 2, 48, 5, (11,), (5,), 2, 2, 1, 1),
+    "3d": (3, 1, 16, 4, (4, 5, 3), (2, 3, 2), 1, (1, 0, 1), 1, 1),
+    "2d-split": (2, 1, 64, 3, (2, 2), (3, 3), 1, 1, 1, 1),  # a small output over a long reduction: split-K
+}
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", list(CHANNELS_INNER))
+def test_opencl_forward_reads_channels_innermost(device, name, dtype, monkeypatch):
+    """OpenCL: with a multiple of 16 input channels per group, the forward runs its reduction channels
+    innermost (the weight copied to ``(C_out, *K, C_in / groups)``), with torch's output and gradients."""
+    be = _opencl_backend(device, dtype, CHANNELS_INNER[name][0])
+    launches = []
+    launch = be._conv_launch
+
+    def spy(op, *args, **kwargs):
+        launches.append((op, kwargs.get("channels_inner", False)))
+        return launch(op, *args, **kwargs)
+
+    monkeypatch.setattr(be, "_conv_launch", spy)
+    _conv_case(device, CHANNELS_INNER[name], dtype, monkeypatch)
+    assert ("forward", True) in launches and ("forward", False) not in launches
+
+
 TRANSPOSED = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, output_padding, dilation, groups)
     "1d": (1, 2, 3, 4, (7,), (3,), 2, 1, 1, 1, 1),
     "2d-output-padding": (2, 2, 4, 3, (5, 4), (3, 3), 2, 1, 1, 1, 1),

@@ -1059,7 +1059,18 @@ class OpenCLBackend(LazyEngine, Backend):
         geo = CK.ConvGeometry.of("conv_forward", tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups)
         shape = (geo.batch, geo.c_out) + geo.out
         m, n, k = geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size
-        return self._conv_split_launch("forward", geo, shape, (x, w), m, n, k)
+        w, inner = self._forward_weight(geo, w)
+        return self._conv_split_launch("forward", geo, shape, (x, w), m, n, k, channels_inner=inner)
+
+    def _forward_weight(self, geo: CK.ConvGeometry, w: CLArray) -> tuple[CLArray, bool]:
+        """The forward's weight operand and whether its reduction runs channels innermost
+        (``conv_source(channels_inner=True)``): where every group has a multiple of 16 input channels (each K
+        step of up to 16 rows is then one kernel offset) and the kernel more than one offset, the weight copied
+        to ``(C_out, *K, C_in / groups)`` (one small copy; every element of the input is then read with no
+        table and one bounds test per step); else the weight as it is, channels outermost."""
+        if geo.c_in_g % 16 or geo.kernel_size == 1:
+            return w, False
+        return self.contiguous(self.permute(w, (0, *range(2, geo.nd + 2), 1))), True
 
     def conv_forward_bias(self, x: Array, w: Array, b: Array, stride: tuple[int, ...], padding: tuple[int, ...],
                           dilation: tuple[int, ...], groups: int) -> Array:
@@ -1076,7 +1087,8 @@ class OpenCLBackend(LazyEngine, Backend):
                 or self._conv_splits(m, n, k, groups, x.dtype)[0] > 1):
             return super().conv_forward_bias(x, w, b, stride, padding, dilation, groups)
         out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
-        self._conv_launch("forward", geo, out, (x, w), m, n, k, bias=b)
+        w, inner = self._forward_weight(geo, w)
+        self._conv_launch("forward", geo, out, (x, w), m, n, k, bias=b, channels_inner=inner)
         return out
 
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
@@ -1109,17 +1121,18 @@ class OpenCLBackend(LazyEngine, Backend):
         return self._conv_split_launch("wgrad", geo, tuple(w_shape), (x, g), m, n, k)
 
     def _conv_split_launch(self, op: str, geo: CK.ConvGeometry, shape: tuple[int, ...],
-                           inputs: tuple[CLArray, CLArray], m: int, n: int, k: int) -> CLArray:
+                           inputs: tuple[CLArray, CLArray], m: int, n: int, k: int,
+                           channels_inner: bool = False) -> CLArray:
         """``op``'s result of ``shape``, split-K where its tiles alone would leave the device idle: each split
         sums its slice of the reduction into its own partial result, then one reduction adds them."""
         dtype = inputs[0].dtype
         splits, chunk = self._conv_splits(m, n, k, geo.groups, dtype)
         if splits == 1:
             out = self.empty(shape, dtype)
-            self._conv_launch(op, geo, out, inputs, m, n, k)
+            self._conv_launch(op, geo, out, inputs, m, n, k, channels_inner=channels_inner)
             return out
         partial = self.empty((splits,) + shape, dtype)
-        self._conv_launch(op, geo, partial, inputs, m, n, k, splits, chunk)
+        self._conv_launch(op, geo, partial, inputs, m, n, k, splits, chunk, channels_inner=channels_inner)
         return self.sum(partial, (0,), False)
 
     def _conv_operands(self, where: str, a: Array, b: Array) -> tuple[CLArray, CLArray]:
@@ -1135,7 +1148,7 @@ class OpenCLBackend(LazyEngine, Backend):
         return a, b
 
     def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int, n: int,
-                    groups: int, bias: bool = False) -> tuple:
+                    groups: int, bias: bool = False, channels_inner: bool = False) -> tuple:
         """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, compute units, max
         work-group size, local memory) and the problem's size (``m x n`` per group), shrunk once more if the
         built kernel's own work-group limit (registers) is lower than the device's."""
@@ -1143,7 +1156,7 @@ class OpenCLBackend(LazyEngine, Backend):
         is_gpu = self._conv_gpu_tiles
         row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
         tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
-        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, bias, is_gpu)
+        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, bias, channels_inner, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
         if found is not None:
@@ -1155,8 +1168,9 @@ class OpenCLBackend(LazyEngine, Backend):
                                     op if tensor_cores else None)
             tf32 = tensor_cores and CK.mma_warps(tiles) is not None
             kernel = self._kernel(
-                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32, bias),
-                lambda tiles=tiles, tf32=tf32: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, tf32, bias))
+                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32, bias, channels_inner),
+                lambda tiles=tiles, tf32=tf32: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, tf32, bias,
+                                                              channels_inner))
             limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
             if tiles.group <= limit or max_group <= 16:
                 break
@@ -1215,10 +1229,10 @@ class OpenCLBackend(LazyEngine, Backend):
 
     def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
                      n: int, k: int, splits: int = 1, chunk: int | None = None, extra: Sequence[int] = (),
-                     bias: CLArray | None = None) -> None:
+                     bias: CLArray | None = None, channels_inner: bool = False) -> None:
         """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``, the kernel's
         ``extra`` arguments after the geometry) into ``out``; ``k == 0`` writes zeros. ``bias``: the forward's
-        per-channel bias, added as each result is stored."""
+        per-channel bias, added as each result is stored; ``channels_inner``: see ``_forward_weight``."""
         if out.size == 0 or m * n == 0:
             return
         if k == 0 and op != "dgrad":  # the input gradient's phases write their zeros themselves
@@ -1227,7 +1241,8 @@ class OpenCLBackend(LazyEngine, Backend):
         operands = inputs + ((bias,) if bias is not None else ())
         largest = max(out.offset + out.size, *(a.offset + a.size for a in operands), m * n, n * k, m * k)
         index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
-        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, bias is not None)
+        kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, bias is not None,
+                                         channels_inner)
         it = index_dtype.type
         sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
                  geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,

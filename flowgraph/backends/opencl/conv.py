@@ -330,7 +330,8 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
 
 
 def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
-                tiles: ConvTiles, tf32: bool = False, bias: bool = False) -> KernelSource:
+                tiles: ConvTiles, tf32: bool = False, bias: bool = False,
+                channels_inner: bool = False) -> KernelSource:
     """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
     ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size and offset fits, else int64;
     offsets, strides and the row tables are of that type too).
@@ -349,9 +350,15 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
 
     ``bias`` (``forward`` only, one split): a last buffer argument ``bias`` with its element offset, ``(C_out,)``
     of ``dtype``, added to each output channel as the result is stored (a biased layer's forward in one pass).
+
+    ``channels_inner`` (``forward`` only): the reduction runs over ``(k, ci)`` (channels innermost) instead of
+    ``(ci, k)``, the weight argument laid out ``(C_out, *K, C_in / groups)``; for ``C_in / groups`` a multiple of
+    ``depth``, so each K step reads one kernel offset of ``depth`` consecutive channels. The step's offset and
+    each column's bounds test are then worked out once per work-item and step, and each B element is one read
+    at a multiple of the channel stride: no row table, no per-element test.
     """
-    if bias and op != "forward":
-        raise ValueError(f"conv_source: a bias is added by the forward kernel only, not {op!r}")
+    if (bias or channels_inner) and op != "forward":
+        raise ValueError(f"conv_source: bias and channels_inner are the forward kernel's options, not {op!r}")
     emitter = OpenCLEmitter()
     itype = ctype(index_dtype)
     acc_t = ctype(acc_dtype)
@@ -402,8 +409,27 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
             "}",
         ]
 
+    def b_channels_inner(t: str) -> list[str]:
+        """B of a channels-inner forward at step ``t``: one kernel offset, ``depth`` consecutive channels."""
+        return [
+            f"{itype} tk = {t}, kk = tk / Cin_g, ci0 = tk - kk * Cin_g;",
+            *decompose("kk", "K", "k", nd, itype),
+            *[f"{itype} rk{j} = k{j} * dl{j}, i{j} = b{j} + rk{j};" for j in range(nd)],
+            f"bool in_window = col_ok && {_inside('i', 'S', nd, itype)};",
+            f"{itype} base = colbase + ci0 * SP + {_dot('rk', 'Ss', nd)};",
+            f"for (int l = 0; l < {n_b}; l++) {{",
+            f"  int bk = brow + l * {bstep};",
+            f"  rb[l] = in_window && tk + bk < kend ? ({acc_t})x[base + bk * SP] : {zero};",
+            "}",
+        ]
+
     def loads(t: str) -> list[str]:
         """Read this work-item's share of the A and B slices at reduction step ``t`` into registers."""
+        if channels_inner:
+            return [*loads_a(t), *b_channels_inner(t)]
+        return [*loads_a(t), *loads_b(t)]
+
+    def loads_a(t: str) -> list[str]:
         return [
             f"for (int l = 0; l < {n_a}; l++) {{",
             f"  int e = tid + l * {group};",
@@ -415,6 +441,10 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
             "  }",
             "  ra[l] = va;",
             "}",
+        ]
+
+    def loads_b(t: str) -> list[str]:
+        return [
             f"for (int l = 0; l < {n_b}; l++) {{",
             *([f"  int e = tid + l * {group};", f"  int bk = e % {depth}, bn = e / {depth};"] if b_rows
               else [f"  int bk = brow + l * {bstep};"]),
@@ -503,7 +533,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"{acc_t} ra[{n_a}], rb[{n_b}];",
         "if (kbeg < kend) {",
         *(_indent(column_table, 1) if b_rows else []),
-        *_indent(tables("kbeg"), 1),
+        *([] if channels_inner else _indent(tables("kbeg"), 1)),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         *_indent(loads("kbeg"), 1),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
@@ -513,9 +543,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         # overlaps this step's arithmetic); multiply
         *_indent(stores, 1),
         f"  bool more = t0 + {depth} < kend;",
-        "  if (more) {",
-        *_indent(tables(f"t0 + {depth}"), 2),
-        "  }",
+        *([] if channels_inner else ["  if (more) {", *_indent(tables(f"t0 + {depth}"), 2), "  }"]),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         "  if (more) {",
         *_indent(loads(f"t0 + {depth}"), 2),
