@@ -430,6 +430,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         return [*loads_a(t), *loads_b(t)]
 
     def loads_a(t: str) -> list[str]:
+        """This work-item's A elements of the slice at reduction step ``t``, into ``ra``."""
         return [
             f"for (int l = 0; l < {n_a}; l++) {{",
             f"  int e = tid + l * {group};",
@@ -444,6 +445,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         ]
 
     def loads_b(t: str) -> list[str]:
+        """This work-item's B elements of the slice at reduction step ``t``, through the row tables, into ``rb``."""
         return [
             f"for (int l = 0; l < {n_b}; l++) {{",
             *([f"  int e = tid + l * {group};", f"  int bk = e % {depth}, bn = e / {depth};"] if b_rows
