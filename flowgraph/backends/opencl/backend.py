@@ -1055,12 +1055,34 @@ class OpenCLBackend(LazyEngine, Backend):
     def conv_forward(self, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
                      dilation: tuple[int, ...], groups: int) -> Array:
         """``Backend.conv_forward`` as one implicit-GEMM kernel (``conv.py``'s ``forward``)."""
-        x, w = self._conv_operands("conv_forward", x, w)
-        geo = CK.ConvGeometry.of("conv_forward", tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups)
-        shape = (geo.batch, geo.c_out) + geo.out
-        m, n, k = geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size
+        x, w, geo, (m, n, k) = self._forward_problem("conv_forward", x, w, stride, padding, dilation, groups)
         w, inner = self._forward_weight(geo, w)
-        return self._conv_split_launch("forward", geo, shape, (x, w), m, n, k, channels_inner=inner)
+        return self._conv_split_launch("forward", geo, (geo.batch, geo.c_out) + geo.out, (x, w), m, n, k,
+                                       channels_inner=inner)
+
+    def conv_forward_bias(self, x: Array, w: Array, b: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                          dilation: tuple[int, ...], groups: int) -> Array:
+        """``Backend.conv_forward_bias`` with the bias added by the forward kernel as it stores each result (no
+        pass over the output for the add, nor a pending add for the next kernel to read); the generic default
+        where the forward is split over its reduction (the partial sums are added afterwards), has no
+        reduction or no output, or ``b`` is not a ``(C_out,)`` array of ``x``'s dtype."""
+        x, w, geo, (m, n, k) = self._forward_problem("conv_forward_bias", x, w, stride, padding, dilation, groups)
+        b = self.contiguous(self._own(b, "conv_forward_bias"))
+        if (b.dtype != x.dtype or tuple(b.shape) != (geo.c_out,) or k == 0 or m * n == 0
+                or self._conv_splits(m, n, k, groups, x.dtype)[0] > 1):
+            return super().conv_forward_bias(x, w, b, stride, padding, dilation, groups)
+        out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
+        w, inner = self._forward_weight(geo, w)
+        self._conv_launch("forward", geo, out, (x, w), m, n, k, bias=b, channels_inner=inner)
+        return out
+
+    def _forward_problem(self, where: str, x: Array, w: Array, stride: tuple[int, ...], padding: tuple[int, ...],
+                         dilation: tuple[int, ...], groups: int) -> tuple:
+        """``(x, w, geometry, (m, n, k))`` of a forward convolution: the operands checked and row-major, and its
+        per-group GEMM (``C_out/g`` rows, ``N * prod(out)`` columns, ``C_in/g * prod(K)`` reduction)."""
+        x, w = self._conv_operands(where, x, w)
+        geo = CK.ConvGeometry.of(where, tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups)
+        return x, w, geo, (geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size)
 
     def _forward_weight(self, geo: CK.ConvGeometry, w: CLArray) -> tuple[CLArray, bool]:
         """The forward's weight operand and whether its reduction runs channels innermost
@@ -1071,25 +1093,6 @@ class OpenCLBackend(LazyEngine, Backend):
         if geo.c_in_g % 16 or geo.kernel_size == 1:
             return w, False
         return self.contiguous(self.permute(w, (0, *range(2, geo.nd + 2), 1))), True
-
-    def conv_forward_bias(self, x: Array, w: Array, b: Array, stride: tuple[int, ...], padding: tuple[int, ...],
-                          dilation: tuple[int, ...], groups: int) -> Array:
-        """``Backend.conv_forward_bias`` with the bias added by the forward kernel as it stores each result (no
-        pass over the output for the add, nor a pending add for the next kernel to read); the generic default
-        where the forward is split over its reduction (the partial sums are added afterwards), has no
-        reduction or no output, or ``b`` is not a ``(C_out,)`` array of ``x``'s dtype."""
-        x, w = self._conv_operands("conv_forward_bias", x, w)
-        b = self.contiguous(self._own(b, "conv_forward_bias"))
-        geo = CK.ConvGeometry.of("conv_forward_bias", tuple(x.shape), tuple(w.shape), stride, padding, dilation,
-                                 groups)
-        m, n, k = geo.c_out_g, geo.batch * geo.out_size, geo.c_in_g * geo.kernel_size
-        if (b.dtype != x.dtype or tuple(b.shape) != (geo.c_out,) or k == 0 or m * n == 0
-                or self._conv_splits(m, n, k, groups, x.dtype)[0] > 1):
-            return super().conv_forward_bias(x, w, b, stride, padding, dilation, groups)
-        out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
-        w, inner = self._forward_weight(geo, w)
-        self._conv_launch("forward", geo, out, (x, w), m, n, k, bias=b, channels_inner=inner)
-        return out
 
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:

@@ -243,6 +243,11 @@ def _inside(coords: str, dims: str, nd: int, itype: str) -> str:
     return " && ".join(f"(u{itype}){coords}{j} < (u{itype}){dims}{j}" for j in range(nd))
 
 
+def _vector4(itype: str, first: str, coords: str, nd: int) -> str:
+    """The table entry ``(first, coords_0, .., coords_{nd-1})`` as one ``itype``4 vector, zero-padded."""
+    return f"({itype}4)({', '.join([first, *(f'{coords}{j}' for j in range(nd)), *['0'] * (3 - nd)])})"
+
+
 def _operands(op: str) -> tuple[str, str, str]:
     """(output, first input, second input) buffer names of ``op``, in argument order."""
     return {"forward": ("y", "x", "w"), "dgrad": ("gx", "g", "w"), "wgrad": ("gw", "x", "g")}[op]
@@ -403,7 +408,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
             f"  {itype} gk = {t} + r;",
             "  if (gk < kend) {",
             *_indent(pieces["row"], 2),
-            f"    Rt[r] = ({itype}4)(roff, {', '.join([f'rk{j}' for j in range(nd)] + ['0'] * (3 - nd))});",
+            f"    Rt[r] = {_vector4(itype, 'roff', 'rk', nd)};",
             *(["    Aoff[r] = aoff;"] if has_aoff else []),
             "  }",
             "}",
@@ -464,7 +469,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"  {itype} gc = col0 + c;",
         "  if (gc < N) {",
         *_indent(pieces["column"], 2),
-        f"    Ct[c] = ({itype}4)(colbase, {', '.join([f'b{j}' for j in range(nd)] + ['0'] * (3 - nd))});",
+        f"    Ct[c] = {_vector4(itype, 'colbase', 'b', nd)};",
         "  }",
         "}",
     ]
@@ -521,7 +526,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"__local {acc_t} As[{depth}][{tm + pad}];",
         f"__local {acc_t} Bs[{depth}][{tn + pad if b_rows or tf32 else tn}];",
         *([f"__local {itype}4 Ct[{tn}];"] if b_rows else []),
-        f"__local {itype}4 Rt[{depth}];",
+        *([] if channels_inner else [f"__local {itype}4 Rt[{depth}];"]),  # the channels-inner B needs no table
         *([f"__local {itype} Aoff[{depth}];"] if has_aoff else []),
         *accumulators,
         # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
