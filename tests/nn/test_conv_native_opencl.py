@@ -187,6 +187,33 @@ def test_opencl_forward_reads_channels_innermost(device, name, dtype, monkeypatc
     assert ("forward", True) in launches and ("forward", False) not in launches
 
 
+ROW_RUNS = {  # name: CONV's layout, with an output whose last size is a multiple of 16 (the weight gradient's runs)
+    "2d": (2, 2, 3, 4, (6, 16), (3, 3), 1, 1, 1, 1),
+    "2d-stride-dilation-groups": (2, 2, 4, 6, (5, 32), (3, 3), (1, 2), (1, 2), (1, 2), 2),
+    "1d": (1, 2, 3, 5, (36,), (5,), 1, 0, 1, 1),
+    "3d": (3, 1, 2, 3, (3, 2, 16), (2, 3, 3), 1, (0, 1, 1), 1, 1),
+    "2d-split": (2, 8, 2, 3, (8, 32), (3, 3), 1, 1, 1, 1),  # a small weight over a long reduction: split-K
+}
+
+
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", list(ROW_RUNS))
+def test_opencl_weight_grad_reads_runs_of_output_positions(device, name, dtype, monkeypatch):
+    """OpenCL: with an output whose last size is a multiple of 16, the weight gradient reads each K step as one
+    run of consecutive output positions (no row table), with torch's output and gradients."""
+    be = _opencl_backend(device, dtype, ROW_RUNS[name][0])
+    launches = []
+    launch = be._conv_launch
+
+    def spy(op, *args, **kwargs):
+        launches.append((op, kwargs.get("row_runs", False)))
+        return launch(op, *args, **kwargs)
+
+    monkeypatch.setattr(be, "_conv_launch", spy)
+    _conv_case(device, ROW_RUNS[name], dtype, monkeypatch)
+    assert ("wgrad", True) in launches and ("wgrad", False) not in launches
+
+
 TRANSPOSED = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, output_padding, dilation, groups)
     "1d": (1, 2, 3, 4, (7,), (3,), 2, 1, 1, 1, 1),
     "2d-output-padding": (2, 2, 4, 3, (5, 4), (3, 3), 2, 1, 1, 1, 1),

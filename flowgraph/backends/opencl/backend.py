@@ -1121,21 +1121,25 @@ class OpenCLBackend(LazyEngine, Backend):
         geo = CK.ConvGeometry.of("conv_weight_grad", tuple(x.shape), tuple(w_shape), stride, padding, dilation, groups)
         geo.check_output("conv_weight_grad", "g", tuple(g.shape))
         m, n, k = geo.c_out_g, geo.c_in_g * geo.kernel_size, geo.batch * geo.out_size
-        return self._conv_split_launch("wgrad", geo, tuple(w_shape), (x, g), m, n, k)
+        # every K step one run of consecutive output positions (conv_source(row_runs=True)) where the output's
+        # last size is a multiple of the deepest tile's 16 steps
+        runs = geo.out[-1] % 16 == 0
+        return self._conv_split_launch("wgrad", geo, tuple(w_shape), (x, g), m, n, k, row_runs=runs)
 
     def _conv_split_launch(self, op: str, geo: CK.ConvGeometry, shape: tuple[int, ...],
                            inputs: tuple[CLArray, CLArray], m: int, n: int, k: int,
-                           channels_inner: bool = False) -> CLArray:
+                           channels_inner: bool = False, row_runs: bool = False) -> CLArray:
         """``op``'s result of ``shape``, split-K where its tiles alone would leave the device idle: each split
         sums its slice of the reduction into its own partial result, then one reduction adds them."""
         dtype = inputs[0].dtype
         splits, chunk = self._conv_splits(m, n, k, geo.groups, dtype)
         if splits == 1:
             out = self.empty(shape, dtype)
-            self._conv_launch(op, geo, out, inputs, m, n, k, channels_inner=channels_inner)
+            self._conv_launch(op, geo, out, inputs, m, n, k, channels_inner=channels_inner, row_runs=row_runs)
             return out
         partial = self.empty((splits,) + shape, dtype)
-        self._conv_launch(op, geo, partial, inputs, m, n, k, splits, chunk, channels_inner=channels_inner)
+        self._conv_launch(op, geo, partial, inputs, m, n, k, splits, chunk, channels_inner=channels_inner,
+                          row_runs=row_runs)
         return self.sum(partial, (0,), False)
 
     def _conv_operands(self, where: str, a: Array, b: Array) -> tuple[CLArray, CLArray]:
@@ -1151,7 +1155,7 @@ class OpenCLBackend(LazyEngine, Backend):
         return a, b
 
     def _conv_tiles(self, op: str, nd: int, dtype: np.dtype, index_dtype: np.dtype, m: int, n: int,
-                    groups: int, bias: bool = False, channels_inner: bool = False) -> tuple:
+                    groups: int, bias: bool = False, channels_inner: bool = False, row_runs: bool = False) -> tuple:
         """``(kernel, tiles)`` for ``op``: tiles chosen from the device (GPU or CPU table, compute units, max
         work-group size, local memory) and the problem's size (``m x n`` per group), shrunk once more if the
         built kernel's own work-group limit (registers) is lower than the device's."""
@@ -1159,7 +1163,7 @@ class OpenCLBackend(LazyEngine, Backend):
         is_gpu = self._conv_gpu_tiles
         row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
         tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
-        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, bias, channels_inner, is_gpu)
+        key = (op, nd, dtype, index_dtype, row_class, tensor_cores, bias, channels_inner, row_runs, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
         if found is not None:
@@ -1171,9 +1175,10 @@ class OpenCLBackend(LazyEngine, Backend):
                                     op if tensor_cores else None)
             tf32 = tensor_cores and CK.mma_warps(tiles) is not None
             kernel = self._kernel(
-                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32, bias, channels_inner),
+                ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32, bias, channels_inner,
+                 row_runs),
                 lambda tiles=tiles, tf32=tf32: CK.conv_source(op, nd, dtype, acc, index_dtype, tiles, tf32, bias,
-                                                              channels_inner))
+                                                              channels_inner, row_runs))
             limit = int(kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self.cl_device))
             if tiles.group <= limit or max_group <= 16:
                 break
@@ -1232,10 +1237,11 @@ class OpenCLBackend(LazyEngine, Backend):
 
     def _conv_launch(self, op: str, geo: CK.ConvGeometry, out: CLArray, inputs: tuple[CLArray, CLArray], m: int,
                      n: int, k: int, splits: int = 1, chunk: int | None = None, extra: Sequence[int] = (),
-                     bias: CLArray | None = None, channels_inner: bool = False) -> None:
+                     bias: CLArray | None = None, channels_inner: bool = False, row_runs: bool = False) -> None:
         """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``, the kernel's
         ``extra`` arguments after the geometry) into ``out``; ``k == 0`` writes zeros. ``bias``: the forward's
-        per-channel bias, added as each result is stored; ``channels_inner``: see ``_forward_weight``."""
+        per-channel bias, added as each result is stored; ``channels_inner``: see ``_forward_weight``;
+        ``row_runs``: see ``conv_weight_grad``."""
         if out.size == 0 or m * n == 0:
             return
         if k == 0 and op != "dgrad":  # the input gradient's phases write their zeros themselves
@@ -1245,7 +1251,7 @@ class OpenCLBackend(LazyEngine, Backend):
         largest = max(out.offset + out.size, *(a.offset + a.size for a in operands), m * n, n * k, m * k)
         index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
         kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, bias is not None,
-                                         channels_inner)
+                                         channels_inner, row_runs)
         it = index_dtype.type
         sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
                  geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,

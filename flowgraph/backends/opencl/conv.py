@@ -334,9 +334,36 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
     }
 
 
+def _wgrad_row_run_step(t: str, nd: int, itype: str) -> list[str]:
+    """The scalars of a ``row_runs`` weight-gradient step at reduction index ``t``: its batch index ``n`` and
+    first output position ``o_j``; ``abase``, the step's first A element past its row, and ``rbase``, the offset
+    of its first B element past its column's table entry."""
+    return [f"{itype} n = ({t}) / P, p0 = ({t}) - n * P;", *decompose("p0", "O", "o", nd, itype),
+            f"{itype} abase = g_off + n * Cout * P + p0;",
+            f"{itype} rbase = n * Cin * SP + {_run_offset(nd)};"]
+
+
+def _run_offset(nd: int) -> str:
+    """``sum_j o_j * st_j * Ss_j``: the input offset of output position ``o`` at kernel offset zero."""
+    return " + ".join(f"o{j} * st{j} * Ss{j}" for j in range(nd))
+
+
+def _wgrad_row_run_loads(nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
+    """The ``load_a`` and ``load_b`` pieces of a ``row_runs`` weight gradient (see :func:`conv_source`): slot
+    ``ak`` / ``bk`` of the step is output position ``o_last + ak`` / ``o_last + bk`` along the last dim."""
+    last = nd - 1
+    coords = [f"{itype} i{j} = ct.s{j + 1} + o{j} * st{j};" for j in range(last)]
+    coords.append(f"{itype} i{last} = ct.s{last + 1} + (o{last} + bk) * st{last};")
+    return {
+        "load_a": [f"va = ({acc_t})g[abase + (grp * Cout_g + gm) * P + ak];"],
+        "load_b": [f"{itype}4 ct = Ct[bn];", *coords,
+                   f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[ct.s0 + rbase + bk * st{last}];"],
+    }
+
+
 def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dtype: np.dtype,
                 tiles: ConvTiles, tf32: bool = False, bias: bool = False,
-                channels_inner: bool = False) -> KernelSource:
+                channels_inner: bool = False, row_runs: bool = False) -> KernelSource:
     """The implicit-GEMM kernel ``op`` (one of :data:`OPS`) for ``nd`` spatial dims of ``dtype``, accumulating in
     ``acc_dtype``, with index arithmetic in ``index_dtype`` (int32 where every size and offset fits, else int64;
     offsets, strides and the row tables are of that type too).
@@ -361,9 +388,17 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     ``depth``, so each K step reads one kernel offset of ``depth`` consecutive channels. The step's offset and
     each column's bounds test are then worked out once per work-item and step, and each B element is one read
     at a multiple of the channel stride: no row table, no per-element test.
+
+    ``row_runs`` (``wgrad`` only): every K step is one run of ``depth`` consecutive positions along the output's
+    last dim, for an output whose last size is a multiple of ``depth`` (the backend asks for a multiple of 16,
+    the deepest tile). The step's batch index and output position are worked out once per work-item and step;
+    the A elements (``g``) are then consecutive from one base and each B element (``x``) is its column's table
+    entry plus that base and ``bk`` times the last stride: no row or A-offset table.
     """
     if (bias or channels_inner) and op != "forward":
         raise ValueError(f"conv_source: bias and channels_inner are the forward kernel's options, not {op!r}")
+    if row_runs and op != "wgrad":
+        raise ValueError(f"conv_source: row_runs is the weight gradient's option, not {op!r}")
     emitter = OpenCLEmitter()
     itype = ctype(index_dtype)
     acc_t = ctype(acc_dtype)
@@ -395,7 +430,10 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     pieces = _problem(op, nd, itype, acc_t)
     if bias:  # v is the accumulated sum of the output element at (row, col): its channel's bias joins it
         pieces["store"] = [f"v += ({acc_t})bias[bias_off + grp * Cout_g + row];", *pieces["store"]]
-    has_aoff = any("aoff" in line for line in pieces["row"])
+    tabled = not (channels_inner or row_runs)  # the kernel splits each step's rows into the Rt table
+    if row_runs:
+        pieces.update(_wgrad_row_run_loads(nd, itype, acc_t))
+    has_aoff = tabled and any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
     # elements of A and B each work-item stages per step
     n_a, n_b = -(-tm * depth // group), (-(-tn * depth // group) if b_rows else depth // bstep)
@@ -432,6 +470,8 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         """Read this work-item's share of the A and B slices at reduction step ``t`` into registers."""
         if channels_inner:
             return [*loads_a(t), *b_channels_inner(t)]
+        if row_runs:
+            return [*_wgrad_row_run_step(t, nd, itype), *loads_a(t), *loads_b(t)]
         return [*loads_a(t), *loads_b(t)]
 
     def loads_a(t: str) -> list[str]:
@@ -526,7 +566,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"__local {acc_t} As[{depth}][{tm + pad}];",
         f"__local {acc_t} Bs[{depth}][{tn + pad if b_rows or tf32 else tn}];",
         *([f"__local {itype}4 Ct[{tn}];"] if b_rows else []),
-        *([] if channels_inner else [f"__local {itype}4 Rt[{depth}];"]),  # the channels-inner B needs no table
+        *([f"__local {itype}4 Rt[{depth}];"] if tabled else []),
         *([f"__local {itype} Aoff[{depth}];"] if has_aoff else []),
         *accumulators,
         # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
@@ -540,7 +580,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         f"{acc_t} ra[{n_a}], rb[{n_b}];",
         "if (kbeg < kend) {",
         *(_indent(column_table, 1) if b_rows else []),
-        *([] if channels_inner else _indent(tables("kbeg"), 1)),
+        *(_indent(tables("kbeg"), 1) if tabled else []),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         *_indent(loads("kbeg"), 1),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
@@ -550,7 +590,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         # overlaps this step's arithmetic); multiply
         *_indent(stores, 1),
         f"  bool more = t0 + {depth} < kend;",
-        *([] if channels_inner else ["  if (more) {", *_indent(tables(f"t0 + {depth}"), 2), "  }"]),
+        *(["  if (more) {", *_indent(tables(f"t0 + {depth}"), 2), "  }"] if tabled else []),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         "  if (more) {",
         *_indent(loads(f"t0 + {depth}"), 2),
