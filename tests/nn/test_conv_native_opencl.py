@@ -187,6 +187,73 @@ def test_opencl_forward_reads_channels_innermost(device, name, dtype, monkeypatc
     assert ("forward", True) in launches and ("forward", False) not in launches
 
 
+INPUT_GRAD_CHANNELS_INNER = {  # name: CONV's layout, with a multiple of 16 output channels per group (the input
+    # gradient reads channels innermost)
+    "2d": (2, 2, 3, 16, (7, 6), (3, 3), 1, 1, 1, 1),
+    "2d-stride2-pad2": (2, 2, 4, 32, (9, 8), (3, 3), 2, 2, 1, 1),
+    "2d-dilation-groups": (2, 2, 6, 32, (9, 10), (3, 2), 1, (2, 1), 2, 2),
+    "2d-stride2-dilation2-pad0-groups": (2, 1, 4, 64, (11, 9), (3, 3), 2, 0, 2, 2),  # phases without offsets
+    "1d-stride2": (1, 2, 5, 16, (13,), (4,), 2, 1, 1, 1),
+    "3d": (3, 1, 2, 16, (4, 5, 3), (2, 3, 2), (1, 2, 1), (1, 0, 1), 1, 1),
+    "3d-stride2-groups": (3, 2, 4, 32, (5, 4, 4), (3, 2, 2), 2, 1, (1, 2, 1), 2),
+}
+
+
+@pytest.mark.parametrize("dtype, index", [(F64, "int32"), (F32, "int32"), (F64, "int64")],
+                         ids=["float64", "float32", "float64-int64"])
+@pytest.mark.parametrize("name", list(INPUT_GRAD_CHANNELS_INNER))
+def test_opencl_input_grad_reads_channels_innermost(device, name, dtype, index, monkeypatch):
+    """OpenCL: with a multiple of 16 output channels per group, the input gradient runs its reduction channels
+    innermost in every stride phase (the weight copied to ``(groups, C_in / groups, *K, C_out / groups)``),
+    in the int32 and the int64 index variant, with torch's output and gradients."""
+    cfg = INPUT_GRAD_CHANNELS_INNER[name]
+    be = _opencl_backend(device, dtype, cfg[0])
+    if index == "int64":
+        monkeypatch.setattr(be, "CONV_INT32_LIMIT", 16)
+    monkeypatch.setitem(be.__dict__, "_conv_choice", {})  # the kernels this test chooses, by their cache keys
+    _conv_case(device, cfg, dtype, monkeypatch)
+    chosen = {(key[0], key[3], key[7]) for key in be._conv_choice}  # (op, index dtype, channels_inner)
+    assert ("dgrad", np.dtype(index), True) in chosen
+    assert not any(op == "dgrad" and not inner for op, _, inner in chosen)
+
+
+@pytest.mark.parametrize("shape", ["huge", "tall", "mid", "short", "single"])
+def test_gpu_tile_table_input_grad_channels_inner(device, shape, monkeypatch):
+    """The channels-inner input gradient with the GPU tile configurations on whatever device this is."""
+    be = _opencl_backend(device, F32, 2)
+    monkeypatch.setattr(type(be), "_conv_gpu_tiles", property(lambda self: True))
+    monkeypatch.setattr(type(be), "_compute_units", property(lambda self: 1))
+    monkeypatch.setitem(be.__dict__, "_conv_choice", {})
+    c_in = {"huge": 130, "tall": 40, "mid": 12, "short": 5, "single": 2}[shape]
+    groups = 2 if shape == "single" else 1
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, c_in, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((32, c_in // groups, 3, 3)).astype(np.float32)
+    g = rng.standard_normal((2, 32, 11, 9)).astype(np.float32)
+    geometry = ((1, 1), (1, 1), (1, 1), groups)
+    gx = be.to_host(be.conv_input_grad(be.from_host(g), be.from_host(w), x.shape, *geometry))
+    np.testing.assert_allclose(gx, _torch_grads(x, w, g, *geometry)[0], rtol=1e-4, atol=1e-4)
+    assert {(key[0], key[4], key[7], key[-1]) for key in be._conv_choice} == {("dgrad", shape, True, True)}
+
+
+@pytest.mark.parametrize("op", ["forward", "dgrad"])
+def test_channels_inner_sources_read_no_row_table(op):
+    """A channels-inner kernel (scalar or TF32, int32 or int64 indices) builds no row or A-offset table: each K
+    step's kernel offset and bounds test are worked out once per work-item; the weight gradient has no such
+    variant, and only the forward adds a bias."""
+    from flowgraph.backends.opencl import conv as CK
+
+    for itype in (np.int32, np.int64):
+        for tiles, tf32 in ((CK.CPU_TILES["tall"], False), (CK.GPU_TF32_TILES[op]["tall"], True)):
+            source = CK.conv_source(op, 2, F32, F32, np.dtype(itype), tiles, tf32, channels_inner=True).source
+            assert "Rt[" not in source and "Aoff" not in source and "in_window" in source
+            assert ("mma.sync" in source) == tf32
+    with pytest.raises(ValueError, match="channels_inner"):
+        CK.conv_source("wgrad", 2, F32, F32, np.dtype(np.int32), CK.CPU_TILES["tall"], channels_inner=True)
+    with pytest.raises(ValueError, match="bias"):
+        CK.conv_source("dgrad", 2, F32, F32, np.dtype(np.int32), CK.CPU_TILES["tall"], bias=True)
+
+
 ROW_RUNS = {  # name: CONV's layout, with an output whose last size is a multiple of 16 (the weight gradient's runs)
     "2d": (2, 2, 3, 4, (6, 16), (3, 3), 1, 1, 1, 1),
     "2d-stride-dilation-groups": (2, 2, 4, 6, (5, 32), (3, 3), (1, 2), (1, 2), (1, 2), 2),
@@ -509,6 +576,8 @@ TF32 = {  # name: (x shape, w shape, stride, padding, dilation, groups, compute 
     "short-groups-dilation": ((2, 12, 13, 11), (9, 4, 3, 2), (2, 1), 2, (2, 1), 3, 1),
     "1d-split-k": ((6, 3, 500), (4, 3, 5), 1, 2, 1, 1, None),
     "3d": ((2, 4, 5, 6, 7), (20, 4, 3, 2, 3), (1, 2, 1), 1, 1, 1, 1),
+    # both channels-inner kernels: 48 input and 32 output channels per group
+    "channels-inner-stride2-groups": ((2, 96, 11, 9), (64, 48, 3, 3), 2, 1, 1, 2, 1),
 }
 
 

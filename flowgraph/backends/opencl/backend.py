@@ -1094,6 +1094,17 @@ class OpenCLBackend(LazyEngine, Backend):
             return w, False
         return self.contiguous(self.permute(w, (0, *range(2, geo.nd + 2), 1))), True
 
+    def _input_grad_weight(self, geo: CK.ConvGeometry, w: CLArray) -> tuple[CLArray, bool]:
+        """The input gradient's weight operand and whether its reduction runs channels innermost, as the
+        forward's (``_forward_weight``) over the output channels: where every group has a multiple of 16 output
+        channels and the kernel more than one offset, the weight copied to ``(groups, C_in / groups, *K,
+        C_out / groups)`` (each K step of a stride phase is then one kernel offset of up to 16 consecutive
+        output channels); else the weight as it is."""
+        if geo.c_out_g % 16 or geo.kernel_size == 1:
+            return w, False
+        grouped = self.reshape(w, (geo.groups, geo.c_out_g, geo.c_in_g, geo.kernel_size))
+        return self.contiguous(self.permute(grouped, (0, 2, 3, 1))), True
+
     def conv_input_grad(self, g: Array, w: Array, x_shape: tuple[int, ...], stride: tuple[int, ...],
                         padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> Array:
         """``Backend.conv_input_grad`` as the gather-form kernel ``dgrad``, one launch per stride phase."""
@@ -1107,10 +1118,11 @@ class OpenCLBackend(LazyEngine, Backend):
             gx = self.matmul(self.reshape(g, (geo.batch, geo.c_out)), self.reshape(w, (geo.c_out, -1)))
             return self.reshape(gx, tuple(x_shape))
         out = self.empty(tuple(x_shape), g.dtype)
+        w, inner = self._input_grad_weight(geo, w)
         # one launch per stride phase (one at stride 1): each input position is written by exactly one of them
         for phase in CK.phase_args(geo):
             self._conv_launch("dgrad", geo, out, (g, w), geo.c_in_g, geo.batch * phase[0], geo.c_out_g * phase[1],
-                              extra=phase)
+                              extra=phase, channels_inner=inner)
         return out
 
     def conv_weight_grad(self, x: Array, g: Array, w_shape: tuple[int, ...], stride: tuple[int, ...],
@@ -1240,8 +1252,8 @@ class OpenCLBackend(LazyEngine, Backend):
                      bias: CLArray | None = None, channels_inner: bool = False, row_runs: bool = False) -> None:
         """Run implicit-GEMM ``op`` of ``geo`` (an ``m x n`` result per group, reducing over ``k``, the kernel's
         ``extra`` arguments after the geometry) into ``out``; ``k == 0`` writes zeros. ``bias``: the forward's
-        per-channel bias, added as each result is stored; ``channels_inner``: see ``_forward_weight``;
-        ``row_runs``: see ``conv_weight_grad``."""
+        per-channel bias, added as each result is stored; ``channels_inner``: see ``_forward_weight`` and
+        ``_input_grad_weight``; ``row_runs``: see ``conv_weight_grad``."""
         if out.size == 0 or m * n == 0:
             return
         if k == 0 and op != "dgrad":  # the input gradient's phases write their zeros themselves

@@ -301,7 +301,6 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
     if op == "dgrad":
         # one stride phase: input positions i = f + st*u; kernel offsets k = k0 + ks*m, the ones whose
         # i + pd - k*dl is a multiple of st; then o = cb + u - m*e with cb, e exact (see phase_args)
-        kernel_index = " + ".join(f"(k0{j} + m{j} * ks{j}) * Ks{j}" for j in range(nd))
         return {
             "column": [f"{itype} n = gc / UP, q = gc - n * UP;", *decompose("q", "U", "u", nd, itype),
                        *[f"{itype} b{j} = cb{j} + u{j};" for j in range(nd)],
@@ -309,7 +308,7 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
             "row": [f"{itype} co = gk / KCP, kr = gk - co * KCP;", *decompose("kr", "kc", "m", nd, itype),
                     *[f"{itype} rk{j} = m{j} * e{j};" for j in range(nd)],
                     f"{itype} roff = co * P - ({_dot('rk', 'Os', nd)});",
-                    f"{itype} aoff = co * Cin_g * KP + {kernel_index};"],
+                    f"{itype} aoff = co * Cin_g * KP + {_phase_kernel_index(nd)};"],
             "load_a": [f"va = ({acc_t})w[w_off + grp * Cout_g * Cin_g * KP + gm * KP + Aoff[ak]];"],
             "load_b": [row_entry, *[f"{itype} o{j} = b{j} - {rk[j]};" for j in range(nd)],
                        f"if ({_inside('o', 'O', nd, itype)}) vb = ({acc_t})g[colbase + rt.s0];"],
@@ -331,6 +330,46 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
         "load_b": [row_entry, f"{itype}4 ct = Ct[bn];", *[f"{itype} i{j} = ct.s{j + 1} + {rk[j]};" for j in range(nd)],
                    f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[ct.s0 + rt.s0];"],
         "store": ["gw[gw_off + split * ssplit + (grp * Cout_g + row) * N + col] = STORE(v);"],
+    }
+
+
+def _phase_kernel_index(nd: int) -> str:
+    """The flat kernel index ``sum_j (k0_j + m_j * ks_j) * Ks_j`` of an input-gradient phase's offset ``m``."""
+    return " + ".join(f"(k0{j} + m{j} * ks{j}) * Ks{j}" for j in range(nd))
+
+
+def _channels_inner_pieces(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
+    """The pieces of a ``channels_inner`` kernel (``forward`` or ``dgrad``, see :func:`conv_source`) that replace
+    the row table's.
+
+    ``step``: lines run once per work-item and K step, from the step's first reduction index ``tk``: its kernel
+    offset (one per step, channels being innermost), its first channel ``c0``, ``in_window`` (whether this
+    work-item's B column meets the source at that offset) and ``base``, the source offset of the column's
+    element of channel ``c0``; ``load_b``: B slot ``bk`` (channel ``c0 + bk``) read from ``base``, one channel
+    stride per slot. The forward's A is the weight ``(C_out, *K, C_in / groups)`` read as it is (``_problem``'s
+    ``load_a``); the input gradient's ``load_a`` reads the weight copied to ``(groups, C_in / groups, *K,
+    C_out / groups)`` from ``abase``, the step's element of row 0: consecutive slots ``ak`` are consecutive
+    channels.
+    """
+    channels = "Cin_g" if op == "forward" else "Cout_g"
+    split = f"{itype} kk = tk / {channels}, c0 = tk - kk * {channels};"
+    if op == "forward":  # offset k: input position i = b + k*dl
+        return {
+            "step": [split, *decompose("kk", "K", "k", nd, itype),
+                     *[f"{itype} rk{j} = k{j} * dl{j}, i{j} = b{j} + rk{j};" for j in range(nd)],
+                     f"bool in_window = col_ok && {_inside('i', 'S', nd, itype)};",
+                     f"{itype} base = colbase + c0 * SP + {_dot('rk', 'Ss', nd)};"],
+            "load_b": [f"vb = ({acc_t})x[base + bk * SP];"],
+        }
+    # dgrad: the phase's offset m (kernel offset k0 + m*ks), output position o = b - m*e
+    return {
+        "step": [split, *decompose("kk", "kc", "m", nd, itype),
+                 *[f"{itype} rk{j} = m{j} * e{j}, o{j} = b{j} - rk{j};" for j in range(nd)],
+                 f"bool in_window = col_ok && {_inside('o', 'O', nd, itype)};",
+                 f"{itype} base = colbase + c0 * P - ({_dot('rk', 'Os', nd)});",
+                 f"{itype} abase = w_off + (grp * Cin_g * KP + {_phase_kernel_index(nd)}) * Cout_g + c0;"],
+        "load_a": [f"va = ({acc_t})w[abase + gm * KP * Cout_g + ak];"],
+        "load_b": [f"vb = ({acc_t})g[base + bk * P];"],
     }
 
 
@@ -383,11 +422,14 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     ``bias`` (``forward`` only, one split): a last buffer argument ``bias`` with its element offset, ``(C_out,)``
     of ``dtype``, added to each output channel as the result is stored (a biased layer's forward in one pass).
 
-    ``channels_inner`` (``forward`` only): the reduction runs over ``(k, ci)`` (channels innermost) instead of
-    ``(ci, k)``, the weight argument laid out ``(C_out, *K, C_in / groups)``; for ``C_in / groups`` a multiple of
-    ``depth``, so each K step reads one kernel offset of ``depth`` consecutive channels. The step's offset and
-    each column's bounds test are then worked out once per work-item and step, and each B element is one read
-    at a multiple of the channel stride: no row table, no per-element test.
+    ``channels_inner`` (``forward`` and ``dgrad``): the reduction runs channels innermost, the forward's over
+    ``(k, ci)`` instead of ``(ci, k)`` with the weight argument laid out ``(C_out, *K, C_in / groups)``, the input
+    gradient's over ``(m, co)`` (its phase's kernel offsets, then output channels) instead of ``(co, m)`` with the
+    weight argument laid out ``(groups, C_in / groups, *K, C_out / groups)``; for a multiple of ``depth``
+    reduced channels per group, so each K step reads one kernel offset of ``depth`` consecutive channels. The
+    step's offset and each column's bounds test are then worked out once per work-item and step, and each B
+    element is one read at a multiple of the channel stride: no row table, no per-element test
+    (:func:`_channels_inner_pieces`).
 
     ``row_runs`` (``wgrad`` only): every K step is one run of ``depth`` consecutive positions along the output's
     last dim, for an output whose last size is a multiple of ``depth`` (the backend asks for a multiple of 16,
@@ -395,8 +437,10 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     the A elements (``g``) are then consecutive from one base and each B element (``x``) is its column's table
     entry plus that base and ``bk`` times the last stride: no row or A-offset table.
     """
-    if (bias or channels_inner) and op != "forward":
-        raise ValueError(f"conv_source: bias and channels_inner are the forward kernel's options, not {op!r}")
+    if bias and op != "forward":
+        raise ValueError(f"conv_source: bias is the forward kernel's option, not {op!r}")
+    if channels_inner and op == "wgrad":
+        raise ValueError("conv_source: channels_inner is an option of the forward and the input gradient, not 'wgrad'")
     if row_runs and op != "wgrad":
         raise ValueError(f"conv_source: row_runs is the weight gradient's option, not {op!r}")
     emitter = OpenCLEmitter()
@@ -431,6 +475,8 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     if bias:  # v is the accumulated sum of the output element at (row, col): its channel's bias joins it
         pieces["store"] = [f"v += ({acc_t})bias[bias_off + grp * Cout_g + row];", *pieces["store"]]
     tabled = not (channels_inner or row_runs)  # the kernel splits each step's rows into the Rt table
+    if channels_inner:
+        pieces.update(_channels_inner_pieces(op, nd, itype, acc_t))
     if row_runs:
         pieces.update(_wgrad_row_run_loads(nd, itype, acc_t))
     has_aoff = tabled and any("aoff" in line for line in pieces["row"])
@@ -452,24 +498,10 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
             "}",
         ]
 
-    def b_channels_inner(t: str) -> list[str]:
-        """B of a channels-inner forward at step ``t``: one kernel offset, ``depth`` consecutive channels."""
-        return [
-            f"{itype} tk = {t}, kk = tk / Cin_g, ci0 = tk - kk * Cin_g;",
-            *decompose("kk", "K", "k", nd, itype),
-            *[f"{itype} rk{j} = k{j} * dl{j}, i{j} = b{j} + rk{j};" for j in range(nd)],
-            f"bool in_window = col_ok && {_inside('i', 'S', nd, itype)};",
-            f"{itype} base = colbase + ci0 * SP + {_dot('rk', 'Ss', nd)};",
-            f"for (int l = 0; l < {n_b}; l++) {{",
-            f"  int bk = brow + l * {bstep};",
-            f"  rb[l] = in_window && tk + bk < kend ? ({acc_t})x[base + bk * SP] : {zero};",
-            "}",
-        ]
-
     def loads(t: str) -> list[str]:
         """Read this work-item's share of the A and B slices at reduction step ``t`` into registers."""
         if channels_inner:
-            return [*loads_a(t), *b_channels_inner(t)]
+            return [f"{itype} tk = {t};", *pieces["step"], *loads_a(t), *loads_b(t)]
         if row_runs:
             return [*_wgrad_row_run_step(t, nd, itype), *loads_a(t), *loads_b(t)]
         return [*loads_a(t), *loads_b(t)]
@@ -490,14 +522,15 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         ]
 
     def loads_b(t: str) -> list[str]:
-        """This work-item's B elements of the slice at reduction step ``t``, through the row tables, into ``rb``."""
+        """This work-item's B elements of the slice at reduction step ``t``, into ``rb`` (a channels-inner kernel
+        tests its column against the step's kernel offset once: ``in_window``)."""
         return [
             f"for (int l = 0; l < {n_b}; l++) {{",
             *([f"  int e = tid + l * {group};", f"  int bk = e % {depth}, bn = e / {depth};"] if b_rows
               else [f"  int bk = brow + l * {bstep};"]),
             f"  {acc_t} vb = {zero};",
             (f"  if ({'e < ' + str(tn * depth) + ' && ' if b_partial else ''}col0 + bn < N && {t} + bk < kend) {{"
-             if b_rows else f"  if (col_ok && {t} + bk < kend) {{"),
+             if b_rows else f"  if ({'in_window' if channels_inner else 'col_ok'} && {t} + bk < kend) {{"),
             *_indent(pieces["load_b"], 2),
             "  }",
             "  rb[l] = vb;",
