@@ -134,6 +134,19 @@ def test_cuda_biased_convolution_is_one_cudnn_graph(device, name, monkeypatch):
     assert any(key[0] == "fprop" and key[-1] and key[4] == "float32" for key in plans)
 
 
+def _spy_launches(be, monkeypatch, flag):
+    """The ``(op, flag(kwargs))`` of every ``_conv_launch`` on ``be`` from now on (a list that fills as they run)."""
+    launches = []
+    launch = be._conv_launch
+
+    def spy(op, *args, **kwargs):
+        launches.append((op, flag(kwargs)))
+        return launch(op, *args, **kwargs)
+
+    monkeypatch.setattr(be, "_conv_launch", spy)
+    return launches
+
+
 @pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", list(FUSED_BIAS))
 def test_opencl_biased_convolution_adds_the_bias_in_the_forward_kernel(device, name, dtype, monkeypatch):
@@ -141,14 +154,7 @@ def test_opencl_biased_convolution_adds_the_bias_in_the_forward_kernel(device, n
     (``conv_forward_bias``), with torch's output and gradients (``_conv_case``); a split forward (a long
     reduction into a small output) adds it afterwards instead."""
     be = _opencl_backend(device, dtype, FUSED_BIAS[name][0])
-    launches = []
-    launch = be._conv_launch
-
-    def spy(op, *args, **kwargs):
-        launches.append((op, kwargs.get("bias") is not None))
-        return launch(op, *args, **kwargs)
-
-    monkeypatch.setattr(be, "_conv_launch", spy)
+    launches = _spy_launches(be, monkeypatch, lambda kwargs: kwargs.get("bias") is not None)
     _conv_case(device, FUSED_BIAS[name], dtype, monkeypatch)
     assert launches.count(("forward", True)) == 1 and ("forward", False) not in launches
     launches.clear()
@@ -160,31 +166,38 @@ def test_opencl_biased_convolution_adds_the_bias_in_the_forward_kernel(device, n
     assert ("forward", False) in launches and ("forward", True) not in launches
 
 
-CHANNELS_INNER = {  # name: CONV's layout, with 16 input channels per group (the forward reads channels innermost)
-    "2d": (2, 2, 16, 8, (7, 6), (3, 3), 1, 1, 1, 1),
-    "2d-stride-dilation-groups": (2, 2, 32, 6, (9, 8), (3, 2), (2, 1), (1, 2), (1, 2), 2),
-    "1d": (1, 2, 48, 5, (11,), (5,), 2, 2, 1, 1),
-    "3d": (3, 1, 16, 4, (4, 5, 3), (2, 3, 2), 1, (1, 0, 1), 1, 1),
-    "2d-split": (2, 1, 64, 3, (2, 2), (3, 3), 1, 1, 1, 1),  # a small output over a long reduction: split-K
+KERNEL_VARIANTS = {  # name: (op, its _conv_launch keyword, CONV's layout where op takes that variant)
+    # the forward reads channels innermost with a multiple of 16 input channels per group
+    "forward-channels-inner-2d": ("forward", "channels_inner", (2, 2, 16, 8, (7, 6), (3, 3), 1, 1, 1, 1)),
+    "forward-channels-inner-2d-stride-dilation-groups": (
+        "forward", "channels_inner", (2, 2, 32, 6, (9, 8), (3, 2), (2, 1), (1, 2), (1, 2), 2)),
+    "forward-channels-inner-1d": ("forward", "channels_inner", (1, 2, 48, 5, (11,), (5,), 2, 2, 1, 1)),
+    "forward-channels-inner-3d": (
+        "forward", "channels_inner", (3, 1, 16, 4, (4, 5, 3), (2, 3, 2), 1, (1, 0, 1), 1, 1)),
+    # a small output over a long reduction: split-K
+    "forward-channels-inner-2d-split": ("forward", "channels_inner", (2, 1, 64, 3, (2, 2), (3, 3), 1, 1, 1, 1)),
+    # the weight gradient reads runs of output positions where the output's last size is a multiple of 16
+    "wgrad-row-runs-2d": ("wgrad", "row_runs", (2, 2, 3, 4, (6, 16), (3, 3), 1, 1, 1, 1)),
+    "wgrad-row-runs-2d-stride-dilation-groups": (
+        "wgrad", "row_runs", (2, 2, 4, 6, (5, 32), (3, 3), (1, 2), (1, 2), (1, 2), 2)),
+    "wgrad-row-runs-1d": ("wgrad", "row_runs", (1, 2, 3, 5, (36,), (5,), 1, 0, 1, 1)),
+    "wgrad-row-runs-3d": ("wgrad", "row_runs", (3, 1, 2, 3, (3, 2, 16), (2, 3, 3), 1, (0, 1, 1), 1, 1)),
+    # a small weight over a long reduction: split-K
+    "wgrad-row-runs-2d-split": ("wgrad", "row_runs", (2, 8, 2, 3, (8, 32), (3, 3), 1, 1, 1, 1)),
 }
 
 
 @pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
-@pytest.mark.parametrize("name", list(CHANNELS_INNER))
-def test_opencl_forward_reads_channels_innermost(device, name, dtype, monkeypatch):
-    """OpenCL: with a multiple of 16 input channels per group, the forward runs its reduction channels
-    innermost (the weight copied to ``(C_out, *K, C_in / groups)``), with torch's output and gradients."""
-    be = _opencl_backend(device, dtype, CHANNELS_INNER[name][0])
-    launches = []
-    launch = be._conv_launch
-
-    def spy(op, *args, **kwargs):
-        launches.append((op, kwargs.get("channels_inner", False)))
-        return launch(op, *args, **kwargs)
-
-    monkeypatch.setattr(be, "_conv_launch", spy)
-    _conv_case(device, CHANNELS_INNER[name], dtype, monkeypatch)
-    assert ("forward", True) in launches and ("forward", False) not in launches
+@pytest.mark.parametrize("name", list(KERNEL_VARIANTS))
+def test_opencl_convolution_takes_its_table_free_variant(device, name, dtype, monkeypatch):
+    """OpenCL: where a layout allows it the forward runs its reduction channels innermost (the weight copied to
+    ``(C_out, *K, C_in / groups)``) and the weight gradient reads each K step as one run of consecutive output
+    positions, neither with a row table; with torch's output and gradients."""
+    op, keyword, cfg = KERNEL_VARIANTS[name]
+    be = _opencl_backend(device, dtype, cfg[0])
+    launches = _spy_launches(be, monkeypatch, lambda kwargs: kwargs.get(keyword, False))
+    _conv_case(device, cfg, dtype, monkeypatch)
+    assert (op, True) in launches and (op, False) not in launches
 
 
 INPUT_GRAD_CHANNELS_INNER = {  # name: CONV's layout, with a multiple of 16 output channels per group (the input
@@ -252,33 +265,6 @@ def test_channels_inner_sources_read_no_row_table(op):
         CK.conv_source("wgrad", 2, F32, F32, np.dtype(np.int32), CK.CPU_TILES["tall"], channels_inner=True)
     with pytest.raises(ValueError, match="bias"):
         CK.conv_source("dgrad", 2, F32, F32, np.dtype(np.int32), CK.CPU_TILES["tall"], bias=True)
-
-
-ROW_RUNS = {  # name: CONV's layout, with an output whose last size is a multiple of 16 (the weight gradient's runs)
-    "2d": (2, 2, 3, 4, (6, 16), (3, 3), 1, 1, 1, 1),
-    "2d-stride-dilation-groups": (2, 2, 4, 6, (5, 32), (3, 3), (1, 2), (1, 2), (1, 2), 2),
-    "1d": (1, 2, 3, 5, (36,), (5,), 1, 0, 1, 1),
-    "3d": (3, 1, 2, 3, (3, 2, 16), (2, 3, 3), 1, (0, 1, 1), 1, 1),
-    "2d-split": (2, 8, 2, 3, (8, 32), (3, 3), 1, 1, 1, 1),  # a small weight over a long reduction: split-K
-}
-
-
-@pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
-@pytest.mark.parametrize("name", list(ROW_RUNS))
-def test_opencl_weight_grad_reads_runs_of_output_positions(device, name, dtype, monkeypatch):
-    """OpenCL: with an output whose last size is a multiple of 16, the weight gradient reads each K step as one
-    run of consecutive output positions (no row table), with torch's output and gradients."""
-    be = _opencl_backend(device, dtype, ROW_RUNS[name][0])
-    launches = []
-    launch = be._conv_launch
-
-    def spy(op, *args, **kwargs):
-        launches.append((op, kwargs.get("row_runs", False)))
-        return launch(op, *args, **kwargs)
-
-    monkeypatch.setattr(be, "_conv_launch", spy)
-    _conv_case(device, ROW_RUNS[name], dtype, monkeypatch)
-    assert ("wgrad", True) in launches and ("wgrad", False) not in launches
 
 
 TRANSPOSED = {  # name: (nd, N, C_in, C_out, size, kernel, stride, padding, output_padding, dilation, groups)
