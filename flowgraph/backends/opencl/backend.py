@@ -1090,7 +1090,7 @@ class OpenCLBackend(LazyEngine, Backend):
         step of up to 16 rows is then one kernel offset) and the kernel more than one offset, the weight copied
         to ``(C_out, *K, C_in / groups)`` (one small copy; every element of the input is then read with no
         table and one bounds test per step); else the weight as it is, channels outermost."""
-        if geo.c_in_g % 16 or geo.kernel_size == 1:
+        if geo.c_in_g % CK.STEP_MULTIPLE or geo.kernel_size == 1:
             return w, False
         return self.contiguous(self.permute(w, (0, *range(2, geo.nd + 2), 1))), True
 
@@ -1100,7 +1100,7 @@ class OpenCLBackend(LazyEngine, Backend):
         channels and the kernel more than one offset, the weight copied to ``(groups, C_in / groups, *K,
         C_out / groups)`` (each K step of a stride phase is then one kernel offset of up to 16 consecutive
         output channels); else the weight as it is."""
-        if geo.c_out_g % 16 or geo.kernel_size == 1:
+        if geo.c_out_g % CK.STEP_MULTIPLE or geo.kernel_size == 1:
             return w, False
         grouped = self.reshape(w, (geo.groups, geo.c_out_g, geo.c_in_g, geo.kernel_size))
         return self.contiguous(self.permute(grouped, (0, 2, 3, 1))), True
@@ -1134,8 +1134,8 @@ class OpenCLBackend(LazyEngine, Backend):
         geo.check_output("conv_weight_grad", "g", tuple(g.shape))
         m, n, k = geo.c_out_g, geo.c_in_g * geo.kernel_size, geo.batch * geo.out_size
         # every K step one run of consecutive output positions (conv_source(row_runs=True)) where the output's
-        # last size is a multiple of the deepest tile's 16 steps
-        runs = geo.out[-1] % 16 == 0
+        # last size is a multiple of the deepest tile's step
+        runs = geo.out[-1] % CK.STEP_MULTIPLE == 0
         return self._conv_split_launch("wgrad", geo, tuple(w_shape), (x, g), m, n, k, row_runs=runs)
 
     def _conv_split_launch(self, op: str, geo: CK.ConvGeometry, shape: tuple[int, ...],

@@ -54,6 +54,10 @@ from ...errors import ShapeError
 from ..fusion import decompose
 from .kernels import KernelSource, OpenCLEmitter, Params, assemble, ctype
 
+#: The deepest tile's K step (every tile table's depth divides it). The table-free variants need their step's
+#: rows to share one kernel offset (``channels_inner``: a multiple of this many reduced channels per group) or
+#: one run of output positions (``row_runs``: the output's last size a multiple of it).
+STEP_MULTIPLE = 16
 #: The three implicit-GEMM problems of a convolution (see the module docstring).
 OPS = ("forward", "dgrad", "wgrad")
 _INT = np.dtype(np.int32)
@@ -373,27 +377,21 @@ def _channels_inner_pieces(op: str, nd: int, itype: str, acc_t: str) -> dict[str
     }
 
 
-def _wgrad_row_run_step(t: str, nd: int, itype: str) -> list[str]:
-    """The scalars of a ``row_runs`` weight-gradient step at reduction index ``t``: its batch index ``n`` and
-    first output position ``o_j``; ``abase``, the step's first A element past its row, and ``rbase``, the offset
-    of its first B element past its column's table entry."""
-    return [f"{itype} n = ({t}) / P, p0 = ({t}) - n * P;", *decompose("p0", "O", "o", nd, itype),
-            f"{itype} abase = g_off + n * Cout * P + p0;",
-            f"{itype} rbase = n * Cin * SP + {_run_offset(nd)};"]
+def _row_run_pieces(nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
+    """The pieces of a ``row_runs`` weight gradient (see :func:`conv_source`) that replace the row table's.
 
-
-def _run_offset(nd: int) -> str:
-    """``sum_j o_j * st_j * Ss_j``: the input offset of output position ``o`` at kernel offset zero."""
-    return " + ".join(f"o{j} * st{j} * Ss{j}" for j in range(nd))
-
-
-def _wgrad_row_run_loads(nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
-    """The ``load_a`` and ``load_b`` pieces of a ``row_runs`` weight gradient (see :func:`conv_source`): slot
+    ``step``: lines run once per work-item and K step, from the step's first reduction index ``tk``: its batch
+    index ``n`` and first output position ``o_j``; ``abase``, the step's first A element past its row, and
+    ``rbase``, the offset of its first B element past its column's table entry. ``load_a`` / ``load_b``: slot
     ``ak`` / ``bk`` of the step is output position ``o_last + ak`` / ``o_last + bk`` along the last dim."""
     last = nd - 1
     coords = [f"{itype} i{j} = ct.s{j + 1} + o{j} * st{j};" for j in range(last)]
     coords.append(f"{itype} i{last} = ct.s{last + 1} + (o{last} + bk) * st{last};")
+    run_offset = " + ".join(f"o{j} * st{j} * Ss{j}" for j in range(nd))  # input offset of o at kernel offset 0
     return {
+        "step": [f"{itype} n = tk / P, p0 = tk - n * P;", *decompose("p0", "O", "o", nd, itype),
+                 f"{itype} abase = g_off + n * Cout * P + p0;",
+                 f"{itype} rbase = n * Cin * SP + {run_offset};"],
         "load_a": [f"va = ({acc_t})g[abase + (grp * Cout_g + gm) * P + ak];"],
         "load_b": [f"{itype}4 ct = Ct[bn];", *coords,
                    f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[ct.s0 + rbase + bk * st{last}];"],
@@ -478,7 +476,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     if channels_inner:
         pieces.update(_channels_inner_pieces(op, nd, itype, acc_t))
     if row_runs:
-        pieces.update(_wgrad_row_run_loads(nd, itype, acc_t))
+        pieces.update(_row_run_pieces(nd, itype, acc_t))
     has_aoff = tabled and any("aoff" in line for line in pieces["row"])
     zero = f"({acc_t})0"
     # elements of A and B each work-item stages per step
@@ -500,11 +498,8 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
 
     def loads(t: str) -> list[str]:
         """Read this work-item's share of the A and B slices at reduction step ``t`` into registers."""
-        if channels_inner:
-            return [f"{itype} tk = {t};", *pieces["step"], *loads_a(t), *loads_b(t)]
-        if row_runs:
-            return [*_wgrad_row_run_step(t, nd, itype), *loads_a(t), *loads_b(t)]
-        return [*loads_a(t), *loads_b(t)]
+        step = [] if tabled else [f"{itype} tk = {t};", *pieces["step"]]  # the table-free variants' step
+        return [*step, *loads_a(t), *loads_b(t)]
 
     def loads_a(t: str) -> list[str]:
         """This work-item's A elements of the slice at reduction step ``t``, into ``ra``."""
