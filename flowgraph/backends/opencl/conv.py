@@ -116,6 +116,22 @@ MMA_M, MMA_N, MMA_K = 16, 8, 8
 #: Columns the TF32 kernels pad each staged slice by: a row of the slice is then 8 banks (mod 32) from the
 #: next, so the 32 lanes of a fragment read (8 rows x 4 reduction steps) hit 32 different banks.
 MMA_PAD = 8
+
+
+def swizzle(k: int | str, depth: int) -> int | str:
+    """The XOR a TF32 kernel applies to the column of reduction row ``k`` of a slice staged by rows
+    (``As[k][m ^ swizzle(k)]``): the rows' columns permuted within blocks of 8, by ``k // 4``.
+
+    A transposing store has each warp write ``32 / depth`` columns of ``depth`` consecutive rows; with rows 8
+    banks apart (MMA_PAD) rows ``k`` and ``k + 4`` of one column share a bank, a 4-way conflict at depth 16
+    (8-way at 32). The XOR moves those rows to different banks of their 8-column block; a fragment read
+    (rows ``k0 + tq``, ``k0`` a multiple of 4, and 8 consecutive columns from a multiple of 8) sees one XOR
+    constant, which permutes its 8 columns among themselves: both stay conflict-free. ``k`` an int gives the
+    constant, a C expression gives C."""
+    rows_per_warp = max(1, 32 // depth)
+    if isinstance(k, int):
+        return ((k >> 2) * rows_per_warp) & 7
+    return f"((({k}) >> 2) * {rows_per_warp} & 7)"
 #: Tensor-core (TF32) kernels' tiles where they differ from GPU_TILES, per op, for the large problems. Measured on
 #: an H200's convnet step (eager, TF32 kernels, `benchmarks.opencl_profile` and per-op sweeps) against the
 #: GPU_TILES pair (128 x 128 / 64 x 64, 256 work-items): the forward 128 x 256 with 512 work-items (warp blocks of
@@ -542,17 +558,26 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         "}",
     ]
 
+    # A slice staged by rows (A always, B in the weight gradient) is stored transposed, each work-item's
+    # element l at row tid % depth and column tid / depth + l * group / depth; in the TF32 kernels that column
+    # is swizzled (see swizzle), one XOR per work-item, and the fragment reads undo it.
+    swizzled = tf32 and group % depth == 0
+    if swizzled:
+        st_row, st_col = "sk", f"sc + l * {group // depth}"
+    else:
+        st_row, st_col = f"e % {depth}", f"e / {depth}"
     stores = [
         f"for (int l = 0; l < {n_a}; l++) {{",
         f"  int e = tid + l * {group};",
-        f"  {'if (e < ' + str(tm * depth) + ') ' if a_partial else ''}As[e % {depth}][e / {depth}] = {rounded}(ra[l]);",
+        f"  {'if (e < ' + str(tm * depth) + ') ' if a_partial else ''}As[{st_row}][{st_col}] = {rounded}(ra[l]);",
         "}",
         *([f"for (int l = 0; l < {n_b}; l++) {{",
            f"  int e = tid + l * {group};",
-           f"  {'if (e < ' + str(tn * depth) + ') ' if b_partial else ''}Bs[e % {depth}][e / {depth}] = "
+           f"  {'if (e < ' + str(tn * depth) + ') ' if b_partial else ''}Bs[{st_row}][{st_col}] = "
            f"{rounded}(rb[l]);",
            "}"] if b_rows else [f"for (int l = 0; l < {n_b}; l++) Bs[brow + l * {bstep}][bcol] = {rounded}(rb[l]);"]),
     ]
+    staging = [f"int sk = tid % {depth}, sc = (tid / {depth}) ^ {swizzle('sk', depth)};"] if swizzled else []
     if warps is None:
         accumulators = [f"{acc_t} acc[{wy}][{wx}];",
                         f"for (int i = 0; i < {wy}; i++) for (int j = 0; j < {wx}; j++) acc[i][j] = {zero};"]
@@ -580,7 +605,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         ]
     else:
         accumulators, multiply, results = _mma_pieces(tm // warps[0], tn // warps[1], warps[1], depth, itype,
-                                                      pieces["store"])
+                                                      pieces["store"], swizzled, swizzled and b_rows)
     lines = [
         "int tx = get_local_id(0), ty = get_local_id(1);",
         f"int tid = ty * {tx} + tx;",
@@ -597,6 +622,7 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
         *([f"__local {itype}4 Rt[{depth}];"] if tabled else []),
         *([f"__local {itype} Aoff[{depth}];"] if has_aoff else []),
         *accumulators,
+        *staging,
         # this work-item's B column, fixed for the whole K loop (or, staged by rows, every column's in a table)
         *([] if b_rows else [
             f"int bcol = tid % {tn}, brow = tid / {tn};",
@@ -634,28 +660,40 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
 
 
 def _mma_pieces(wm: int, wn: int, warp_cols: int, depth: int, itype: str,
-                store: list[str]) -> tuple[list[str], list[str], list[str]]:
+                store: list[str], a_swizzled: bool, b_swizzled: bool) -> tuple[list[str], list[str], list[str]]:
     """The TF32 kernel's accumulators, its multiply of one staged step and its result stores: each warp owns a
     ``wm x wn`` block of the tile (warps laid out ``warp_cols`` to a row of blocks), ``wm / 16 x wn / 8``
     fragments of four float32 accumulators per lane. Fragment layouts are PTX's for ``m16n8k8`` TF32: lane
     ``4 * gq + tq`` holds A at rows ``gq, gq + 8`` and reduction steps ``tq, tq + 4``, B at column ``gq`` and
     steps ``tq, tq + 4``, and accumulators at rows ``gq, gq + 8``, columns ``2 * tq, 2 * tq + 1``. Written out
-    in full (no loops), so every fragment and accumulator is a register."""
+    in full (no loops), so every fragment and accumulator is a register. Where a slice is swizzled (A's,
+    and B's in the weight gradient: :func:`swizzle`), each fragment read's column is a base XORed once per
+    work-item (``wr ^ x`` for each constant ``x`` the slice's rows use) plus a multiple of 8: an XOR with a
+    value below 8 commutes with adding a multiple of 8, so every read is still a base register plus a constant."""
+    xors = sorted({swizzle(k, depth) for k in range(0, depth, 4)} - {0})
+
+    def column(base: str, offset: str, k: int, swizzled: bool) -> str:
+        xor = swizzle(k, depth) if swizzled else 0
+        return f"{base}{xor if xor else ''} + {offset}"
+
     mt, nt = wm // MMA_M, wn // MMA_N
     frags = [(i, j) for i in range(mt) for j in range(nt)]
     accumulators = [
         "int lane = tid % 32, warp = tid / 32, gq = lane >> 2, tq = lane & 3;",
         f"int wr = (warp / {warp_cols}) * {wm} + gq, wc = (warp % {warp_cols}) * {wn} + gq;",
+        *[f"int wr{x} = wr ^ {x};" for x in xors if a_swizzled],
+        *[f"int wc{x} = wc ^ {x};" for x in xors if b_swizzled],
         *[f"float c{i}_{j}_{r} = 0.0f;" for i, j in frags for r in range(4)],
     ]
     multiply = []
     for k in range(0, depth, MMA_K):
         for i in range(mt):
-            multiply += [f"uint a{i}_{r}_{k} = as_uint(As[{k} + tq{' + 4' if r >= 2 else ''}][wr + {i * MMA_M}"
-                         f"{' + 8' if r % 2 else ''}]);" for r in range(4)]
+            multiply += [f"uint a{i}_{r}_{k} = as_uint(As[{k} + tq{' + 4' if r >= 2 else ''}]"
+                         f"[{column('wr', str(i * MMA_M + 8 * (r % 2)), k + 4 * (r >= 2), a_swizzled)}]);"
+                         for r in range(4)]
         for j in range(nt):
-            multiply += [f"uint b{j}_{r}_{k} = as_uint(Bs[{k} + tq{' + 4' if r else ''}][wc + {j * MMA_N}]);"
-                         for r in range(2)]
+            multiply += [f"uint b{j}_{r}_{k} = as_uint(Bs[{k} + tq{' + 4' if r else ''}]"
+                         f"[{column('wc', str(j * MMA_N), k + 4 * r, b_swizzled)}]);" for r in range(2)]
         for i, j in frags:
             acc = ", ".join(f'"+f"(c{i}_{j}_{r})' for r in range(4))
             a = ", ".join(f'"r"(a{i}_{r}_{k})' for r in range(4))
