@@ -555,6 +555,36 @@ def test_tensor_core_warp_layout_covers_each_tile():
         CK.conv_source("wgrad", 2, F32, F32, np.dtype(np.int32), CK.GPU_TILES["single"], tf32=True)
 
 
+@pytest.mark.parametrize("depth", [8, 16, 32])
+def test_tf32_staging_swizzle_is_bank_conflict_free(depth):
+    """``swizzle``: with slice rows ``tile + MMA_PAD`` words apart, one warp's transposing store (lane ``i`` at
+    row ``i % depth`` and column ``i // depth``, then XORed) and every fragment read (rows ``k0 + tq``, columns
+    ``c0 + gq`` XORed by the row's constant) touch 32 different banks of 32; without the XOR the store is
+    ``32 / 8``-way conflicted at depth 16 (the conflict it removes). The generated TF32 source stores through
+    the per-work-item column and reads through the XORed bases."""
+    from flowgraph.backends.opencl import conv as CK
+
+    def banks(cells, stride):
+        return len({(row * stride + col) % 32 for row, col in cells})
+
+    for tile in (16, 32, 64, 128, 256):
+        stride = tile + CK.MMA_PAD
+        for first in range(0, tile * depth, 32):  # every warp's store
+            cells = [(e % depth, (e // depth) ^ CK.swizzle(e % depth, depth)) for e in range(first, first + 32)]
+            assert all(col < tile for _, col in cells) and banks(cells, stride) == 32, (tile, first)
+        for k0 in range(0, depth, 4):  # every fragment read
+            for c0 in range(0, tile, 8):
+                cells = [(k0 + tq, (c0 + gq) ^ CK.swizzle(k0, depth)) for gq in range(8) for tq in range(4)]
+                assert banks(cells, stride) == 32, (tile, k0, c0)
+    plain = [(e % 16, e // 16) for e in range(32)]
+    assert banks(plain, 128 + CK.MMA_PAD) == 8  # 4-way without the swizzle
+    assert CK.swizzle("sk", 16) == "(((sk) >> 2) * 2 & 7)" and CK.swizzle(12, 16) == 6
+    source = CK.conv_source("wgrad", 2, F32, F32, np.dtype(np.int32), CK.ConvTiles(16, 16, 4, 8, 16), tf32=True,
+                            row_runs=True).source
+    assert "As[sk][sc + l * 16]" in source and "Bs[sk][sc + l * 16]" in source
+    assert "As[8 + tq + 4][wr6 + 0]" in source and "Bs[8 + tq + 4][wc6 + 0]" in source
+
+
 TF32 = {  # name: (x shape, w shape, stride, padding, dilation, groups, compute units): each tile class's kernel
     "huge": ((3, 24, 12, 10), (130, 24, 3, 3), 1, 1, 1, 1, 1),
     "tall": ((2, 16, 11, 9), (40, 16, 3, 3), 1, 1, 1, 1, 1),
