@@ -587,6 +587,7 @@ def test_tf32_staging_swizzle_is_bank_conflict_free(depth):
 
 TF32 = {  # name: (x shape, w shape, stride, padding, dilation, groups, compute units): each tile class's kernel
     "huge": ((3, 24, 12, 10), (130, 24, 3, 3), 1, 1, 1, 1, 1),
+    "huge-input-grad": ((3, 64, 12, 10), (16, 64, 3, 3), 1, 1, 1, 1, 1),  # dgrad's own 64 x 256 huge tiles
     "tall": ((2, 16, 11, 9), (40, 16, 3, 3), 1, 1, 1, 1, 1),
     "mid-stride2": ((2, 6, 11, 9), (12, 6, 3, 3), 2, 1, 1, 1, 1),
     "short-groups-dilation": ((2, 12, 13, 11), (9, 4, 3, 2), (2, 1), 2, (2, 1), 3, 1),
@@ -626,5 +627,8 @@ def test_tf32_tensor_core_kernels_match_torch_to_tf32_precision(device, name, mo
 
     exact, rounded = errors(False), errors(True)
     assert any(key[5] for key in be._conv_choice)  # a tensor-core kernel was chosen
+    if name.startswith("huge"):
+        op = "dgrad" if name == "huge-input-grad" else "forward"
+        assert any(key[0] == op and key[4] == "huge" and key[5] for key in be._conv_choice), be._conv_choice
     for op, e32, etf in zip(("forward", "input grad", "weight grad"), exact, rounded):
         assert e32 < 1e-5 and 1e-5 < etf < 1e-2, (op, e32, etf)

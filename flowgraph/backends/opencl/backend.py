@@ -1173,8 +1173,9 @@ class OpenCLBackend(LazyEngine, Backend):
         built kernel's own work-group limit (registers) is lower than the device's."""
         acc = self._accumulator(dtype)
         is_gpu = self._conv_gpu_tiles
-        row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units)
         tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
+        huge = CK.GPU_TF32_TILES.get(op, {}).get("huge") if tensor_cores and is_gpu else None
+        row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units, huge)
         key = (op, nd, dtype, index_dtype, row_class, tensor_cores, bias, channels_inner, row_runs, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)

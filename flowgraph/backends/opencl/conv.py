@@ -132,14 +132,19 @@ def swizzle(k: int | str, depth: int) -> int | str:
     if isinstance(k, int):
         return ((k >> 2) * rows_per_warp) & 7
     return f"((({k}) >> 2) * {rows_per_warp} & 7)"
+
+
 #: Tensor-core (TF32) kernels' tiles where they differ from GPU_TILES, per op, for the large problems. Measured on
 #: an H200's convnet step (eager, TF32 kernels, `benchmarks.opencl_profile` and per-op sweeps) against the
 #: GPU_TILES pair (128 x 128 / 64 x 64, 256 work-items): the forward 128 x 256 with 512 work-items (warp blocks of
 #: 32 x 64; 2.00 -> 1.71 ms), the input gradient 64 x 128 (2.86 -> 2.06 ms; 128 x 256 ran 2.70), the weight
-#: gradient 128 x 64 (3.24 -> 2.80 ms; 128 x 128 with 256 work-items, 3.96).
+#: gradient 128 x 64 (3.24 -> 2.80 ms; 128 x 128 with 256 work-items, 3.96). The input gradient's huge class,
+#: 64 x 256 with 256 work-items, where those tiles still give each compute unit two work-groups (convnet's
+#: second layer's, 0.38 -> 0.29 ms; on the 8x8 and 4x4 layers, with half the work-groups, it ran 0.35-0.37 ms
+#: against 0.25-0.37).
 GPU_TF32_TILES = {
     "forward": {"huge": ConvTiles(32, 16, 8, 8, 16), "tall": ConvTiles(32, 16, 8, 8, 16)},
-    "dgrad": {"huge": ConvTiles(32, 8, 4, 8, 16), "tall": ConvTiles(32, 8, 4, 8, 16)},
+    "dgrad": {"huge": ConvTiles(32, 8, 8, 8, 16), "tall": ConvTiles(32, 8, 4, 8, 16)},
     "wgrad": {"huge": ConvTiles(16, 16, 4, 8, 16), "tall": ConvTiles(16, 16, 4, 8, 16)},
 }
 CPU_TILES = {
@@ -151,11 +156,14 @@ CPU_TILES = {
 }
 
 
-def tile_class(is_gpu: bool, m: int, n: int, groups: int, compute_units: int) -> str:
+def tile_class(is_gpu: bool, m: int, n: int, groups: int, compute_units: int,
+               huge: ConvTiles | None = None) -> str:
     """The row class of a problem of ``m`` rows and ``n`` columns per group: ``huge`` (large tiles, only where
     they still give every compute unit two work-groups), ``tall`` (m > 32), ``mid`` (9-32), ``short`` (2-8) or
-    ``single`` (one row: a depthwise convolution's forward and input gradient)."""
-    huge = (GPU_TILES if is_gpu else CPU_TILES)["huge"]
+    ``single`` (one row: a depthwise convolution's forward and input gradient). ``huge``: the tiles of that
+    class where the kernel has its own (GPU_TF32_TILES), else the device kind's table's."""
+    if huge is None:
+        huge = (GPU_TILES if is_gpu else CPU_TILES)["huge"]
     if m >= huge.tile_m and -(-m // huge.tile_m) * -(-n // huge.tile_n) * groups >= 2 * compute_units:
         return "huge"
     return "tall" if m > 32 else "mid" if m > 8 else "short" if m > 1 else "single"
