@@ -184,6 +184,13 @@ KERNEL_VARIANTS = {  # name: (op, its _conv_launch keyword, CONV's layout where 
     "wgrad-row-runs-3d": ("wgrad", "row_runs", (3, 1, 2, 3, (3, 2, 16), (2, 3, 3), 1, (0, 1, 1), 1, 1)),
     # a small weight over a long reduction: split-K
     "wgrad-row-runs-2d-split": ("wgrad", "row_runs", (2, 8, 2, 3, (8, 32), (3, 3), 1, 1, 1, 1)),
+    # ... or whole rows where the last size divides 16 and a step stays in one plane (convnet's 8x8, 4x4 layers)
+    "wgrad-whole-rows-2d-8x8": ("wgrad", "row_runs", (2, 3, 4, 5, (8, 8), (3, 3), 1, 1, 1, 1)),
+    "wgrad-whole-rows-2d-4x4-split": ("wgrad", "row_runs", (2, 8, 3, 2, (4, 4), (3, 3), 1, 1, 1, 1)),
+    "wgrad-whole-rows-2d-stride-dilation-groups": (
+        "wgrad", "row_runs", (2, 2, 4, 6, (15, 4), (3, 2), (2, 3), (2, 1), (2, 1), 2)),
+    "wgrad-whole-rows-2d-width1": ("wgrad", "row_runs", (2, 2, 3, 4, (16, 3), (3, 3), 1, (1, 0), 1, 1)),
+    "wgrad-whole-rows-3d": ("wgrad", "row_runs", (3, 1, 2, 3, (3, 4, 4), (2, 3, 3), 1, (0, 1, 1), 1, 1)),
 }
 
 

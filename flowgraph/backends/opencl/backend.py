@@ -1134,8 +1134,10 @@ class OpenCLBackend(LazyEngine, Backend):
         geo.check_output("conv_weight_grad", "g", tuple(g.shape))
         m, n, k = geo.c_out_g, geo.c_in_g * geo.kernel_size, geo.batch * geo.out_size
         # every K step one run of consecutive output positions (conv_source(row_runs=True)) where the output's
-        # last size is a multiple of the deepest tile's step
-        runs = geo.out[-1] % CK.STEP_MULTIPLE == 0
+        # last size is a multiple of the deepest tile's step (part of a row), or divides it and the last two
+        # sizes' product is one (whole rows, within one plane)
+        last, step = geo.out[-1], CK.STEP_MULTIPLE
+        runs = last % step == 0 or (geo.nd > 1 and step % last == 0 and last * geo.out[-2] % step == 0)
         return self._conv_split_launch("wgrad", geo, tuple(w_shape), (x, g), m, n, k, row_runs=runs)
 
     def _conv_split_launch(self, op: str, geo: CK.ConvGeometry, shape: tuple[int, ...],

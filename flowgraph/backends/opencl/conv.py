@@ -355,7 +355,7 @@ def _problem(op: str, nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
                 f"{itype} aoff = n * Cout * P + p;"],
         "load_a": [f"va = ({acc_t})g[g_off + (grp * Cout_g + gm) * P + Aoff[ak]];"],
         # B is staged by rows here (see conv_source): the column's part comes from the column table
-        "load_b": [row_entry, f"{itype}4 ct = Ct[bn];", *[f"{itype} i{j} = ct.s{j + 1} + {rk[j]};" for j in range(nd)],
+        "load_b": [row_entry, f"{itype}4 ct = Cr[l];", *[f"{itype} i{j} = ct.s{j + 1} + {rk[j]};" for j in range(nd)],
                    f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[ct.s0 + rt.s0];"],
         "store": ["gw[gw_off + split * ssplit + (grp * Cout_g + row) * N + col] = STORE(v);"],
     }
@@ -406,19 +406,30 @@ def _row_run_pieces(nd: int, itype: str, acc_t: str) -> dict[str, list[str]]:
 
     ``step``: lines run once per work-item and K step, from the step's first reduction index ``tk``: its batch
     index ``n`` and first output position ``o_j``; ``abase``, the step's first A element past its row, and
-    ``rbase``, the offset of its first B element past its column's table entry. ``load_a`` / ``load_b``: slot
-    ``ak`` / ``bk`` of the step is output position ``o_last + ak`` / ``o_last + bk`` along the last dim."""
+    ``rbase``, the offset of its first B element past its column's table entry. ``load_a``: slot ``ak`` of the
+    step is the A element ``ak`` past the step's first (the step's positions are consecutive in ``g``).
+    ``load_b``: slot ``bk`` is output position ``o + (dy, dx)`` in the last two dims, ``dy = bk >> rsh`` rows
+    and ``dx = bk & rmask`` columns on: ``rsh`` is 30 where the last size is a multiple of 16 (a step is part
+    of one row: ``dy = 0``, ``dx = bk``), else its log2 (it divides 16: a step is ``16 / O_last`` whole rows)."""
     last = nd - 1
-    coords = [f"{itype} i{j} = ct.s{j + 1} + o{j} * st{j};" for j in range(last)]
-    coords.append(f"{itype} i{last} = ct.s{last + 1} + (o{last} + bk) * st{last};")
+    coords = [f"{itype} i{j} = ct.s{j + 1} + o{j} * st{j};" for j in range(last - 1)]
+    if nd == 1:
+        shift, run = [], "dx * st0"
+        coords.append(f"{itype} dx = bk, i0 = ct.s1 + (o0 + dx) * st0;")
+    else:
+        shift = [f"int rsh = (O{last} & 15) ? 31 - (int)clz((int)O{last}) : 30, rmask = (1 << rsh) - 1;"]
+        coords += [f"{itype} dy = bk >> rsh, dx = bk & rmask;",
+                   f"{itype} i{last - 1} = ct.s{last} + (o{last - 1} + dy) * st{last - 1};",
+                   f"{itype} i{last} = ct.s{last + 1} + (o{last} + dx) * st{last};"]
+        run = f"dy * st{last - 1} * Ss{last - 1} + dx * st{last}"
     run_offset = " + ".join(f"o{j} * st{j} * Ss{j}" for j in range(nd))  # input offset of o at kernel offset 0
     return {
         "step": [f"{itype} n = tk / P, p0 = tk - n * P;", *decompose("p0", "O", "o", nd, itype),
                  f"{itype} abase = g_off + n * Cout * P + p0;",
-                 f"{itype} rbase = n * Cin * SP + {run_offset};"],
+                 f"{itype} rbase = n * Cin * SP + {run_offset};", *shift],
         "load_a": [f"va = ({acc_t})g[abase + (grp * Cout_g + gm) * P + ak];"],
-        "load_b": [f"{itype}4 ct = Ct[bn];", *coords,
-                   f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[ct.s0 + rbase + bk * st{last}];"],
+        "load_b": [f"{itype}4 ct = Cr[l];", *coords,
+                   f"if ({_inside('i', 'S', nd, itype)}) vb = ({acc_t})x[ct.s0 + rbase + {run}];"],
     }
 
 
@@ -453,11 +464,12 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
     element is one read at a multiple of the channel stride: no row table, no per-element test
     (:func:`_channels_inner_pieces`).
 
-    ``row_runs`` (``wgrad`` only): every K step is one run of ``depth`` consecutive positions along the output's
-    last dim, for an output whose last size is a multiple of ``depth`` (the backend asks for a multiple of 16,
-    the deepest tile). The step's batch index and output position are worked out once per work-item and step;
-    the A elements (``g``) are then consecutive from one base and each B element (``x``) is its column's table
-    entry plus that base and ``bk`` times the last stride: no row or A-offset table.
+    ``row_runs`` (``wgrad`` only): every K step is one run of ``depth`` consecutive output positions: part of one
+    row where the output's last size is a multiple of ``depth``, whole rows of one plane where it divides
+    ``depth`` and the last two sizes' product is a multiple of it (the backend asks for 16, the deepest tile).
+    The step's batch index and output position are worked out once per work-item and step; the A elements
+    (``g``) are then consecutive from one base and each B element (``x``) is its column's entry (in registers)
+    plus that base and the slot's row and column steps: no row or A-offset table.
     """
     if bias and op != "forward":
         raise ValueError(f"conv_source: bias is the forward kernel's option, not {op!r}")
@@ -640,10 +652,17 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
             *pieces["column"],
         ]),
         f"{acc_t} ra[{n_a}], rb[{n_b}];",
+        *([f"{itype}4 Cr[{n_b}];"] if b_rows else []),
         "if (kbeg < kend) {",
         *(_indent(column_table, 1) if b_rows else []),
         *(_indent(tables("kbeg"), 1) if tabled else []),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
+        # staged by rows, each work-item's B elements keep their columns for the whole K loop: their table
+        # entries are read from local memory once, into registers
+        *([f"  for (int l = 0; l < {n_b}; l++) {{",
+           f"    int e = tid + l * {group};",
+           f"    {'if (e < ' + str(tn * depth) + ') ' if b_partial else ''}Cr[l] = Ct[e / {depth}];",
+           "  }"] if b_rows else []),
         *_indent(loads("kbeg"), 1),
         "  barrier(CLK_LOCAL_MEM_FENCE);",
         "}",
