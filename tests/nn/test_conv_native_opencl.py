@@ -373,11 +373,35 @@ def test_weight_gradient_split_k_matches_torch(device):
     x = rng.standard_normal((6, 3, 24, 20))
     w = rng.standard_normal((4, 3, 3, 3))
     g = rng.standard_normal((6, 4, 24, 20))
-    splits, chunk = be._conv_splits(4, 27, 6 * 24 * 20, 1, F64)
+    splits, chunk = be._conv_splits("wgrad", 4, 27, 6 * 24 * 20, 1, F64)
     assert splits > 1 and (splits - 1) * chunk < 6 * 24 * 20 <= splits * chunk
     geometry = ((1, 1), (1, 1), (1, 1), 1)
     gw = be.to_host(be.conv_weight_grad(be.from_host(x), be.from_host(g), w.shape, *geometry))
     np.testing.assert_allclose(gw, _torch_grads(x, w, g, *geometry)[1], rtol=1e-9, atol=1e-9)
+
+
+def test_gpu_split_k_fills_its_waves(device, monkeypatch):
+    """On a GPU of 132 compute units (two 256-item work-groups resident on each) the weight gradients of the
+    benchmark's convnet split so that no wave of work-groups runs nearly empty: 64 -> 128 channels at 32x32
+    (9 tiles, K = 131,072) took 30 splits, 270 work-groups on 264 slots, 1.3x slower than 24-29; the 4x4
+    layer (288 tiles) ran unsplit in two waves, the second of 24 work-groups."""
+    be = _opencl_backend(device, F32, 2)
+    monkeypatch.setattr(type(be), "_conv_gpu_tiles", property(lambda self: True))
+    monkeypatch.setattr(type(be), "_compute_units", property(lambda self: 132))
+    monkeypatch.setattr(type(be), "_tf32_tensor_cores", property(lambda self: True))
+    monkeypatch.setattr(be, "_max_group", 1024)
+    be.__dict__.pop("_split_choice", None)
+    slots = 132 * 2
+    for c_in, c_out, side in ((64, 128, 32), (128, 256, 16), (256, 512, 8), (512, 512, 4)):
+        m, n, k = c_out, c_in * 9, 128 * side * side
+        splits, chunk = be._conv_splits("wgrad", m, n, k, 1, F32)
+        assert (splits - 1) * chunk < k <= splits * chunk
+        blocks = -(-m // 128) * -(-n // 64) * splits  # the TF32 weight gradient's 128 x 64 tiles
+        # split, and either three or more waves or a last wave at least half full
+        assert splits > 1 and (blocks >= 3 * slots or blocks % slots in range(slots // 2, slots) or
+                                blocks % slots == 0), (c_in, splits, blocks)
+    assert be._conv_splits("wgrad", 128, 576, 131072, 1, F32)[0] <= 29  # 9 tiles: one wave of 264
+    be.__dict__.pop("_split_choice", None)
 
 
 def test_forward_split_k_matches_torch(device):
@@ -386,7 +410,7 @@ def test_forward_split_k_matches_torch(device):
     rng = np.random.default_rng(12)
     x = rng.standard_normal((1, 96, 4, 4))
     w = rng.standard_normal((5, 96, 3, 3))
-    splits, _ = be._conv_splits(5, 4, 96 * 9, 1, F64)
+    splits, _ = be._conv_splits("forward", 5, 4, 96 * 9, 1, F64)
     assert splits > 1
     y = be.to_host(be.conv_forward(be.from_host(x), be.from_host(w), (2, 2), (1, 1), (1, 1), 1))
     ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None, 2, 1).numpy()

@@ -1069,7 +1069,7 @@ class OpenCLBackend(LazyEngine, Backend):
         x, w, geo, (m, n, k) = self._forward_problem("conv_forward_bias", x, w, stride, padding, dilation, groups)
         b = self.contiguous(self._own(b, "conv_forward_bias"))
         if (b.dtype != x.dtype or tuple(b.shape) != (geo.c_out,) or k == 0 or m * n == 0
-                or self._conv_splits(m, n, k, groups, x.dtype)[0] > 1):
+                or self._conv_splits("forward", m, n, k, groups, x.dtype)[0] > 1):
             return super().conv_forward_bias(x, w, b, stride, padding, dilation, groups)
         out = self.empty((geo.batch, geo.c_out) + geo.out, x.dtype)
         w, inner = self._forward_weight(geo, w)
@@ -1146,7 +1146,7 @@ class OpenCLBackend(LazyEngine, Backend):
         """``op``'s result of ``shape``, split-K where its tiles alone would leave the device idle: each split
         sums its slice of the reduction into its own partial result, then one reduction adds them."""
         dtype = inputs[0].dtype
-        splits, chunk = self._conv_splits(m, n, k, geo.groups, dtype)
+        splits, chunk = self._conv_splits(op, m, n, k, geo.groups, dtype)
         if splits == 1:
             out = self.empty(shape, dtype)
             self._conv_launch(op, geo, out, inputs, m, n, k, channels_inner=channels_inner, row_runs=row_runs)
@@ -1175,9 +1175,7 @@ class OpenCLBackend(LazyEngine, Backend):
         built kernel's own work-group limit (registers) is lower than the device's."""
         acc = self._accumulator(dtype)
         is_gpu = self._conv_gpu_tiles
-        tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
-        huge = CK.GPU_TF32_TILES.get(op, {}).get("huge") if tensor_cores and is_gpu else None
-        row_class = CK.tile_class(is_gpu, m, n, groups, self._compute_units, huge)
+        row_class, tensor_cores = self._tile_class(op, dtype, m, n, groups)
         key = (op, nd, dtype, index_dtype, row_class, tensor_cores, bias, channels_inner, row_runs, is_gpu)
         cached = self.__dict__.setdefault("_conv_choice", {})
         found = cached.get(key)
@@ -1200,6 +1198,13 @@ class OpenCLBackend(LazyEngine, Backend):
             max_group = _floor_pow2(limit)
         found = cached[key] = (kernel, tiles)
         return found
+
+    def _tile_class(self, op: str, dtype: np.dtype, m: int, n: int, groups: int) -> tuple[str, bool]:
+        """``(row class, tensor cores)`` of ``op``'s ``m x n`` problem per group (``conv.tile_class``; the TF32
+        kernels' huge class is their own tiles')."""
+        tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
+        huge = CK.GPU_TF32_TILES.get(op, {}).get("huge") if tensor_cores and self._conv_gpu_tiles else None
+        return CK.tile_class(self._conv_gpu_tiles, m, n, groups, self._compute_units, huge), tensor_cores
 
     @functools.cached_property
     def _compute_units(self) -> int:
@@ -1224,22 +1229,58 @@ class OpenCLBackend(LazyEngine, Backend):
         """Whether convolutions use the GPU tile table (a GPU device) or the CPU one (asked once)."""
         return bool(self.cl_device.type & cl.device_type.GPU)
 
-    def _conv_splits(self, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
-        """Split-K for the forward and the weight gradient: ``(splits, chunk)`` so that about a few work-groups
-        per compute unit run when the output tiles alone would leave the device idle and the reduction is
-        long."""
+    def _conv_splits(self, op: str, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
+        """Split-K for the forward and the weight gradient: ``(splits, chunk)``.
+
+        On a GPU, the count that minimises a cost model of the launch, in K-step waves: ``waves(s) *
+        steps(s)`` (work-groups ``blocks * s`` over the device's resident slots, each wave as long as one
+        split's steps) plus ``CONV_SPLIT_SUM_COST`` per element of the partial results (written, then summed).
+        Fitted to the H200's convnet weight gradients (``docs/opencl.md``, "Convolutions"), where the count
+        that left a second, nearly empty wave ran up to 1.5x slower than one that filled the first (64 -> 128
+        channels at 32x32: 30 splits, 270 work-groups on 264 slots, 0.63 ms; 24 splits, 0.48 ms). On a CPU,
+        a few work-groups per compute unit where the output tiles alone would leave it idle."""
+        key = (op, m, n, k, groups, dtype, flags.cudnn.allow_tf32)
+        cached = self.__dict__.setdefault("_split_choice", {})
+        found = cached.get(key)
+        if found is None:
+            found = cached[key] = self._choose_splits(op, m, n, k, groups, dtype)
+        return found
+
+    def _choose_splits(self, op: str, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
+        """``_conv_splits`` worked out (it remembers the answer per problem: the GPU search tries every count)."""
         is_gpu = self._conv_gpu_tiles
-        # the smaller tiles of the problem's height (a split problem is too small for the large ones anyway)
+        row_class, tensor_cores = self._tile_class(op, dtype, m, n, groups)
         tiles = CK.choose_tiles(is_gpu, self._max_group, int(self.cl_device.local_mem_size),
-                                self._accumulator(dtype).itemsize, CK.tile_class(is_gpu, m, n, groups, 1 << 30))
+                                self._accumulator(dtype).itemsize, row_class, op if tensor_cores else None)
         blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
-        target = self._compute_units * (4 if is_gpu else 2)
-        if blocks >= target or k <= 8 * tiles.depth:
+        most = min(k // (4 * tiles.depth), self.MAX_CONV_SPLITS)
+        if is_gpu:
+            # resident work-groups: a compute unit's registers hold about 512 work-items of these kernels
+            slots = self._compute_units * max(1, self.CONV_RESIDENT_ITEMS // tiles.group)
+
+            def cost(s: int) -> float:
+                steps = -(-k // (s * tiles.depth))
+                return -(-blocks * s // slots) * steps + (s > 1) * s * m * n * groups * self.CONV_SPLIT_SUM_COST
+
+            splits = min(range(1, max(most, 1) + 1), key=cost)
+        else:
+            target = self._compute_units * 2
+            if blocks >= target or k <= 8 * tiles.depth:
+                return 1, k
+            splits = min(-(-target // blocks), most)
+        if splits <= 1:
             return 1, k
-        splits = min(-(-target // blocks), k // (4 * tiles.depth), self.MAX_CONV_SPLITS)
-        per_split = -(-k // max(splits, 1))
+        per_split = -(-k // splits)
         chunk = -(-per_split // tiles.depth) * tiles.depth  # a whole number of K steps
         return -(-k // chunk), chunk
+
+    #: Work-items of the register-blocked convolution kernels one GPU compute unit holds at once (about 128
+    #: registers each in a 64K-register file): 2 work-groups of 256, measured on the H200 as the split count
+    #: where a second wave of work-groups begins.
+    CONV_RESIDENT_ITEMS = 512
+    #: The GPU split-K cost of one partial-result element, in K-step waves (its write and its read by the sum;
+    #: fitted on the H200: 0.25 ms for 4 splits of the 512 x 4608 weight gradient, 0.26 ms for 6).
+    CONV_SPLIT_SUM_COST = 6e-6
 
     #: Most slices a split reduction is split into (each one a partial result in memory). A thin layer's weight
     #: gradient (convnet's first: a 64 x 27 result over 524,288 positions) is one tile: with 64 slices it ran
