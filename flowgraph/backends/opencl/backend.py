@@ -1239,7 +1239,7 @@ class OpenCLBackend(LazyEngine, Backend):
         that left a second, nearly empty wave ran up to 1.5x slower than one that filled the first (64 -> 128
         channels at 32x32: 30 splits, 270 work-groups on 264 slots, 0.63 ms; 24 splits, 0.48 ms). On a CPU,
         a few work-groups per compute unit where the output tiles alone would leave it idle."""
-        key = (op, m, n, k, groups, dtype, flags.cudnn.allow_tf32)
+        key = (op, m, n, k, groups, dtype, flags.cudnn.allow_tf32, self._conv_gpu_tiles, self._compute_units)
         cached = self.__dict__.setdefault("_split_choice", {})
         found = cached.get(key)
         if found is None:
