@@ -335,6 +335,9 @@ def _adaptive_avg_poolnd(x: Tensor, output_size, nd: int) -> Tensor:
     x, unbatched = _check_input(x, nd, where)
     sizes = _adaptive_sizes(x, output_size, nd, where)
     spatial = x.shape[2:]
+    if all(o == 1 for o in sizes):  # one window: the mean over the spatial dims (no reshape, which realizes x)
+        out = x.mean(tuple(range(2, 2 + nd)), keepdim=True)
+        return out.squeeze(0) if unbatched else out
     if all(n % o == 0 for n, o in zip(spatial, sizes)):  # equal windows everywhere: one reshape, one mean
         split = tuple(v for n, o in zip(spatial, sizes) for v in (o, n // o))
         out = x.reshape(tuple(x.shape[:2]) + split).mean(tuple(3 + 2 * i for i in range(nd)))
