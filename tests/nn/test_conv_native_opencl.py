@@ -614,6 +614,9 @@ def test_tf32_staging_swizzle_is_bank_conflict_free(depth):
                             row_runs=True).source
     assert "As[sk][sc + l * 16]" in source and "Bs[sk][sc + l * 16]" in source
     assert "As[8 + tq + 4][wr6 + 0]" in source and "Bs[8 + tq + 4][wc6 + 0]" in source
+    # a work-group of 64 (4 columns a store round) would break the per-work-item XOR: it stores unswizzled
+    small = CK.conv_source("wgrad", 2, F32, F32, np.dtype(np.int32), CK.ConvTiles(8, 8, 4, 4, 16), tf32=True).source
+    assert "As[e % 16][e / 16]" in small and "wr2" not in small
 
 
 TF32 = {  # name: (x shape, w shape, stride, padding, dilation, groups, compute units): each tile class's kernel

@@ -580,8 +580,10 @@ def conv_source(op: str, nd: int, dtype: np.dtype, acc_dtype: np.dtype, index_dt
 
     # A slice staged by rows (A always, B in the weight gradient) is stored transposed, each work-item's
     # element l at row tid % depth and column tid / depth + l * group / depth; in the TF32 kernels that column
-    # is swizzled (see swizzle), one XOR per work-item, and the fragment reads undo it.
-    swizzled = tf32 and group % depth == 0
+    # is swizzled (see swizzle), one XOR per work-item, and the fragment reads undo it. The XOR (below 8)
+    # commutes with adding l * group / depth only where that is a multiple of 8: smaller work-groups (a
+    # device's or a kernel's lower limit) store unswizzled.
+    swizzled = tf32 and group % (8 * depth) == 0
     if swizzled:
         st_row, st_col = "sk", f"sc + l * {group // depth}"
     else:
