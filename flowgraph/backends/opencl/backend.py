@@ -1182,10 +1182,8 @@ class OpenCLBackend(LazyEngine, Backend):
         if found is not None:
             return found
         max_group = self._max_group
-        local_mem = int(self.cl_device.local_mem_size)
         while True:
-            tiles = CK.choose_tiles(is_gpu, max_group, local_mem, acc.itemsize, row_class,
-                                    op if tensor_cores else None)
+            tiles = self._table_tiles(op, dtype, row_class, tensor_cores, max_group)
             tf32 = tensor_cores and CK.mma_warps(tiles) is not None
             kernel = self._kernel(
                 ("conv", op, nd, dtype.str, acc.str, index_dtype.str, tuple(tiles), tf32, bias, channels_inner,
@@ -1205,6 +1203,13 @@ class OpenCLBackend(LazyEngine, Backend):
         tensor_cores = dtype == _F32 and self._tf32_tensor_cores and flags.cudnn.allow_tf32
         huge = CK.GPU_TF32_TILES.get(op, {}).get("huge") if tensor_cores and self._conv_gpu_tiles else None
         return CK.tile_class(self._conv_gpu_tiles, m, n, groups, self._compute_units, huge), tensor_cores
+
+    def _table_tiles(self, op: str, dtype: np.dtype, row_class: str, tensor_cores: bool,
+                     max_group: int) -> CK.ConvTiles:
+        """The tiles of ``row_class`` from the device kind's table (the TF32 one for ``op`` with tensor cores)
+        that fit ``max_group`` work-items and the device's local memory (``conv.choose_tiles``)."""
+        return CK.choose_tiles(self._conv_gpu_tiles, max_group, int(self.cl_device.local_mem_size),
+                               self._accumulator(dtype).itemsize, row_class, op if tensor_cores else None)
 
     @functools.cached_property
     def _compute_units(self) -> int:
@@ -1249,9 +1254,7 @@ class OpenCLBackend(LazyEngine, Backend):
     def _choose_splits(self, op: str, m: int, n: int, k: int, groups: int, dtype: np.dtype) -> tuple[int, int]:
         """``_conv_splits`` worked out (it remembers the answer per problem: the GPU search tries every count)."""
         is_gpu = self._conv_gpu_tiles
-        row_class, tensor_cores = self._tile_class(op, dtype, m, n, groups)
-        tiles = CK.choose_tiles(is_gpu, self._max_group, int(self.cl_device.local_mem_size),
-                                self._accumulator(dtype).itemsize, row_class, op if tensor_cores else None)
+        tiles = self._table_tiles(op, dtype, *self._tile_class(op, dtype, m, n, groups), self._max_group)
         blocks = -(-m // tiles.tile_m) * -(-n // tiles.tile_n) * groups
         most = min(k // (4 * tiles.depth), self.MAX_CONV_SPLITS)
         if is_gpu:
