@@ -52,6 +52,9 @@ class FunctionCtx:
                 raise FlowError(f"save_for_backward takes tensors or None, got {type(t).__name__}; keep other "
                                 "values as attributes of ctx (ctx.scale = 2.0)")
         self._saved = tuple(tensors)
+        for t in tensors:
+            if t is not None:
+                t._backend.mark_saved(t._data)  # a lazy backend writes a pending value out where it is computed
 
     @property
     def saved_tensors(self) -> tuple:

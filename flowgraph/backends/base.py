@@ -226,9 +226,17 @@ class Backend:
     #: no separate add.
     accumulates_in_place = False
 
+    #: Whether elementwise results may be pending expressions (the lazy engine of the device backends): the
+    #: tensor layer then tells the backend which values autograd saved (``mark_saved``).
+    defers_elementwise = False
+
     def is_pending(self, a: Array) -> bool:
         """Whether ``a`` is a lazy backend's pending expression (not computed yet); False on eager backends."""
         return False
+
+    def mark_saved(self, a: Array) -> None:
+        """Autograd saved ``a`` for backward. A lazy backend writes a pending ``a`` out in the kernel that
+        computes it, so backward reads it instead of recomputing it; eager backends have nothing to do."""
 
     def matmul_accumulate(self, dst: Array, a: Array, b: Array) -> Array:
         """``dst + a @ b`` for 2-d ``a``, ``b`` and a ``dst`` of the product's shape and dtype, written into

@@ -38,6 +38,9 @@ from ..errors import BackendError, ShapeError
 MAX_NODES = 32
 #: ... or reads more than this many leaf arrays (kernel argument lists stay short).
 MAX_LEAVES = 8
+#: A fused kernel writes at most this many interior values of its tree besides the root (values needed again
+#: later: ``lazy.extra_outputs``); any further ones are recomputed by whatever reads them.
+MAX_OUTPUTS = 8
 
 _ENABLED = [True]
 
@@ -77,10 +80,12 @@ class Expr:
     """One pending elementwise op: ``op`` applied to ``inputs`` (arrays or :class:`Scalar`), giving ``dtype``.
 
     ``nodes`` and ``leaves`` are upper bounds of the tree size (shared subtrees counted twice); backends
-    compare them with :data:`MAX_NODES` / :data:`MAX_LEAVES` to decide when to realize.
+    compare them with :data:`MAX_NODES` / :data:`MAX_LEAVES` to decide when to realize. ``keep``: the value is
+    needed again later (autograd saved it), so the kernel that computes it inside a larger tree also writes it
+    out (``lazy.extra_outputs``) instead of leaving it to be recomputed.
     """
 
-    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves", "_sets")
+    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves", "keep", "_sets")
 
     def __init__(self, op: str, inputs: Sequence[Any], dtype: np.dtype):
         self.op = op
@@ -98,6 +103,7 @@ class Expr:
                 leaves += sub.leaves
         self.nodes = nodes
         self.leaves = leaves
+        self.keep = False
         self._sets: tuple[frozenset, frozenset] | None = None
 
     def too_big(self) -> bool:

@@ -17,6 +17,9 @@ device:
   overwritten (:meth:`LazyEngine.assign`, fused optimizer steps) the pending readers of it run first.
 * **Realization** (:meth:`LazyEngine.realize`) and **writes** (:meth:`LazyEngine._write`: a pending source runs
   straight into the destination view; one that reads the destination in another layout is staged first).
+* **Values needed again** (:func:`extra_outputs`): the kernel that runs a tree also writes out its interior
+  values that autograd saved for backward (:meth:`LazyEngine.mark_saved`) or that another pending tree reads,
+  so backward and the other tree read them instead of recomputing them (multi-output fused kernels).
 
 A backend mixes :class:`LazyEngine` in and supplies only storage and kernels: the hooks listed on the class.
 """
@@ -63,13 +66,14 @@ def _alive(refs: list) -> bool:
     return any(r() is not None for r in refs)
 
 
-def flatten(root: Any) -> tuple[tuple, list[Any], list[Scalar]]:
+def flatten(root: Any, nodes: list | None = None) -> tuple[tuple, list[Any], list[Scalar]]:
     """``(structural key, leaves, scalars)`` of the lazy tree under ``root``, in ``fusion.linearize``'s order.
 
     The hot path of every realization: ``linearize`` builds a full :class:`~flowgraph.backends.fusion.FusedProgram`
     (dtype strings in its key), needed only when a kernel is compiled. This walk visits the tree the same way
     (inputs depth first, shared subtrees once, leaves deduplicated by identity, scalars not) and keys by dtype
-    objects. A realized ``root`` is its own single leaf (the key of a copy).
+    objects. A realized ``root`` is its own single leaf (the key of a copy). ``nodes``, where given, receives
+    the pending arrays of the tree in value order (the root last).
     """
     leaves: list[Any] = []
     leaf_ref: dict[int, int] = {}
@@ -93,6 +97,8 @@ def flatten(root: Any) -> tuple[tuple, list[Any], list[Scalar]]:
             refs = tuple([visit(i) for i in expr.inputs])
             code.append((expr.op, expr.dtype, refs))
             ref = memo[id(x)] = len(code) - 1  # values: 0, 1, ...
+            if nodes is not None:
+                nodes.append(x)
         return ref
 
     try:
@@ -103,6 +109,31 @@ def flatten(root: Any) -> tuple[tuple, list[Any], list[Scalar]]:
         visit = None
     key = (tuple(code), tuple([leaf.dtype for leaf in leaves]), tuple([s.dtype for s in scalars]))
     return key, leaves, scalars
+
+
+def extra_outputs(nodes: list[Any]) -> list[tuple[int, Any]]:
+    """``(value index, array)`` of the interior values of a tree (``nodes`` from :func:`flatten`) that its
+    kernel should also write out, because something needs them again after it ran: values autograd saved for
+    backward (``Expr.keep``, set by ``LazyEngine.mark_saved``) and values another pending tree reads (a live
+    pending consumer outside this one). Left pending, each would be recomputed from its leaves by every later
+    kernel that reads it; written out, it is computed once. At most ``fusion.MAX_OUTPUTS``, in value order."""
+    found: list[tuple[int, Any]] = []
+    inside: set[int] | None = None
+    for k in range(len(nodes) - 1):  # the root is last: the kernel's own output
+        x = nodes[k]
+        if not x.lazy.keep:
+            consumers = x.consumers
+            # a node inside the tree has its parent among its consumers: an outside one needs a second entry
+            if consumers is None or len(consumers) < 2:
+                continue
+            if inside is None:
+                inside = {id(y) for y in nodes}
+            if not any((y := r()) is not None and y.lazy is not None and id(y) not in inside for r in consumers):
+                continue
+        found.append((k, x))
+        if len(found) == fusion.MAX_OUTPUTS:
+            break
+    return found
 
 
 @functools.lru_cache(maxsize=1024)
@@ -130,8 +161,10 @@ class LazyEngine:
     * ``_overlaps(a, b)``: whether realized ``a`` may read memory the view ``b`` writes, in another layout.
     * ``_fresh(shape, dtype)``: a new contiguous realized ``_lazy_type`` (uninitialised).
     * ``_take_storage(x, out)``: pending ``x`` becomes realized, holding ``out``'s storage.
-    * ``_launch_fused(flat, root, out)``: run the tree ``root`` (``flat = flatten(root)``) into the realized
-      view ``out`` of the same shape, converting to ``out.dtype``.
+    * ``_launch_fused(flat, root, out, outputs=(), extras=())``: run the tree ``root`` (``flat = flatten(root)``)
+      into the realized view ``out`` of the same shape, converting to ``out.dtype``; value ``outputs[j]`` of
+      the tree (its index in ``flat``'s code) is also written, in its own dtype, into the fresh contiguous
+      ``extras[j]`` (``extra_outputs``). ``outputs`` is part of the kernel's key.
     * ``_fill(dst, scalar)``: write one :class:`Scalar` into every element of the realized view ``dst``.
     * ``_strides(x)``: the element strides of the realized ``x`` (zero on broadcast axes).
     * ``check_dtype(dtype, where)``: the dtype, or a BackendError naming what the device supports.
@@ -140,6 +173,7 @@ class LazyEngine:
 
     _lazy_type: type
     _array_name = "an array"
+    defers_elementwise = True
 
     def _init_lazy(self) -> None:
         #: Per allocation (``_storage_id``), the pending arrays that read it directly.
@@ -209,14 +243,35 @@ class LazyEngine:
                 self._take_storage(reader, out)
 
     # ----------------------------------------------------------------- realization and writes
+    def mark_saved(self, a: Any) -> None:
+        """Autograd saved ``a`` for backward (``tensor._record``): a pending ``a`` is written out by the kernel
+        that computes it inside a larger tree (``extra_outputs``) instead of being recomputed when backward
+        reads it."""
+        if type(a) is self._lazy_type and a.lazy is not None:
+            a.lazy.keep = True
+
     def realize(self, x: Any) -> Any:
         """Run ``x``'s pending expression into a fresh contiguous allocation (no-op when realized or not lazy)."""
         if type(x) is not self._lazy_type or x.lazy is None:
             return x
         out = self._fresh(x.shape, x.dtype)
-        self._launch_fused(flatten(x), x, out)
+        nodes: list[Any] = []
+        self._evaluate(flatten(x, nodes), nodes, x, out)
         self._realized_into(x, out)
         return x
+
+    def _evaluate(self, flat: tuple, nodes: list[Any], root: Any, out: Any) -> None:
+        """Run the tree ``root`` (``flat = flatten(root, nodes)``) into the realized view ``out``. The interior
+        values needed again later (``extra_outputs``) are written by the same kernel into fresh allocations
+        and become realized there."""
+        extras = extra_outputs(nodes) if len(nodes) > 1 else ()
+        if not extras:
+            self._launch_fused(flat, root, out)
+            return
+        outs = [self._fresh(x.shape, x.dtype) for _, x in extras]
+        self._launch_fused(flat, root, out, tuple([k for k, _ in extras]), outs)
+        for (_, x), written in zip(extras, outs):
+            self._realized_into(x, written)
 
     def _realized_into(self, x: Any, out: Any) -> None:
         """Pending ``x`` becomes realized, holding ``out`` (a fresh allocation some kernel wrote ``x``'s
@@ -284,16 +339,17 @@ class LazyEngine:
             return
         if src.shape != dst.shape:
             src = self._broadcast_input(src, dst.shape, "assign")
-        flat = flatten(src)
+        nodes: list[Any] = []
+        flat = flatten(src, nodes)
         storage = self._storage_id(dst)
         for leaf in flat[1]:
             if self._storage_id(leaf) == storage and self._overlaps(leaf, dst):
                 # Reads overlapping the write in another layout: stage the source in its own allocation.
                 staged = self._fresh(src.shape, src.dtype)
-                self._launch_fused(flat, src, staged)
-                src, flat = staged, flatten(staged)
+                self._evaluate(flat, nodes, src, staged)
+                src, flat, nodes = staged, flatten(staged), []
                 break
-        self._launch_fused(flat, src, dst)
+        self._evaluate(flat, nodes, src, dst)
 
     def _assign(self, dst: Any, src: Any) -> Any:
         """``assign`` on a realized ``_lazy_type`` view ``dst``: the destination written, or a new array where

@@ -486,6 +486,8 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
         else:
             saved = tuple([_saved_output(t) if t is out else t for t in saved])
             versions = tuple([0 if t._vc is None else t._vc[0] for t in saved])
+        if out._backend.defers_elementwise:
+            _mark_saved(saved)
     out._grad_fn = Node(backward, edges, name, saved, versions, out._data.dtype)
     out._oi = 0
     out.requires_grad = True
@@ -499,10 +501,19 @@ def _record_multi(outs: list, name: str, inputs: tuple, saved: tuple, backward) 
     gradient per output (``None`` for outputs that got none) and returns one per input."""
     edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
     versions = tuple([0 if t._vc is None else t._vc[0] for t in saved])
+    if saved and outs[0]._backend.defers_elementwise:
+        _mark_saved(saved)
     node = Node(backward, edges, name, tuple(saved), versions, tuple(o._data.dtype for o in outs), len(outs))
     for i, o in enumerate(outs):
         o._grad_fn, o._oi, o.requires_grad = node, i, True
     return outs
+
+
+def _mark_saved(saved: tuple) -> None:
+    """Tell a lazy backend which values backward will read (``Backend.mark_saved``): it writes them out where
+    they are computed instead of recomputing them then."""
+    for t in saved:
+        t._backend.mark_saved(t._data)
 
 
 def _saved_output(out: Tensor) -> Tensor:

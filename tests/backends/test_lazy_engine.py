@@ -130,8 +130,9 @@ def test_kernels_with_dims_baked_in_match_the_general_kernel(be, monkeypatch, sh
     for y, t in got:
         np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(t, expected_t, rtol=1e-6)
-    baked = [k for k in be._kernels if isinstance(k, tuple) and k[0] == "ew" and k[-1] is not None]
-    assert any(len(k[-1]) > 1 for k in baked)
+    # elementwise kernel keys end (..., outputs, baked dims or None, index type) on both backends
+    baked = [k for k in be._kernels if isinstance(k, tuple) and k[0] == "ew" and k[-2] is not None]
+    assert any(len(k[-2]) > 1 for k in baked)
 
 
 def test_reader_registry_drops_freed_allocations_and_keeps_live_hazards(be, monkeypatch):
@@ -151,3 +152,112 @@ def test_reader_registry_drops_freed_allocations_and_keeps_live_hazards(be, monk
     assert len(be._readers) <= 2 * READER_ENTRIES + 2
     be.assign(kept, 0.0)
     np.testing.assert_array_equal(host(be, reader), 3 * np.arange(4))
+
+
+# ---------------------------------------------------------------------- values needed again: extra outputs
+def _count_launches(be, monkeypatch) -> list:
+    """Record ``(outputs, number of extras)`` of every fused elementwise launch of ``be`` from now on."""
+    calls: list = []
+    launch = be._launch_fused
+
+    def counted(flat, root, out, outputs=(), extras=()):
+        calls.append((outputs, len(extras)))
+        return launch(flat, root, out, outputs, extras)
+
+    monkeypatch.setattr(be, "_launch_fused", counted)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_a_saved_value_is_written_by_the_kernel_that_computes_it(be, monkeypatch, dtype):
+    """A pending value autograd saved (``mark_saved``) inside a larger tree is stored by that tree's kernel, in
+    its own dtype (a bool mask here too), and is realized from then on: nothing recomputes it."""
+    if (dtype == np.float16 and not be.supports_float16) or (dtype == np.float64 and not be.supports_float64):
+        pytest.skip(f"{be.device} does not compute {np.dtype(dtype)}")
+    rng = np.random.default_rng(3)
+    x, w = (rng.standard_normal((5, 7)).astype(dtype) for _ in range(2))
+    xa, wa = be.from_host(x), be.from_host(w)
+    calls = _count_launches(be, monkeypatch)
+    prod = be.mul(xa, wa)
+    mask = be.gt(prod, 0.0)
+    be.mark_saved(prod)
+    be.mark_saved(mask)
+    out = be.add(be.where(mask, prod, be.mul(prod, 0.1)), 1.0)
+    result = host(be, out)
+    assert calls == [((0, 1), 2)]  # one kernel wrote the result, the product and the mask
+    assert not be.is_pending(prod) and not be.is_pending(mask)
+    want = (x * w).astype(dtype)
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    np.testing.assert_allclose(result, np.where(want > 0, want, want * dtype(0.1)) + 1, rtol=tol, atol=tol)
+    np.testing.assert_allclose(host(be, prod), want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(host(be, mask), want > 0)
+    assert calls == [((0, 1), 2)]  # reading them back ran no kernel
+
+
+def test_a_value_another_pending_tree_reads_is_computed_once(be, monkeypatch):
+    """Realizing one of two pending trees that share a value writes the shared value out; the other tree then
+    reads it as a leaf. A value nothing else needs stays inside its kernel."""
+    x = be.from_host(np.linspace(-1, 1, 12, dtype=F32))
+    calls = _count_launches(be, monkeypatch)
+    shared = be.exp(x)
+    only_here = be.add(shared, 1.0)
+    first = be.mul(only_here, 2.0)
+    second = be.sub(shared, 3.0)
+    np.testing.assert_allclose(host(be, first), (np.exp(np.linspace(-1, 1, 12)) + 1) * 2, rtol=1e-6)
+    assert calls == [((0,), 1)]
+    assert not be.is_pending(shared) and be.is_pending(only_here)
+    assert flatten(second)[1] == [shared]  # the second tree reads the written value
+    np.testing.assert_allclose(host(be, second), np.exp(np.linspace(-1, 1, 12)) - 3, rtol=1e-6)
+
+
+def test_extra_outputs_are_capped_and_the_rest_recomputed_correctly(be, monkeypatch):
+    """At most ``fusion.MAX_OUTPUTS`` interior values are written by one kernel; the others stay pending and
+    give the same values when read."""
+    x = be.from_host(np.arange(8, dtype=F32))
+    calls = _count_launches(be, monkeypatch)
+    steps = [x]
+    for _ in range(fusion.MAX_OUTPUTS + 3):
+        steps.append(be.add(be.mul(steps[-1], 0.5), 1.0))
+        be.mark_saved(steps[-1])
+    host(be, steps[-1])
+    assert len(calls) == 1 and calls[0][1] == fusion.MAX_OUTPUTS
+    assert sum(be.is_pending(s) for s in steps[1:-1]) == len(steps) - 2 - fusion.MAX_OUTPUTS
+    want = np.arange(8, dtype=np.float64)
+    for s in steps[1:]:
+        want = want * 0.5 + 1
+        np.testing.assert_allclose(host(be, s), want, rtol=1e-6)
+
+
+def test_extra_outputs_of_a_strided_write(be):
+    """A pending source written into a strided view (``assign`` to a transposed slice) stores its saved interior
+    values contiguously, with the right values."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 6)).astype(F32)
+    dst_host = np.zeros((6, 4), F32)
+    xa, dst = be.from_host(x), be.from_host(dst_host)
+    inner = be.tanh(xa)
+    be.mark_saved(inner)
+    view = be.permute(dst, (1, 0))
+    be.assign(view, be.mul(inner, 2.0))
+    assert not be.is_pending(inner)
+    np.testing.assert_allclose(host(be, inner), np.tanh(x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(host(be, dst), (2 * np.tanh(x)).T, rtol=1e-6, atol=1e-6)
+
+
+def test_autograd_saves_are_not_recomputed_in_backward(be, monkeypatch):
+    """A product saved by the op that reads it is stored by the forward kernel: the backward's kernels read it
+    instead of recomputing it, and the gradients equal NumPy's."""
+    import flowgraph as fg
+
+    rng = np.random.default_rng(7)
+    x_h, w_h, v_h = (rng.standard_normal(16).astype(F32) for _ in range(3))
+    x = fg.tensor(x_h, device=be.device)
+    w = fg.tensor(w_h, device=be.device, requires_grad=True)
+    v = fg.tensor(v_h, device=be.device, requires_grad=True)
+    hidden = x * w  # saved by the next mul (for v's gradient)
+    out = (hidden * v + 1.0) * v
+    be.contiguous(out._data)
+    assert not be.is_pending(hidden._data)
+    out.backward(fg.ones_like(out))
+    np.testing.assert_allclose(w.grad.numpy(), x_h * v_h * v_h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(v.grad.numpy(), 2 * x_h * w_h * v_h + 1, rtol=1e-5, atol=1e-6)

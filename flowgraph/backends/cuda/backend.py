@@ -267,11 +267,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
         v = value.value
         dst.value.fill(float(v) if value.dtype in K.HALF_TYPES else v)
 
-    def _kernel(self, root: Any, key: tuple, out_dtype: np.dtype) -> Any:
+    def _kernel(self, root: Any, key: tuple, out_dtype: np.dtype, outputs: tuple = ()) -> Any:
         kernel = self._kernels.get(key)
         if kernel is None:
             program = linearize(root)  # same leaf and scalar order as lazy.flatten
-            in_params, out_params, body, preamble = K.elementwise_spec(program, out_dtype)
+            in_params, out_params, body, preamble = K.elementwise_spec(program, out_dtype, outputs)
             kernel = cupy.ElementwiseKernel(in_params, out_params, body, name="fg_fused", preamble=preamble)
             self._kernels[key] = kernel
         return kernel
@@ -284,33 +284,35 @@ class CupyBackend(LazyEngine, ArrayBackend):
     #: Threads per block of the strided elementwise kernel.
     EW_THREADS = 256
 
-    def _ew_plan(self, pkey: tuple, root: Any, dst: Any, values: list) -> Any:
-        """How ``_launch_fused`` runs a tree in one layout (``pkey``: structure, dtype, shape and the byte
-        strides of the output and each leaf): the strided kernel's :class:`~.launch.PackedLaunch` (the output,
-        then each leaf, then each scalar filled per launch), or False for programs touching float16/bfloat16
-        (a ``cupy.ElementwiseKernel``). Kept per layout, so a training step's launches pay neither the layout
-        walk nor the argument conversions again."""
+    def _ew_plan(self, pkey: tuple, root: Any, dst: Any, values: list, outputs: tuple, written: list) -> Any:
+        """How ``_launch_fused`` runs a tree in one layout (``pkey``: structure, dtype, shape, the byte strides
+        of the output and each leaf, the interior values written out): the strided kernel's
+        :class:`~.launch.PackedLaunch` (the output, each leaf, each extra output, then each scalar filled per
+        launch), or False for programs touching float16/bfloat16 (a ``cupy.ElementwiseKernel``). Kept per
+        layout, so a training step's launches pay neither the layout walk nor the argument conversions again."""
         key, dtype = pkey[0], pkey[1]
         types = {dtype, *key[1], *key[2], *(c[1] for c in key[0])}
         if not types <= K.RAW_TYPES:
             plan: Any = False
         else:
             shape, n = dst.shape, dst.size
+            arrays = (dst, *values, *written)
             if dst.flags.c_contiguous and all([v.shape == shape and v.flags.c_contiguous for v in values]):
                 # the common case, what ``collapse`` gives it without the per-axis walk: rank 1 (0 for one element)
+                # (extra outputs are fresh contiguous arrays of the output's shape)
                 dims: tuple = (n,) if n > 1 else ()
-                strides: Any = [(1,) * len(dims)] * (len(values) + 1)
+                strides: Any = [(1,) * len(dims)] * len(arrays)
                 it = np.int32 if n < 2**31 else np.int64
             else:
-                dims, strides = collapse(shape, [tuple([s // v.itemsize for s in v.strides]) for v in (dst, *values)])
+                dims, strides = collapse(shape, [tuple([s // v.itemsize for s in v.strides]) for v in arrays])
                 it = np.int32 if index_fits_int(n, dims, strides) else np.int64
             rank = len(dims)
             baked = tuple(dims) if rank > 1 and n >= BAKE_DIMS_MIN else None
-            kkey = ("ew", key, dtype, rank, it, baked)
+            kkey = ("ew", key, dtype, rank, outputs, baked, it)
             kernel = self._kernels.get(kkey)
             if kernel is None:
                 source = K.strided_source(linearize(root), rank, dtype, "int" if it is np.int32 else "long long",
-                                          baked)
+                                          baked, outputs)
                 kernel = self._kernels[kkey] = cupy.RawKernel(source, "fg_ew")
             threads = self.EW_THREADS
             params: list[Any] = [it(n), *[it(d) for d in dims], ARRAY, *[it(s) for s in strides[0]]]
@@ -323,8 +325,10 @@ class CupyBackend(LazyEngine, ArrayBackend):
         self._ew_plans[pkey] = plan
         return plan
 
-    def _launch_fused(self, flat: tuple, root: Any, out: LazyArray) -> None:
-        """Evaluate the tree ``root`` into the view ``out`` (same shape, any layout; converts).
+    def _launch_fused(self, flat: tuple, root: Any, out: LazyArray, outputs: tuple = (),
+                      extras: Sequence[LazyArray] = ()) -> None:
+        """Evaluate the tree ``root`` into the view ``out`` (same shape, any layout; converts), and its values
+        ``outputs`` into the fresh ``extras`` (``LazyEngine._launch_fused``).
 
         Programs of non-16-bit types run as this backend's strided kernel (``kernels.strided_source``, a
         ``cupy.RawKernel``: operands by collapsed strides, a contiguous op at rank 1); those touching
@@ -341,14 +345,15 @@ class CupyBackend(LazyEngine, ArrayBackend):
         stats["fused_launches"] += 1
         stats["fused_ops"] += len(key[0])
         values = [leaf.value for leaf in leaves]
-        pkey = (key, dtype, dst.shape, dst.strides, *[v.strides for v in values])
+        written = [x.value for x in extras]
+        pkey = (key, dtype, dst.shape, dst.strides, *[v.strides for v in values], outputs)
         plan = self._ew_plans.get(pkey)
         if plan is None:
-            plan = self._ew_plan(pkey, root, dst, values)
+            plan = self._ew_plan(pkey, root, dst, values, outputs, written)
         if plan is not False:
-            plan.launch([dst, *values, *[sc.value for sc in scalars]])
+            plan.launch([dst, *values, *written, *[sc.value for sc in scalars]])
             return
-        kernel = self._kernel(root, (key, dtype), dtype)
+        kernel = self._kernel(root, (key, dtype, outputs), dtype, outputs)
         # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
         ptr, strides = dst.data.ptr, dst.strides
         for i, value in enumerate(values):
@@ -356,8 +361,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 values[i] = dst
         for sc in scalars:
             values.append(sc.value if sc.dtype not in K.HALF_TYPES else np.float32(sc.value))
-        values.append(dst)
-        kernel(*values)
+        kernel(*values, dst, *written)
 
     def check_dtype(self, dtype: np.dtype, where: str) -> np.dtype:
         """``dtype`` when CUDA computes it, or a BackendError naming the supported dtypes."""

@@ -60,11 +60,13 @@ def scalar_transport(dtype: np.dtype) -> np.dtype:
     return F32 if dtype in HALF_TYPES else dtype
 
 
-def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, str, str, str]:
+def elementwise_spec(program: FusedProgram, out_dtype: np.dtype,
+                     outputs: Sequence[int] = ()) -> tuple[str, str, str, str]:
     """``(in_params, out_params, operation, preamble)`` of the ElementwiseKernel computing ``program``.
 
-    Leaves are ``in0..``, scalars ``s0..`` and the output ``out``. Array types are placeholders (one letter
-    per dtype) bound by the arrays passed; scalars are typed by name.
+    Leaves are ``in0..``, scalars ``s0..`` and the output ``out``, then ``o0..`` holding the program's values
+    ``outputs`` in their own dtypes. Array types are placeholders (one letter per dtype) bound by the arrays
+    passed; scalars are typed by name.
     """
     emitter = CudaEmitter()
 
@@ -77,6 +79,7 @@ def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, s
     lines, result = program.emit(emitter, lambda i: f"in{i}", scalar_name)
     out_dtype = np.dtype(out_dtype)
     lines.append(f"out = {emitter.convert(result, program.dtype, out_dtype)};")
+    lines += [f"o{j} = v{k};" for j, k in enumerate(outputs)]
     # CuPy type placeholders are single letters; arguments of one dtype share one (at most 13 dtypes).
     letters: dict[np.dtype, str] = {}
 
@@ -92,7 +95,8 @@ def elementwise_spec(program: FusedProgram, out_dtype: np.dtype) -> tuple[str, s
     preamble = emitter.helper_source()
     if BF16 in program.dtypes() or out_dtype == BF16:
         preamble = "#include <cupy/bfloat16.cuh>\n" + preamble
-    return ", ".join(params), f"{letter(out_dtype)} out", "\n".join(lines), preamble
+    outs = [f"{letter(out_dtype)} out"] + [f"{letter(program.instrs[k][1])} o{j}" for j, k in enumerate(outputs)]
+    return ", ".join(params), ", ".join(outs), "\n".join(lines), preamble
 
 
 _PLACEHOLDERS = "TUVWXYZABCDEFGHJKLMNPQRS"
@@ -103,11 +107,12 @@ RAW_TYPES = frozenset(CudaEmitter.CTYPES) - HALF_TYPES
 
 
 def strided_source(program: FusedProgram, rank: int, out_dtype: np.dtype, index_type: str,
-                   baked: Sequence[int] | None = None) -> str:
+                   baked: Sequence[int] | None = None, outputs: Sequence[int] = ()) -> str:
     """``fg_ew``: one thread per element of a ``rank``-d collapsed output, every operand by its own strides.
 
     Parameters: ``n``, the collapsed dims ``d0..``, ``out`` and its strides ``out_s0..``, each leaf
-    ``in{i}`` and its strides, the scalars; strides in elements, ``index_type`` (``int`` where every offset
+    ``in{i}`` and its strides, each extra output ``o{j}`` (the program's value ``outputs[j]``, in its own
+    dtype) and its strides, the scalars; strides in elements, ``index_type`` (``int`` where every offset
     fits) for the index arithmetic. A contiguous operation collapses to rank 1: the index is the offset, no
     per-operand n-d indexing. ``baked``: the collapsed dims written into the source as constants (the launch
     still passes them), for large launches where the per-element divisions by variable dims bound the kernel
@@ -120,14 +125,18 @@ def strided_source(program: FusedProgram, rank: int, out_dtype: np.dtype, index_
     params += [f"{emitter.ctype(out_dtype)}* out"] + [f"{it} out_s{a}" for a in range(rank)]
     for i, leaf in enumerate(program.leaves):  # no __restrict__: an in-place write reads its own output
         params += [f"const {emitter.ctype(leaf.dtype)}* in{i}"] + [f"{it} in{i}_s{a}" for a in range(rank)]
+    for j, k in enumerate(outputs):
+        params += [f"{emitter.ctype(program.instrs[k][1])}* o{j}"] + [f"{it} o{j}_s{a}" for a in range(rank)]
     params += [f"{emitter.ctype(sc.dtype)} s{i}" for i, sc in enumerate(program.scalars)]
     expr, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines = [f"{it} idx = ({it})blockIdx.x * blockDim.x + threadIdx.x;", "if (idx >= n) return;"]
     lines += decompose("idx", "d", "c", rank, it, baked)
     lines += [f"{it} in{i}_p = {offset_expr('0', f'in{i}', 'c', rank)};" for i in range(len(program.leaves))]
     lines.append(f"{it} out_p = {offset_expr('0', 'out', 'c', rank)};")
+    lines += [f"{it} o{j}_p = {offset_expr('0', f'o{j}', 'c', rank)};" for j in range(len(outputs))]
     lines += expr
     lines.append(f"out[out_p] = {emitter.convert(result, program.dtype, np.dtype(out_dtype))};")
+    lines += [f"o{j}[o{j}_p] = v{k};" for j, k in enumerate(outputs)]
     body = "".join(f"  {line}\n" for line in lines)
     return (emitter.helper_source() + f'extern "C" __global__ void fg_ew({", ".join(params)}) {{\n'
             + body + "}\n")

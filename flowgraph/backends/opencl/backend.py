@@ -280,21 +280,23 @@ class OpenCLBackend(LazyEngine, Backend):
     def _take_storage(x: CLArray, out: CLArray) -> None:
         x.buffer, x.strides, x.offset, x.lazy = out.buffer, out.strides, out.offset, None
 
-    def _launch_fused(self, flat: tuple, root: Any, out: CLArray) -> None:
+    def _launch_fused(self, flat: tuple, root: Any, out: CLArray, outputs: tuple = (),
+                      extras: Sequence[CLArray] = ()) -> None:
         n = out.size
         if n == 0:
             return
         key, leaves, scalars = flat
-        dims, cstrides = K.collapse(out.shape, [out.strides] + [leaf.strides for leaf in leaves])
+        written = [out, *leaves, *extras]
+        dims, cstrides = K.collapse(out.shape, [x.strides for x in written])
         rank, dtype = len(dims), out.dtype
         baked = tuple(dims) if rank > 1 and n >= BAKE_DIMS_MIN else None
-        offsets = [out.offset] + [leaf.offset for leaf in leaves]
+        offsets = [x.offset for x in written]
         it = "int" if index_fits_int(n + 1024, dims, cstrides, offsets) else "long"  # + a group's rounding up
-        kernel = self._kernel(("ew", key, dtype, rank, baked, it),
-                              lambda: K.elementwise_source(linearize(root), rank, dtype, baked, it))
-        args: list[Any] = [n, *dims, out.buffer, out.offset, *cstrides[0]]
-        for leaf, leaf_strides in zip(leaves, cstrides[1:]):
-            args += [leaf.buffer, leaf.offset, *leaf_strides]
+        kernel = self._kernel(("ew", key, dtype, rank, outputs, baked, it),
+                              lambda: K.elementwise_source(linearize(root), rank, dtype, baked, it, outputs))
+        args: list[Any] = [n, *dims]
+        for x, x_strides in zip(written, cstrides):
+            args += [x.buffer, x.offset, *x_strides]
         args += _scalar_args(scalars)
         self._launch(kernel, n, args)
 

@@ -165,13 +165,17 @@ def strided_kernel(
 
 # ----------------------------------------------------------------------------------------- elementwise
 def elementwise_source(program: FusedProgram, rank: int, out_dtype: np.dtype,
-                       baked: Sequence[int] | None = None, index_type: str = "long") -> KernelSource:
+                       baked: Sequence[int] | None = None, index_type: str = "long",
+                       outputs: Sequence[int] = ()) -> KernelSource:
     """One kernel evaluating a fused program into a strided output of ``out_dtype`` (``baked``, ``index_type``:
-    see ``strided_kernel``)."""
+    see ``strided_kernel``); value ``outputs[j]`` of the program is also stored, in its own dtype, into the
+    strided operand ``o{j}`` (after the leaves)."""
     emitter = OpenCLEmitter()
     lines, result = program.emit(emitter, lambda i: f"in{i}[in{i}_p]", lambda i: f"s{i}")
     lines.append(f"out[out_p] = {emitter.convert(result, program.dtype, out_dtype)};")
+    lines += [f"o{j}[o{j}_p] = v{k};" for j, k in enumerate(outputs)]
     operands = [("out", out_dtype, False)] + [(f"in{i}", leaf.dtype, True) for i, leaf in enumerate(program.leaves)]
+    operands += [(f"o{j}", program.instrs[k][1], False) for j, k in enumerate(outputs)]
     scalars = Params()
     for i, s in enumerate(program.scalars):
         scalars.scalar(s.dtype, f"s{i}")
