@@ -261,3 +261,16 @@ def test_autograd_saves_are_not_recomputed_in_backward(be, monkeypatch):
     out.backward(fg.ones_like(out))
     np.testing.assert_allclose(w.grad.numpy(), x_h * v_h * v_h, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(v.grad.numpy(), 2 * x_h * w_h * v_h + 1, rtol=1e-5, atol=1e-6)
+
+
+def test_concatenate_writes_pending_pieces_into_their_slices(be, monkeypatch):
+    """``concatenate`` is the lazy engine's on every lazy backend (not a wrapper that realizes each piece and
+    copies it again): a pending piece is computed by one kernel straight into its slice and stays pending."""
+    x = be.from_host(np.arange(6, dtype=F32).reshape(2, 3))
+    y = be.from_host(np.ones((1, 3), F32))
+    calls = _count_launches(be, monkeypatch)
+    first, second = be.mul(x, 2.0), be.add(y, 1.0)
+    out = be.concatenate([first, second, y], 0)
+    assert len(calls) == 3 and be.is_pending(first) and be.is_pending(second)
+    np.testing.assert_array_equal(host(be, out), np.concatenate([np.arange(6).reshape(2, 3) * 2,
+                                                                 np.full((1, 3), 2), np.ones((1, 3))]))

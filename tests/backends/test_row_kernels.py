@@ -400,3 +400,35 @@ def test_batch_norm_override_matches_the_generic_default(device, shape, affine, 
         else:
             atol = 1e-6 * summands if n >= 7 else 1e-4
             np.testing.assert_allclose(fast, generic, rtol=1e-4, atol=max(atol, 1e-4))
+
+
+def test_cuda_adam_multi_checks_parameters_once_and_gradients_every_step():
+    """The parameters and state of a multi-tensor Adam step are checked once and found again by identity at the
+    next step (``_adam_checked``); the gradients are checked every step (a transposed one is made contiguous),
+    a pending expression reading a parameter still runs before it is overwritten, a new parameter array is
+    checked anew, and every step equals the per-tensor kernel."""
+    be = _cuda_backend()
+    rng = np.random.default_rng(4)
+    hosts = [[rng.standard_normal(s).astype(F32) for _ in range(3)] + [np.abs(rng.standard_normal(s)).astype(F32)]
+             for s in [(6, 4), (5,)]]
+    ops = [[be.from_host(a) for a in h] for h in hosts]
+    ref = [[be.from_host(a) for a in h] for h in hosts]
+    be._adam_static.clear()
+    params = [o[0] for o in ops]
+    for step in range(3):
+        grads = [be.from_host(rng.standard_normal(h[0].shape).astype(F32)) for h in hosts]
+        if step == 1:  # a transposed gradient: the kernel takes a contiguous copy
+            grads[0] = be.permute(be.from_host(np.ascontiguousarray(be.to_host(grads[0]).T)), (1, 0))
+        before = be.mul(params[0], 1.0)  # pending, reads the parameter about to be overwritten
+        want_before = be.to_host(ref[0][0])
+        out = be.adam_step_multi(params, grads, [o[2] for o in ops], [o[3] for o in ops], 0.9, 0.999, 1e-3, 1e-8)
+        np.testing.assert_array_equal(be.to_host(before), want_before)
+        for i, (p, _, m, v) in enumerate(ref):
+            be.adam_step(p, grads[i], m, v, 0.9, 0.999, 1e-3, 1e-8)
+            for got, want in zip((out[0][i], out[1][i], out[2][i]), (p, m, v)):
+                np.testing.assert_allclose(be.to_host(got), be.to_host(want), rtol=1e-6, atol=1e-7)
+        params = list(out[0])
+        assert len(be._adam_static) == 1  # the same arrays: checked once
+    params[1] = be.from_host(be.to_host(params[1]))  # a replaced parameter: a new set, checked anew
+    be.adam_step_multi(params, grads, [o[2] for o in ops], [o[3] for o in ops], 0.9, 0.999, 1e-3, 1e-8)
+    assert len(be._adam_static) == 2
