@@ -885,12 +885,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
         dtype, storages = static[1], static[2]
         operands = [(p, g, (m, v)) for (p, m, v), g in zip(static[3], gs)]
         work = [o for o in operands if o[0].size]
-        key = (dtype, static[4], tuple([g.data.ptr for _, g, _ in work]))
+        gptrs = tuple([g.data.ptr for _, g, _ in work])
+        key = (dtype, static[4], gptrs)
         table = self._adam_tables.get(key)
-        if table is None:
-            entries = [[a.data.ptr for a in (p, g, m, v)] + [p.size] for p, g, (m, v) in work]
-            blocks = [[k, start] for k, (p, _, _) in enumerate(work) for start in range(0, p.size, R.ADAM_CHUNK)]
-            host = np.array([w for row in entries + blocks for w in row] or [0], dtype=np.uint64).view(np.int64)
+        if table is None:  # new gradient addresses (most steps): the parameters' part of the table is kept
+            template, blocks = static[5]
+            host = template.copy()
+            if gptrs:
+                host[1:5 * len(gptrs):5] = gptrs
             if len(self._adam_tables) >= self.ADAM_TABLES:
                 old = self._adam_tables.pop(next(iter(self._adam_tables)))
                 if old[2][1] is not None:  # its staging buffer goes back to the pool: the copy must be done
@@ -943,8 +945,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 refs = tuple([weakref.ref(a) for a in arrays])
             except TypeError:  # an array type without weak references: checked at every step
                 refs = None
+            work = [t for t in triples if t[0].size]
+            # the kernel's table: per tensor (p, g, m, v, size) with g filled in per step, then (tensor, start)
+            # per block of ADAM_CHUNK elements
+            entries = [[p.data.ptr, 0, m.data.ptr, v.data.ptr, p.size] for p, m, v in work]
+            blocks = [[k, start] for k, (p, _, _) in enumerate(work) for start in range(0, p.size, R.ADAM_CHUNK)]
+            template = np.array([w for row in entries + blocks for w in row] or [0], dtype=np.int64)
             static = (refs, arrays[0].dtype, tuple({id(a.data.mem): None for a in arrays}), tuple(triples),
-                      tuple((a.data.ptr, a.size) for p, m, v in triples if p.size for a in (p, m, v)))
+                      tuple((a.data.ptr, a.size) for p, m, v in work for a in (p, m, v)), (template, blocks))
             if refs is not None:
                 if len(self._adam_static) >= self.ADAM_TABLES:
                     self._adam_static.pop(next(iter(self._adam_static)))
