@@ -112,22 +112,9 @@ class ArrayBackend(Backend):
         if a.ndim == 0:  # ufuncs return scalars for 0-d arrays; the in-place passes need an array
             return self.erf(a.reshape(1)).reshape(())
         if a.dtype != np.float64:
-            # Horner's rule written in place: three scratch arrays instead of a fresh array per operation.
-            f32 = np.float32
-            x = xp.clip(a, -4.0, 4.0) if a.dtype == f32 else xp.clip(a.astype(f32), -4.0, 4.0)
-            x2 = xp.multiply(x, x)
-            p = xp.multiply(x2, f32(self._ERF32_P[0]))
-            for c in self._ERF32_P[1:-1]:
-                p += f32(c)
-                p *= x2
-            p += f32(self._ERF32_P[-1])
-            p *= x
-            q = xp.multiply(x2, f32(self._ERF32_Q[0]))
-            for c in self._ERF32_Q[1:-1]:
-                q += f32(c)
-                q *= x2
-            q += f32(self._ERF32_Q[-1])
-            p /= q
+            x = xp.clip(a, -4.0, 4.0) if a.dtype == np.float32 else xp.clip(a.astype(np.float32), -4.0, 4.0)
+            p = xp.empty_like(x)
+            self._erf32_into(x, p, xp.empty_like(x), xp.empty_like(x))
             return p.astype(a.dtype, copy=False)
         ax = xp.abs(a)
         t = ax * 0.5
@@ -154,6 +141,24 @@ class ArrayBackend(Backend):
         y = xp.where(small, series * (2.0 / np.sqrt(np.pi)), y)
         xp.copysign(y, a, out=y)  # erf is odd: one pass instead of a compare, a negation and a select
         return y
+
+    def _erf32_into(self, x: Array, out: Array, x2: Array, q: Array) -> None:
+        """float32 ``erf`` of ``x`` (clamped to [-4, 4] already) into ``out``: Horner's rule written in place,
+        with ``x2`` and ``q`` (arrays of ``x``'s shape) as scratch instead of a fresh array per operation."""
+        xp, f32 = self.xp, np.float32
+        xp.multiply(x, x, out=x2)
+        p = xp.multiply(x2, f32(self._ERF32_P[0]), out=out)
+        for c in self._ERF32_P[1:-1]:
+            p += f32(c)
+            p *= x2
+        p += f32(self._ERF32_P[-1])
+        p *= x
+        xp.multiply(x2, f32(self._ERF32_Q[0]), out=q)
+        for c in self._ERF32_Q[1:-1]:
+            q += f32(c)
+            q *= x2
+        q += f32(self._ERF32_Q[-1])
+        p /= q
 
     # ----------------------------------------------------------------- host exchange and creation
     def from_host(self, array: np.ndarray) -> Array:
@@ -360,12 +365,64 @@ class NumpyBackend(ArrayBackend):
         """The CPU device."""
         return ["cpu"]
 
+    #: Elements per block of a multi-pass elementwise chain (erf's 24 passes, GELU's): 256 KiB of float32, so
+    #: every pass after the first reads L2 instead of memory. On nanoGPT's (32, 32, 256) float32 activations
+    #: (best of 7 runs, 2-core VM): erf 2.57 -> 0.93 ms, GELU forward 3.10 -> 1.46 ms, backward 0.53 -> 0.46 ms.
+    _EW_BLOCK = 65536
+
+    def _blocks(self, n: int):
+        """``(start, stop)`` of the ``_EW_BLOCK`` blocks of ``range(n)``."""
+        step = self._EW_BLOCK
+        return ((i, min(n, i + step)) for i in range(0, n, step))
+
+    def _blocked(self, *arrays: Array) -> bool:
+        """Whether a chain over these arrays runs block by block: NumPy arrays, C-contiguous, larger than a
+        block (a smaller one is one block already)."""
+        return all(type(a) is np.ndarray and a.flags.c_contiguous for a in arrays) and arrays[0].size > \
+            self._EW_BLOCK
+
+    def erf(self, a: Array) -> Array:
+        """``ArrayBackend.erf``, block by block for a large contiguous float32 array (``_EW_BLOCK``): the same
+        operations in the same order, so the same bits."""
+        if a.dtype != np.float32 or not self._blocked(a):
+            return super().erf(a)
+        flat, out = a.reshape(-1), np.empty(a.shape, np.float32)
+        self._erf32_blocks(flat, out.reshape(-1), lambda i, j, xb: np.clip(flat[i:j], -4.0, 4.0, out=xb))
+        return out
+
+    def _erf32_blocks(self, flat: np.ndarray, out: np.ndarray, load) -> None:
+        """float32 erf over ``out``'s blocks: ``load(i, j, xb)`` writes block ``i:j`` of the (clamped) input into
+        the scratch ``xb`` and returns it."""
+        m = min(flat.size, self._EW_BLOCK)
+        xb, x2, q = (np.empty(m, np.float32) for _ in range(3))
+        for i, j in self._blocks(flat.size):
+            k = j - i
+            self._erf32_into(load(i, j, xb[:k]), out[i:j], x2[:k], q[:k])
+
     def gelu_exact(self, x: Array) -> tuple:
         """Exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2`` finished in place (the
-        generic default's operations); the generic default unless ``x`` is a float32/float64 NumPy array."""
+        generic default's operations); a large contiguous float32 ``x`` block by block (``_EW_BLOCK``; the same
+        operations, so the same bits). The generic default unless ``x`` is a float32/float64 NumPy array."""
         if type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or x.ndim == 0:
             return super().gelu_exact(x)
-        cdf = self.erf(np.multiply(x, 1.0 / math.sqrt(2.0)))
+        scale = 1.0 / math.sqrt(2.0)
+        if x.dtype == np.float32 and self._blocked(x):
+            flat = x.reshape(-1)
+            y, cdf = np.empty(x.shape, np.float32), np.empty(x.shape, np.float32)
+            yf, cf = y.reshape(-1), cdf.reshape(-1)
+
+            def load(i: int, j: int, xb: np.ndarray) -> np.ndarray:
+                np.multiply(flat[i:j], scale, out=xb)
+                return np.clip(xb, -4.0, 4.0, out=xb)
+
+            self._erf32_blocks(flat, cf, load)
+            for i, j in self._blocks(flat.size):
+                c = cf[i:j]
+                c += 1.0
+                c *= 0.5
+                np.multiply(flat[i:j], c, out=yf[i:j])
+            return y, cdf
+        cdf = self.erf(np.multiply(x, scale))
         cdf += 1.0
         cdf *= 0.5
         return np.multiply(x, cdf), cdf
@@ -727,14 +784,25 @@ class NumpyBackend(ArrayBackend):
         ``x``'s dtype and shape."""
         if type(g) is not np.ndarray or g.dtype != x.dtype or g.shape != x.shape or g.ndim == 0 or cdf is None:
             return super().gelu_exact_backward(g, x, cdf)
-        t = np.multiply(x, x)
+        out = np.empty(x.shape, x.dtype)
+        if self._blocked(out, g, x, cdf) and cdf.shape == x.shape:  # block by block (``_EW_BLOCK``)
+            parts = [a.reshape(-1) for a in (out, g, x, cdf)]
+            for i, j in self._blocks(out.size):
+                self._gelu_grad_into(*(a[i:j] for a in parts))
+        else:
+            self._gelu_grad_into(out, g, x, cdf)
+        return out
+
+    @staticmethod
+    def _gelu_grad_into(t: np.ndarray, g: np.ndarray, x: np.ndarray, cdf: np.ndarray) -> None:
+        """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))`` written into ``t``, one pass per operation."""
+        np.multiply(x, x, out=t)
         t *= -0.5
         np.exp(t, out=t)
         t *= 1.0 / math.sqrt(2.0 * math.pi)
         t *= x
         t += cdf
         t *= g
-        return t
 
     _CONV_CHUNK_BYTES = 1 << 20  # im2col rows built at a time: half an L2 cache (best of 0.5-4 MiB measured)
     _CONV_WHOLE_BYTES = 4 << 20  # an im2col up to this size is built whole (small layers: fewer, larger copies)
