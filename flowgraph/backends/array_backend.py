@@ -390,14 +390,17 @@ class NumpyBackend(ArrayBackend):
         self._erf32_blocks(flat, out.reshape(-1), lambda i, j, xb: np.clip(flat[i:j], -4.0, 4.0, out=xb))
         return out
 
-    def _erf32_blocks(self, flat: np.ndarray, out: np.ndarray, load) -> None:
+    def _erf32_blocks(self, flat: np.ndarray, out: np.ndarray, load, finish=None) -> None:
         """float32 erf over ``out``'s blocks: ``load(i, j, xb)`` writes block ``i:j`` of the (clamped) input into
-        the scratch ``xb`` and returns it."""
+        the scratch ``xb`` and returns it; ``finish(i, j)``, where given, then works on the block while it is
+        still in cache."""
         m = min(flat.size, self._EW_BLOCK)
         xb, x2, q = (np.empty(m, np.float32) for _ in range(3))
         for i, j in self._blocks(flat.size):
             k = j - i
             self._erf32_into(load(i, j, xb[:k]), out[i:j], x2[:k], q[:k])
+            if finish is not None:
+                finish(i, j)
 
     def gelu_exact(self, x: Array) -> tuple:
         """Exact GELU's ``(x * cdf, cdf)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2`` finished in place (the
@@ -415,12 +418,13 @@ class NumpyBackend(ArrayBackend):
                 np.multiply(flat[i:j], scale, out=xb)
                 return np.clip(xb, -4.0, 4.0, out=xb)
 
-            self._erf32_blocks(flat, cf, load)
-            for i, j in self._blocks(flat.size):
+            def finish(i: int, j: int) -> None:
                 c = cf[i:j]
                 c += 1.0
                 c *= 0.5
                 np.multiply(flat[i:j], c, out=yf[i:j])
+
+            self._erf32_blocks(flat, cf, load, finish)
             return y, cdf
         cdf = self.erf(np.multiply(x, scale))
         cdf += 1.0
