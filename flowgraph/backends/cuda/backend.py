@@ -21,7 +21,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import cupy
 import numpy as np
@@ -90,6 +90,18 @@ def _install_peak_allocator() -> None:
 
     cupy.cuda.set_allocator(tracked_malloc)
     _ALLOCATOR_INSTALLED[0] = True
+
+
+class _AdamSet(NamedTuple):
+    """A parameter set ``CupyBackend.adam_step_multi`` has checked once (see ``_adam_checked``)."""
+
+    refs: tuple | None  #: weak references to the parameter and state arrays (None: checked at every step)
+    dtype: Any  #: their one dtype
+    storages: tuple  #: their allocations' ids, for the hazard flush
+    triples: tuple  #: ``(p, m, v)`` per parameter
+    layout: tuple  #: ``(pointer, size)`` of each non-empty array: part of the table's cache key
+    template: np.ndarray  #: the kernel's table with the gradient pointers left 0
+    blocks: int  #: thread blocks of the launch (one per chunk of one tensor)
 
 
 class LazyArray:
@@ -168,7 +180,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         # Multi-tensor Adam's device tables of pointers and sizes, by (dtype, pointers and sizes); built
         # outside CUDA-graph capture only (a host-to-device copy), a few kept.
         self._adam_tables: dict[tuple, Any] = {}
-        self._adam_static: dict[tuple, tuple] = {}  # checked parameter sets (``_adam_checked``)
+        self._adam_static: dict[tuple, _AdamSet] = {}  # checked parameter sets (``_adam_checked``)
         self._ones_rows: dict[tuple, Any] = {}  # bias_grad_accumulate's rows of ones, per (length, dtype)
         self._gemm_plans: dict[tuple, tuple] = {}  # _gemm_plan's layouts of 2-d GEMMs, per operand layout
         # Tables built while a CUDA graph recorded: the graph copies from their pinned staging buffers into
@@ -787,13 +799,19 @@ class CupyBackend(LazyEngine, ArrayBackend):
         dst = self._arr(dst)
         return self._assign(LazyArray(None, dst.shape, dst.dtype, dst), src).value
 
+    @staticmethod
+    def _update_layout(p: Any, state: tuple) -> bool:
+        """Whether a fused optimizer kernel takes parameter ``p`` and its ``state`` buffers (cupy arrays):
+        contiguous float32/float64 arrays of one dtype and shape."""
+        return p.dtype in (K.F32, K.F64) and p.flags.c_contiguous and all(
+            x.dtype == p.dtype and x.shape == p.shape and x.flags.c_contiguous for x in state)
+
     def _optimizer_operands(self, p: Array, g: Array, state: tuple) -> tuple | None:
         """``(p, g, state)`` as cupy arrays for a fused optimizer kernel, or None (the generic path runs) unless
         ``p`` and the state buffers are contiguous float32/float64 arrays of one dtype and shape."""
         self._use()
         p, state = self._arr(p), tuple(self._arr(x) for x in state)
-        if p.dtype not in (K.F32, K.F64) or not p.flags.c_contiguous or not all(
-                x.dtype == p.dtype and x.shape == p.shape and x.flags.c_contiguous for x in state):
+        if not self._update_layout(p, state):
             return None
         g = self._arr(g)
         if g.shape != p.shape:
@@ -882,15 +900,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
             return super().adam_step_multi(params, grads, ms, vs, beta1, beta2, step_size, eps_hat, l2, decay,
                                            maximize, v_maxs)
         static, gs = checked
-        dtype, storages = static[1], static[2]
-        operands = [(p, g, (m, v)) for (p, m, v), g in zip(static[3], gs)]
+        dtype = static.dtype
+        operands = [(p, g, (m, v)) for (p, m, v), g in zip(static.triples, gs)]
         work = [o for o in operands if o[0].size]
         gptrs = tuple([g.data.ptr for _, g, _ in work])
-        key = (dtype, static[4], gptrs)
+        key = (dtype, static.layout, gptrs)
         table = self._adam_tables.get(key)
         if table is None:  # new gradient addresses (most steps): the parameters' part of the table is kept
-            template, blocks = static[5]
-            host = template.copy()
+            host = static.template.copy()
             if gptrs:
                 host[1:5 * len(gptrs):5] = gptrs
             if len(self._adam_tables) >= self.ADAM_TABLES:
@@ -898,11 +915,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
                 if old[2][1] is not None:  # its staging buffer goes back to the pool: the copy must be done
                     old[2][1].synchronize()
             device, staging = self._upload_async(host, recorded=self.capturing)
-            table = self._adam_tables[key] = (device, len(blocks), staging)
+            table = self._adam_tables[key] = (device, static.blocks, staging)
         if self.capturing and not any(t is table for t in self._graph_tables):
             self._graph_tables.append(table)  # a graph reads it at every replay: never freed
         readers = self._readers
-        for storage in storages:  # pending expressions reading the old values run first
+        for storage in static.storages:  # pending expressions reading the old values run first
             if storage in readers:
                 self._flush_readers(storage)
         t = dtype.type
@@ -919,26 +936,24 @@ class CupyBackend(LazyEngine, ArrayBackend):
         return ([o[0] for o in operands], [o[2][0] for o in operands], [o[2][1] for o in operands], None)
 
     def _adam_checked(self, params: Sequence[Array], grads: Sequence[Array], ms: Sequence[Array],
-                      vs: Sequence[Array]) -> tuple | None:
+                      vs: Sequence[Array]) -> tuple[_AdamSet, list] | None:
         """``(static, grads)`` for ``adam_step_multi``, or None where its kernel does not take the arrays.
 
         ``static`` describes the parameters and their state, which a training loop passes again at every step
-        (the same ``cupy.ndarray`` objects: the update is in place): ``(weak references to them, dtype, their
-        allocations' ids for the hazard flush, ((p, m, v), ...), (pointer, size) of each non-empty one)``.
-        It is checked once (contiguous float32/float64 arrays of one dtype, state of the parameter's shape) and
-        found again by the arrays' identities, so a step re-checks only its gradients (``grads``: contiguous, of
-        the parameters' dtype). A full check per parameter per step cost about 10 us of host time on CUDA.
+        (the same ``cupy.ndarray`` objects: the update is in place). It is checked once (``_update_layout``, one
+        dtype for all) and found again by the arrays' identities, so a step re-checks only its gradients
+        (``grads``: contiguous, of the parameters' dtype). A full check per parameter per step cost about 10 us
+        of host time on CUDA.
         """
         self._use()
         arrays = [self._arr(x) for x in (*params, *ms, *vs)]
         ids = tuple(map(id, arrays))
         static = self._adam_static.get(ids)
-        if static is None or any(r() is not a for r, a in zip(static[0], arrays)):
+        if static is None or any(r() is not a for r, a in zip(static.refs, arrays)):
             n = len(params)
             triples = []
             for p, m, v in zip(arrays[:n], arrays[n:2 * n], arrays[2 * n:]):
-                if p.dtype not in (K.F32, K.F64) or p.dtype != arrays[0].dtype or not p.flags.c_contiguous or \
-                        not all(x.dtype == p.dtype and x.shape == p.shape and x.flags.c_contiguous for x in (m, v)):
+                if p.dtype != arrays[0].dtype or not self._update_layout(p, (m, v)):
                     return None
                 triples.append((p, m, v))
             try:
@@ -951,15 +966,16 @@ class CupyBackend(LazyEngine, ArrayBackend):
             entries = [[p.data.ptr, 0, m.data.ptr, v.data.ptr, p.size] for p, m, v in work]
             blocks = [[k, start] for k, (p, _, _) in enumerate(work) for start in range(0, p.size, R.ADAM_CHUNK)]
             template = np.array([w for row in entries + blocks for w in row] or [0], dtype=np.int64)
-            static = (refs, arrays[0].dtype, tuple({id(a.data.mem): None for a in arrays}), tuple(triples),
-                      tuple((a.data.ptr, a.size) for p, m, v in work for a in (p, m, v)), (template, blocks))
+            static = _AdamSet(refs, arrays[0].dtype, tuple({id(a.data.mem): None for a in arrays}), tuple(triples),
+                              tuple((a.data.ptr, a.size) for p, m, v in work for a in (p, m, v)), template,
+                              len(blocks))
             if refs is not None:
                 if len(self._adam_static) >= self.ADAM_TABLES:
                     self._adam_static.pop(next(iter(self._adam_static)))
                 self._adam_static[ids] = static
-        dtype = static[1]
+        dtype = static.dtype
         gs = []
-        for (p, _, _), g in zip(static[3], grads):
+        for (p, _, _), g in zip(static.triples, grads):
             g = self._arr(g)
             if g.shape != p.shape:
                 return None
