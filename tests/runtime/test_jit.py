@@ -352,3 +352,35 @@ def test_activation_checkpointing_inside_a_jitted_step(device):
     np.testing.assert_allclose(jl, el, **_tol(device))
     for a, b in zip(jp, ep):
         np.testing.assert_allclose(a, b, **_tol(device))
+
+
+def test_compiled_replay_runs_calls_as_recorded():
+    """The generated replay function (``runtime._compile_calls``): list, tuple and other sequence arguments,
+    keyword arguments, nested outputs with unused slots, arrays dropped after their last reader and only the
+    kept ones written back."""
+    from flowgraph.runtime import _compile_calls, _Ref, _Seq
+
+    class Pair(tuple):
+        pass
+
+    log = []
+
+    def split(a, scale=1.0):
+        log.append("split")
+        return (a * scale, (a + 1, None), a - 1)
+
+    def total(parts, extra):
+        log.append(("total", type(parts).__name__, type(extra).__name__))
+        return sum(parts) + sum(extra)
+
+    calls = [
+        (split, (_Ref(0),), {"scale": 2.0}, (1, (2, None), 3), (3,)),  # slot 3 is never read: dropped at once
+        (total, (_Seq(list, (_Ref(1), _Ref(2))), _Seq(Pair, (_Ref(0), _Ref(4)))), {}, 5, (1, 2)),
+    ]
+    run = _compile_calls(calls, kept=[5])
+    env = [np.array([1.0]), None, None, None, np.array([10.0]), None]
+    run(env)
+    # split(1) -> 2, (2, None), 0; total([2, 2], Pair(1, 10)) = 15
+    assert env[5].tolist() == [15.0]
+    assert env[1] is None and env[2] is None and env[3] is None  # intermediates stay local to the replay
+    assert log == ["split", ("total", "list", "Pair")]
