@@ -432,9 +432,10 @@ def _compile_calls(calls: list[tuple], kept: list[int]) -> Callable[[list], None
     ``_ArrayProgram`` computed), and the arrays in ``kept`` (written back or returned) stored into ``env`` at
     the end.
 
-    A loop over the call list that resolved every argument and output through the environment cost about
-    2.5 us of interpreter time per call, a replay's whole overhead (iterative_refine's CPU step makes about 200
-    calls). The source is built once per recorded program, like ``collections.namedtuple``'s."""
+    The loop over the call list it replaces resolved every argument and output through the environment:
+    1.1-1.5 us of interpreter time per call against 0.2 us here (iterative_refine's CPU step makes 200 calls,
+    gru_seq's 1,016). The source is built once per recorded program (28 ms for gru_seq's), as
+    ``collections.namedtuple`` builds its classes."""
     names: dict[str, Any] = {}
 
     def const(value: Any) -> str:
@@ -479,7 +480,7 @@ def _compile_calls(calls: list[tuple], kept: list[int]) -> Callable[[list], None
                   - made)
     body = [f"    v{k} = env[{k}]" for k in read] + lines + [f"    env[{k}] = v{k}" for k in kept]
     source = "def run(env):\n" + ("\n".join(body) or "    pass") + "\n"
-    exec(compile(source, "<fg.jit replay>", "exec"), names)  # noqa: S102 - our own generated source
+    exec(compile(source, "<fg.jit replay>", "exec"), names)  # our own source; its names are the recorded calls
     return names["run"]
 
 
