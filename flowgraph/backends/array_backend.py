@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BackendError
 from .base import Array, Backend, Shape
 
 
@@ -214,16 +215,14 @@ class ArrayBackend(Backend):
 
     def uniform(self, shape: Shape, dtype: np.dtype) -> Array:
         """Uniform samples in [0, 1): NumPy's float64 (53 bits) or float32 (24 bits) draws, or for 16-bit
-        floats ``k / 2**bits`` (``_UNIFORM_BITS``), as CUDA's and OpenCL's kernels draw them. A float32 draw
-        is not a float64 one cast down, which can round to 1.0 and costs 2.4x the time (dropout's masks)."""
+        floats ``k / 2**bits`` (``_UNIFORM_BITS``), as CUDA's and OpenCL's kernels draw them. (A float64 draw
+        cast down can round to 1.0, and made a float64 array for every float32 dropout mask.)"""
         dtype = np.dtype(dtype)
         if dtype == np.float64 or dtype == np.float32:
             return self.from_host(self._rng.random(shape, dtype=dtype))
         bits = self._UNIFORM_BITS.get(dtype.name)
-        if bits is None:  # another float type: the largest draw its own rounding cannot lift to 1.0
-            out = self._rng.random(shape, dtype=np.float64)
-            top = np.nextafter(np.array(1, dtype), np.array(0, dtype))
-            return self.from_host(np.minimum(out.astype(dtype, copy=False), top))
+        if bits is None:
+            raise BackendError(f"uniform: needs a float dtype (float16, bfloat16, float32, float64), got {dtype}")
         draws = self._rng.random(shape, dtype=np.float32)
         draws *= float(1 << bits)
         np.floor(draws, out=draws)
