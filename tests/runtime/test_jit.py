@@ -377,7 +377,7 @@ def test_compiled_replay_runs_calls_as_recorded():
         (split, (_Ref(0),), {"scale": 2.0}, (1, (2, None), 3), (3,)),  # slot 3 is never read: dropped at once
         (total, (_Seq(list, (_Ref(1), _Ref(2))), _Seq(Pair, (_Ref(0), _Ref(4)))), {}, 5, (1, 2)),
     ]
-    run = _compile_calls(calls, kept=[5])
+    run = _compile_calls(calls, keep={5})
     env = [np.array([1.0]), None, None, None, np.array([10.0]), None]
     run(env)
     # split(1) -> 2, (2, None), 0; total([2, 2], Pair(1, 10)) = 15
