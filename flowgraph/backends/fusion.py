@@ -79,67 +79,84 @@ class Scalar:
 class Expr:
     """One pending elementwise op: ``op`` applied to ``inputs`` (arrays or :class:`Scalar`), giving ``dtype``.
 
-    ``nodes`` and ``leaves`` are upper bounds of the tree size (shared subtrees counted twice); backends
-    compare them with :data:`MAX_NODES` / :data:`MAX_LEAVES` to decide when to realize. ``keep``: the value is
-    needed again later (autograd saved it), so the kernel that computes it inside a larger tree also writes it
+    ``leaves`` is the number of distinct realized arrays the tree reads (``leaf_ids``: their ids, each once);
+    ``nodes`` an upper bound of its op nodes (shared subtrees counted twice), exact where ``path`` (no node of
+    the tree has two pending inputs, so nothing in it is shared: a chain of ops on one running value).
+    Backends compare them with :data:`MAX_LEAVES` / :data:`MAX_NODES` (``too_big``) to decide when to realize
+    (an input realized after the tree was built reads as its own leaves). ``keep``: the value is needed again
+    later (autograd saved it), so the kernel that computes it inside a larger tree also writes it
     out (``lazy.extra_outputs``) instead of leaving it to be recomputed.
     """
 
-    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves", "keep", "_sets")
+    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves", "leaf_ids", "path", "keep", "_node_ids")
 
     def __init__(self, op: str, inputs: Sequence[Any], dtype: np.dtype):
         self.op = op
-        self.inputs = tuple(inputs)
-        self.dtype = np.dtype(dtype)
-        nodes, leaves = 1, 0
-        for x in self.inputs:
-            if isinstance(x, Scalar):
+        self.inputs = inputs = tuple(inputs)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        nodes = 1
+        ids: tuple = ()
+        path = True
+        pending = None
+        for x in inputs:
+            if type(x) is Scalar:
                 continue
             sub = x.lazy
             if sub is None:
-                leaves += 1
+                i = id(x)
+                if i not in ids:
+                    ids += (i,)
             else:
                 nodes += sub.nodes
-                leaves += sub.leaves
+                path = path and sub.path and pending is None
+                pending = sub
+                if not ids:
+                    ids = sub.leaf_ids
+                else:
+                    # the leaves a tree reads are few (at most MAX_LEAVES before it is realized)
+                    for i in sub.leaf_ids:
+                        if i not in ids:
+                            ids += (i,)
         self.nodes = nodes
-        self.leaves = leaves
+        self.path = path
+        self.leaf_ids = ids
+        self.leaves = len(ids)
         self.keep = False
-        self._sets: tuple[frozenset, frozenset] | None = None
+        self._node_ids: frozenset | None = None
 
     def too_big(self) -> bool:
         """Whether this tree passed the fusion caps and should be realized.
 
-        The cheap upper bounds decide most calls; only when they pass a cap are the distinct nodes and
-        leaves counted (shared subtrees once), and the exact figures replace the bounds. The counts are
-        built from each input's own cached sets, so a tree is never walked again for every op added on top
-        (backward graphs share subtrees heavily: the walk was the top of the backward profile).
+        The leaf count is exact, and so is the node count of a ``path``. Otherwise the node count is an upper
+        bound that decides most calls; only when it passes the cap are the distinct nodes counted (shared
+        subtrees once) and the exact figure replaces the bound. The count is built from each input's own cached
+        set, so a tree is never walked again for every op added on top (backward graphs share subtrees heavily:
+        the walk was the top of the backward profile).
         """
-        if self.nodes <= MAX_NODES and self.leaves <= MAX_LEAVES:
+        if self.leaves > MAX_LEAVES:
+            return True
+        if self.nodes <= MAX_NODES:
             return False
-        nodes, leaves = self._distinct()
-        self.nodes, self.leaves = len(nodes) + 1, len(leaves)
-        return self.nodes > MAX_NODES or self.leaves > MAX_LEAVES
+        if self.path:
+            return True
+        self.nodes = len(self._distinct()) + 1
+        return self.nodes > MAX_NODES
 
-    def _distinct(self) -> tuple[frozenset, frozenset]:
-        """Ids of the distinct lazy arrays under this node and of the realized arrays it reads, cached (an
-        input realized later stays counted as a node: the figures can only be high, never low)."""
-        sets = self._sets
-        if sets is None:
+    def _distinct(self) -> frozenset:
+        """Ids of the distinct lazy arrays under this node, cached (an input realized later stays counted as a
+        node: the figure can only be high, never low)."""
+        found = self._node_ids
+        if found is None:
             nodes: set[int] = set()
-            leaves: set[int] = set()
             for x in self.inputs:
-                if isinstance(x, Scalar):
+                if type(x) is Scalar:
                     continue
                 sub = x.lazy
-                if sub is None:
-                    leaves.add(id(x))
-                elif id(x) not in nodes:
+                if sub is not None and id(x) not in nodes:
                     nodes.add(id(x))
-                    sub_nodes, sub_leaves = sub._distinct()
-                    nodes.update(sub_nodes)
-                    leaves.update(sub_leaves)
-            sets = self._sets = (frozenset(nodes), frozenset(leaves))
-        return sets
+                    nodes.update(sub._distinct())
+            found = self._node_ids = frozenset(nodes)
+        return found
 
     def __repr__(self) -> str:
         return f"Expr({self.op}, {len(self.inputs)} inputs, {self.dtype}, nodes={self.nodes})"

@@ -438,6 +438,47 @@ class LazyEngine:
 
     def _node(self, op: str, inputs: Sequence[Any], dtype: np.dtype) -> Any:
         """A pending ``op`` over ``inputs`` (arrays of this backend, or :class:`Scalar` s) giving ``dtype``."""
+        lazy_type = self._lazy_type
+        prepared: Sequence[Any] | None = None
+        n = len(inputs)
+        if n == 2:  # the commonest cases first: an array and a scalar, two arrays of one shape
+            a, b = inputs
+            if type(a) is Scalar:
+                b = b if type(b) is lazy_type else self._as_leaf(b)
+                shape, prepared = b.shape, (a, b)
+            else:
+                same = b is a
+                a = a if type(a) is lazy_type else self._as_leaf(a)
+                if type(b) is Scalar or same:
+                    shape, prepared = a.shape, (a, b if not same else a)
+                else:
+                    b = b if type(b) is lazy_type else self._as_leaf(b)
+                    if b.shape == a.shape:
+                        shape, prepared = a.shape, (a, b)
+                    else:
+                        inputs = (a, b)
+        elif n == 1 and type(inputs[0]) is not Scalar:
+            a = inputs[0]
+            a = a if type(a) is lazy_type else self._as_leaf(a)
+            shape, prepared = a.shape, (a,)
+        if prepared is None:
+            shape, prepared = self._broadcast_operands(op, inputs)
+        expr = Expr(op, prepared, dtype)
+        if expr.too_big():
+            for x in prepared:
+                if type(x) is lazy_type and x.lazy is not None:
+                    self.realize(x)
+            expr = Expr(op, prepared, dtype)
+        out = self._new_lazy(expr, shape, dtype)
+        if not fusion._ENABLED[0]:
+            return self.realize(out)
+        self._register_reads(out, prepared)
+        return out
+
+    def _broadcast_operands(self, op: str, inputs: Sequence[Any]) -> tuple[tuple, list[Any]]:
+        """``(shape, operands)`` of a pending ``op`` over ``inputs``: the broadcast shape, and each input as a
+        ``_lazy_type`` of that shape (a broadcast view or a re-expressed tree, ``_broadcast_input``), the same
+        object for an input given twice."""
         shape = None
         for x in inputs:
             if type(x) is Scalar:
@@ -464,17 +505,7 @@ class LazyEngine:
                     operand = self._broadcast_input(operand, shape, op)
                 seen[id(x)] = operand
             prepared.append(operand)
-        expr = Expr(op, prepared, dtype)
-        if expr.too_big():
-            for x in prepared:
-                if type(x) is lazy_type and x.lazy is not None:
-                    self.realize(x)
-            expr = Expr(op, prepared, dtype)
-        out = self._new_lazy(expr, shape, dtype)
-        if not fusion.is_enabled():
-            return self.realize(out)
-        self._register_reads(out, prepared)
-        return out
+        return shape, prepared
 
     def _scalar(self, value: Any, dtype: np.dtype, where: str) -> Scalar:
         if not isinstance(value, SCALAR_TYPES):

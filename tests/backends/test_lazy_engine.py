@@ -274,3 +274,42 @@ def test_concatenate_writes_pending_pieces_into_their_slices(be, monkeypatch):
     assert len(calls) == 3 and be.is_pending(first) and be.is_pending(second)
     np.testing.assert_array_equal(host(be, out), np.concatenate([np.arange(6).reshape(2, 3) * 2,
                                                                  np.full((1, 3), 2), np.ones((1, 3))]))
+
+
+def test_size_caps_count_distinct_leaves_and_exact_chains(be):
+    """A chain reading one weight at every op counts it as one leaf (it stays one kernel up to MAX_NODES ops,
+    then the next op runs it); a tree with shared nodes counts each once when its bound passes the cap."""
+    # realized arrays of the lazy type (a CUDA from_host array is wrapped anew by each op that reads it)
+    x = be._as_leaf(be.from_host(np.arange(6, dtype=F32)))
+    w = be._as_leaf(be.from_host(np.full(6, 0.5, F32)))
+    h = x
+    for i in range(fusion.MAX_NODES):
+        h = be.add(h, w) if i % 2 else be.mul(h, w)
+        assert h.lazy is not None and h.lazy.leaves == 2 and h.lazy.path and h.lazy.nodes == i + 1
+    key, leaves, _ = flatten(h)
+    assert len(key[0]) == fusion.MAX_NODES and len(leaves) == 2
+    longer = be.mul(h, w)  # past the cap: h runs first, the new node reads it as a leaf
+    assert h.lazy is None and longer.lazy.nodes == 1
+    expect = np.arange(6, dtype=F32)
+    for i in range(fusion.MAX_NODES):
+        expect = expect + F32(0.5) if i % 2 else expect * F32(0.5)
+    np.testing.assert_allclose(host(be, longer), expect * 0.5, rtol=1e-6)
+
+    # a diamond: every level reads the one below twice, so the bound doubles (past the cap at the fourth
+    # level) while the tree grows by three nodes a level: it stays one pending tree, counted exactly
+    d = be.add(x, 1.0)
+    for _ in range(6):
+        d = be.mul(be.add(d, w), be.sub(d, w))
+        assert d.lazy is not None and not d.lazy.path
+    assert d.lazy.nodes == len(flatten(d)[0][0]) == 19
+
+
+def test_too_many_distinct_leaves_run_the_tree_first(be):
+    arrays = [be._as_leaf(be.from_host(np.full(3, i, F32))) for i in range(fusion.MAX_LEAVES + 1)]
+    s = arrays[0]
+    for a in arrays[1:fusion.MAX_LEAVES]:
+        s = be.add(s, a)
+    assert s.lazy is not None and s.lazy.leaves == fusion.MAX_LEAVES
+    t = be.add(s, arrays[fusion.MAX_LEAVES])
+    assert s.lazy is None and t.lazy.leaves == 2
+    np.testing.assert_allclose(host(be, t), np.full(3, sum(range(fusion.MAX_LEAVES + 1)), F32))
