@@ -19,6 +19,8 @@ import numpy as np
 from ..errors import BackendError
 from .base import Array, Backend, Shape
 
+_HOST_NUMBERS = (int, float, np.generic)  # a step scalar on the host (inside fg.capture it is a 0-d array)
+
 
 def _float_ndarrays(*arrays: Any) -> bool:
     """Whether every argument is a NumPy array of one float dtype (the NumPy composites' fast-path condition)."""
@@ -1083,6 +1085,28 @@ class NumpyBackend(ArrayBackend):
             return np.add(dst, src, out=dst)
         return np.add(dst, src)
 
+    #: Parameters of at most this many elements are updated together by ``adam_step_multi``: copied into one
+    #: buffer per operand, one set of passes, copied back (seven copies against twelve ufunc calls a tensor).
+    _ADAM_SMALL = 2048
+
+    @staticmethod
+    def _adam_in_place(p: Any, g: Any, m: Any, v: Any, step_size: Any, eps_hat: Any, decay: Any) -> bool:
+        """Whether ``adam_step``'s in-place passes take these operands: NumPy arrays of one dtype and shape,
+        ``p``, ``m`` and ``v`` writable and contiguous, host scalars (a device scalar of ``fg.capture`` or an
+        AMSGrad maximum takes the generic default)."""
+        nd = np.ndarray
+        if type(p) is not nd or type(g) is not nd or type(m) is not nd or type(v) is not nd:
+            return False
+        dtype = p.dtype
+        if g.dtype != dtype or m.dtype != dtype or v.dtype != dtype or p.shape != g.shape:
+            return False
+        fp, fm, fv = p.flags, m.flags, v.flags
+        if not (fp.writeable and fm.writeable and fv.writeable and fp.c_contiguous and fm.c_contiguous
+                and fv.c_contiguous):
+            return False
+        host = _HOST_NUMBERS
+        return isinstance(step_size, host) and isinstance(eps_hat, host) and isinstance(decay, host)
+
     def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
                   eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
                   v_max: Array | None = None) -> tuple:
@@ -1091,48 +1115,97 @@ class NumpyBackend(ArrayBackend):
         ``m = b1*m + (1-b1)*g``; ``v = b2*v + (1-b2)*g*g``; ``p = p*decay - step_size*m/(sqrt(v)+eps_hat)``
         (``g`` is ``-g`` with ``maximize`` and ``g + l2*p`` with L2 decay). The generic tensor-op update costs
         a fresh array per op plus a copy per buffer; this does ~12 in-place passes per cache-sized chunk with
-        two chunk-sized scratch arrays. The generic default runs instead with AMSGrad (``v_max``), device
-        scalars, or any buffer that is not a writable, contiguous array of one dtype and shape.
+        two chunk-sized scratch arrays (``_adam_passes``). The generic default runs instead with AMSGrad
+        (``v_max``), device scalars, or any buffer that is not a writable, contiguous array of one dtype and
+        shape.
         """
-        arrays = (p, g, m, v)
-        fast = (v_max is None and all(type(a) is np.ndarray for a in arrays)
-                and all(isinstance(s, (int, float, np.generic)) for s in (step_size, eps_hat, decay))
-                and p.flags.writeable and m.flags.writeable and v.flags.writeable and p.flags.c_contiguous
-                and m.flags.c_contiguous and v.flags.c_contiguous and len({a.dtype for a in arrays}) == 1
-                and p.shape == g.shape)
-        if not fast:
+        if v_max is not None or not self._adam_in_place(p, g, m, v, step_size, eps_hat, decay):
             return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
         if maximize:
             g = -g
         if l2:
             g = g + l2 * p
-        if not g.flags.c_contiguous:  # e.g. a weight gradient that is a transposed view: one copy, then
-            g = np.ascontiguousarray(g)  # every pass below streams all four arrays in the same order
-        # Cache-sized chunks: the twelve passes of one chunk stay in L2 instead of streaming every buffer
-        # through memory twelve times (2.2x faster on a 512x512 weight, bitwise the same result).
-        flat = [a.reshape(-1) for a in (p, g, m, v)]
-        n = flat[0].size
+        self._adam_passes(p.reshape(-1), np.ravel(g), m.reshape(-1), v.reshape(-1), beta1, beta2, step_size,
+                          eps_hat, decay)
+        return p, m, v, None
+
+    def _adam_passes(self, p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, beta1: float,
+                     beta2: float, step_size: Any, eps_hat: Any, decay: Any) -> None:
+        """The update of ``adam_step`` on flat contiguous arrays, in place, a cache-sized chunk at a time (the
+        twelve passes of one chunk stay in L2 instead of streaming every buffer through memory twelve times:
+        2.2x faster on a 512x512 weight, bitwise the same result)."""
+        n = p.size
         chunk = max(1, min(n, self._ADAM_CHUNK))  # an empty parameter: no pass at all
         scratch, denom_buf = np.empty(chunk, dtype=p.dtype), np.empty(chunk, dtype=p.dtype)
+        c1, c2 = 1.0 - beta1, 1.0 - beta2
+        mul, add = np.multiply, np.add
         for start in range(0, n, chunk):
             stop = min(start + chunk, n)
-            pc, gc, mc, vc = (a[start:stop] for a in flat)
-            tmp, denom = scratch[: stop - start], denom_buf[: stop - start]
-            np.multiply(gc, 1.0 - beta1, out=tmp)
-            np.multiply(mc, beta1, out=mc)
-            np.add(mc, tmp, out=mc)
-            np.multiply(gc, gc, out=tmp)
-            np.multiply(tmp, 1.0 - beta2, out=tmp)
-            np.multiply(vc, beta2, out=vc)
-            np.add(vc, tmp, out=vc)
+            pc, gc, mc, vc = p[start:stop], g[start:stop], m[start:stop], v[start:stop]
+            if stop - start == chunk:
+                tmp, denom = scratch, denom_buf
+            else:
+                tmp, denom = scratch[: stop - start], denom_buf[: stop - start]
+            mul(gc, c1, out=tmp)
+            mul(mc, beta1, out=mc)
+            add(mc, tmp, out=mc)
+            mul(gc, gc, out=tmp)
+            mul(tmp, c2, out=tmp)
+            mul(vc, beta2, out=vc)
+            add(vc, tmp, out=vc)
             np.sqrt(vc, out=denom)
-            np.add(denom, eps_hat, out=denom)
-            np.multiply(mc, step_size, out=tmp)
+            add(denom, eps_hat, out=denom)
+            mul(mc, step_size, out=tmp)
             np.divide(tmp, denom, out=tmp)
             if decay != 1.0:
-                np.multiply(pc, decay, out=pc)
+                mul(pc, decay, out=pc)
             np.subtract(pc, tmp, out=pc)
-        return p, m, v, None
+
+    def adam_step_multi(self, params: Sequence[Array], grads: Sequence[Array], ms: Sequence[Array],
+                        vs: Sequence[Array], beta1: float, beta2: float, step_size: Any, eps_hat: Any,
+                        l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                        v_maxs: Sequence[Array] | None = None) -> tuple[list, list, list, list | None]:
+        """``Backend.adam_step_multi`` with the small tensors (``_ADAM_SMALL``: biases, norm weights) of a
+        dtype updated together: their operands copied into one flat buffer each, ``adam_step``'s passes run
+        once over them (``_adam_passes``), ``p``, ``m`` and ``v`` copied back. Elementwise passes give each
+        element the same result wherever it sits, so every tensor gets what ``adam_step`` gives it, bit for
+        bit; twelve ufunc calls per small tensor become seven copies. A step of the CPU benchmarks' Adam (old and
+        new code alternated, this project's 2-core VM): gated_routing (38 tensors, 28 of them small) 1.69 ->
+        1.21 ms, residual_tower (52, 38) 4.17 -> 3.70 ms, mlp (18, 13) 3.82 -> 3.59 ms. Larger tensors, and
+        anything ``adam_step`` would not update in place, go one by one."""
+        if v_maxs is not None:
+            return super().adam_step_multi(params, grads, ms, vs, beta1, beta2, step_size, eps_hat, l2, decay,
+                                           maximize, v_maxs)
+        out_p, out_m, out_v = list(params), list(ms), list(vs)
+        small: dict[np.dtype, list[int]] = {}
+        limit = self._ADAM_SMALL
+        for i, (p, g, m, v) in enumerate(zip(params, grads, ms, vs)):
+            if 0 < p.size <= limit and self._adam_in_place(p, g, m, v, step_size, eps_hat, decay):
+                small.setdefault(p.dtype, []).append(i)
+            else:
+                out_p[i], out_m[i], out_v[i], _ = self.adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2,
+                                                                 decay, maximize)
+        for members in small.values():
+            if len(members) == 1:
+                i = members[0]
+                self.adam_step(params[i], grads[i], ms[i], vs[i], beta1, beta2, step_size, eps_hat, l2, decay,
+                               maximize)
+                continue
+            flat_p, flat_m, flat_v = (np.concatenate([arrays[i].reshape(-1) for i in members])
+                                      for arrays in (params, ms, vs))
+            flat_g = np.concatenate([np.ravel(grads[i]) for i in members])
+            if maximize:
+                flat_g = -flat_g
+            if l2:
+                flat_g = flat_g + l2 * flat_p
+            self._adam_passes(flat_p, flat_g, flat_m, flat_v, beta1, beta2, step_size, eps_hat, decay)
+            start = 0
+            for i in members:
+                stop = start + params[i].size
+                for dst, src in ((params[i], flat_p), (ms[i], flat_m), (vs[i], flat_v)):
+                    np.copyto(dst.reshape(-1), src[start:stop])
+                start = stop
+        return out_p, out_m, out_v, None
 
     @staticmethod
     def _einsum_reduce(operands: tuple, axes: tuple[int, ...], shape: tuple[int, ...] | None = None) -> Array:

@@ -189,6 +189,47 @@ def test_adam_step_multi_equals_adam_step_bit_for_bit(device, kw):
                 _same_update(device, a, b)
 
 
+def test_adam_step_multi_mixed_dtypes_and_transposed_gradients(device):
+    """Small and large tensors of two dtypes in one call, some gradients transposed views: each tensor gets
+    what ``adam_step`` gives it (the NumPy backend updates the small ones of each dtype together)."""
+    be = get_backend(device)
+    if not _has_float64(be):
+        pytest.skip(f"{device} has no float64")
+    rng = np.random.default_rng(3)
+    shapes = [((5, 3), F32), ((7,), np.float64), ((40, 60), F32), ((4, 6), np.float64), ((2,), F32),
+              ((3, 5), np.float64)]
+    hosts = [[rng.standard_normal(s).astype(dt) for _ in range(3)] + [np.abs(rng.standard_normal(s)).astype(dt)]
+             for s, dt in shapes]
+    scalars = (0.9, 0.999, 1e-2 * 0.7, 1e-8 * 0.3)
+
+    def arrays():
+        out = []
+        for p, g, m, v in hosts:
+            # a transposed gradient where the shape allows it: a non-contiguous view of the right shape
+            gd = be.permute(be.from_host(np.ascontiguousarray(g.T)), (1, 0)) if g.ndim == 2 else be.from_host(g)
+            out.append([be.from_host(p), gd, be.from_host(m), be.from_host(v)])
+        return out
+
+    single = [_host(be, be.adam_step(p, g, m, v, *scalars, l2=0.05)[:3]) for p, g, m, v in arrays()]
+    ops = arrays()
+    ps, ms, vs, _ = be.adam_step_multi(*([o[k] for o in ops] for k in range(4)), *scalars, l2=0.05)
+    for i, one in enumerate(single):
+        for a, b in zip(one, _host(be, [ps[i], ms[i], vs[i]])):
+            assert a.dtype == b.dtype
+            _same_update(device, a, b)
+
+
+def _has_float64(be):
+    check = getattr(be, "check_dtype", None)  # the device backends say which dtypes they compute
+    if check is None:
+        return True
+    try:
+        check(np.dtype(np.float64), "test")
+    except Exception:  # noqa: BLE001 - a device without doubles
+        return False
+    return True
+
+
 def _same_update(device, a, b):
     """Bit for bit, except on CUDA: NVRTC contracts ``sign * g + l2 * p`` into a fused multiply-add in one kernel
     and not the other (its choice, per kernel), which moves the last bit (seen with L2 decay and maximize)."""
