@@ -4,7 +4,7 @@
 # data-parallel equality and scaling (2 GPUs), and a kernel profile of mlp.
 # Results land in $OUT (or ./out). Run from the repository root:  bash benchmarks/gpu_session.sh
 # Each stage has a time budget (seconds, environment): TEST_BUDGET, CUDA_BENCH_BUDGET, OCL_BENCH_BUDGET, DP_BUDGET.
-# STAGES picks stages (default: all): tests bench dp profile overhead memory cpu kernels replay gc.
+# STAGES picks stages (default: all): tests bench dp profile overhead memory cpu kernels replay gc hostcost.
 set -u
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 if [ -d .whl ]; then  # wheels carried to a machine without network (see CONTRIBUTING.md)
@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import flowgraph as fg, cupy, torch; print(fg.available_devices(), cupy.__version__, torch.__version__)" \
   > "$OUT/devices.txt" 2>&1
-STAGES="${STAGES:-tests bench dp profile overhead memory cpu kernels replay gc}"
+STAGES="${STAGES:-tests bench dp profile overhead memory cpu kernels replay gc hostcost}"
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree tests/runtime tests/utils"
 if has tests; then
@@ -78,9 +78,11 @@ if has kernels; then  # cuDNN attention against torch's, kernel launches per ste
 fi
 has replay && timeout 120 python3 -m benchmarks.jit_replay --models "${REPLAY_MODELS:-gated_routing,mlp,convnet}" \
   > "$OUT/jit_replay_cuda.txt" 2>&1
+has hostcost && timeout 180 python3 -m benchmarks.host_cost --device cuda --scale 1.0 \
+  > "$OUT/host_cost_cuda.txt" 2>&1  # bytecodes and calls of one eager step, flowgraph and torch (deterministic)
 has profile && timeout 60 python3 -m benchmarks.gpu_profile --models "${PROFILE_MODELS:-mlp}" --steps 3 \
   > "$OUT/profile_cuda.txt" 2>&1
-tail -n 2 "$OUT"/tests_*.txt "$OUT"/overhead_*.txt 2>/dev/null; cat "$OUT"/bench_*.txt 2>/dev/null
+tail -n 2 "$OUT"/tests_*.txt "$OUT"/overhead_*.txt 2>/dev/null; cat "$OUT"/bench_*.txt "$OUT"/host_cost_*.txt 2>/dev/null
 cat "$OUT"/activation_checkpoint_cuda.txt "$OUT"/ports_cpu.txt "$OUT"/attention_cuda.txt "$OUT"/launches_cuda.txt \
   2>/dev/null
 grep -E "^(check|bench)" "$OUT/data_parallel.txt" 2>/dev/null

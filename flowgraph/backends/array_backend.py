@@ -1090,10 +1090,9 @@ class NumpyBackend(ArrayBackend):
     _ADAM_SMALL = 2048
 
     @staticmethod
-    def _adam_in_place(p: Any, g: Any, m: Any, v: Any, step_size: Any, eps_hat: Any, decay: Any) -> bool:
+    def _adam_in_place(p: Any, g: Any, m: Any, v: Any) -> bool:
         """Whether ``adam_step``'s in-place passes take these operands: NumPy arrays of one dtype and shape,
-        ``p``, ``m`` and ``v`` writable and contiguous, host scalars (a device scalar of ``fg.capture`` or an
-        AMSGrad maximum takes the generic default)."""
+        ``p``, ``m`` and ``v`` writable and contiguous (the step scalars are checked by ``_adam_host_scalars``)."""
         nd = np.ndarray
         if type(p) is not nd or type(g) is not nd or type(m) is not nd or type(v) is not nd:
             return False
@@ -1101,9 +1100,13 @@ class NumpyBackend(ArrayBackend):
         if g.dtype != dtype or m.dtype != dtype or v.dtype != dtype or p.shape != g.shape:
             return False
         fp, fm, fv = p.flags, m.flags, v.flags
-        if not (fp.writeable and fm.writeable and fv.writeable and fp.c_contiguous and fm.c_contiguous
-                and fv.c_contiguous):
-            return False
+        return fp.writeable and fm.writeable and fv.writeable and fp.c_contiguous and fm.c_contiguous and \
+            fv.c_contiguous
+
+    @staticmethod
+    def _adam_host_scalars(step_size: Any, eps_hat: Any, decay: Any) -> bool:
+        """Whether the step scalars are host numbers (inside ``fg.capture`` they are 0-d device arrays, which
+        the generic default takes)."""
         host = _HOST_NUMBERS
         return isinstance(step_size, host) and isinstance(eps_hat, host) and isinstance(decay, host)
 
@@ -1119,7 +1122,8 @@ class NumpyBackend(ArrayBackend):
         (``v_max``), device scalars, or any buffer that is not a writable, contiguous array of one dtype and
         shape.
         """
-        if v_max is not None or not self._adam_in_place(p, g, m, v, step_size, eps_hat, decay):
+        if v_max is not None or not (self._adam_in_place(p, g, m, v)
+                                     and self._adam_host_scalars(step_size, eps_hat, decay)):
             return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
         if maximize:
             g = -g
@@ -1170,18 +1174,24 @@ class NumpyBackend(ArrayBackend):
         once over them (``_adam_passes``), ``p``, ``m`` and ``v`` copied back. Elementwise passes give each
         element the same result wherever it sits, so every tensor gets what ``adam_step`` gives it, bit for
         bit; twelve ufunc calls per small tensor become seven copies. A step of the CPU benchmarks' Adam (old and
-        new code alternated, this project's 2-core VM): gated_routing (38 tensors, 28 of them small) 1.69 ->
-        1.21 ms, residual_tower (52, 38) 4.17 -> 3.70 ms, mlp (18, 13) 3.82 -> 3.59 ms. Larger tensors, and
-        anything ``adam_step`` would not update in place, go one by one."""
-        if v_maxs is not None:
+        new code alternated, this project's 2-core VM): gated_routing (38 tensors, 28 of them small) 1.09-1.20 ->
+        0.74-0.76 ms, residual_tower (52, 38) 3.02-3.12 -> 2.68-2.77 ms, mlp (18, 13) 3.02-3.10 -> 2.63-2.73
+        ms. Larger tensors, and anything ``adam_step`` would not update in place, go one by one."""
+        if v_maxs is not None or not self._adam_host_scalars(step_size, eps_hat, decay):
             return super().adam_step_multi(params, grads, ms, vs, beta1, beta2, step_size, eps_hat, l2, decay,
                                            maximize, v_maxs)
         out_p, out_m, out_v = list(params), list(ms), list(vs)
         small: dict[np.dtype, list[int]] = {}
         limit = self._ADAM_SMALL
-        for i, (p, g, m, v) in enumerate(zip(params, grads, ms, vs)):
-            if 0 < p.size <= limit and self._adam_in_place(p, g, m, v, step_size, eps_hat, decay):
-                small.setdefault(p.dtype, []).append(i)
+        in_place = self._adam_in_place
+        for i, p in enumerate(params):
+            g, m, v = grads[i], ms[i], vs[i]
+            if 0 < p.size <= limit and in_place(p, g, m, v):
+                members = small.get(p.dtype)
+                if members is None:
+                    small[p.dtype] = [i]
+                else:
+                    members.append(i)
             else:
                 out_p[i], out_m[i], out_v[i], _ = self.adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2,
                                                                  decay, maximize)
@@ -1191,9 +1201,11 @@ class NumpyBackend(ArrayBackend):
                 self.adam_step(params[i], grads[i], ms[i], vs[i], beta1, beta2, step_size, eps_hat, l2, decay,
                                maximize)
                 continue
-            flat_p, flat_m, flat_v = (np.concatenate([arrays[i].reshape(-1) for i in members])
-                                      for arrays in (params, ms, vs))
-            flat_g = np.concatenate([np.ravel(grads[i]) for i in members])
+            # one flat buffer per operand (axis=None flattens each piece in C order, a transposed gradient too)
+            flat_p = np.concatenate([params[i] for i in members], axis=None)
+            flat_m = np.concatenate([ms[i] for i in members], axis=None)
+            flat_v = np.concatenate([vs[i] for i in members], axis=None)
+            flat_g = np.concatenate([grads[i] for i in members], axis=None)
             if maximize:
                 flat_g = -flat_g
             if l2:
@@ -1201,9 +1213,11 @@ class NumpyBackend(ArrayBackend):
             self._adam_passes(flat_p, flat_g, flat_m, flat_v, beta1, beta2, step_size, eps_hat, decay)
             start = 0
             for i in members:
-                stop = start + params[i].size
-                for dst, src in ((params[i], flat_p), (ms[i], flat_m), (vs[i], flat_v)):
-                    np.copyto(dst.reshape(-1), src[start:stop])
+                p = params[i]
+                stop = start + p.size
+                np.copyto(p.reshape(-1), flat_p[start:stop])
+                np.copyto(ms[i].reshape(-1), flat_m[start:stop])
+                np.copyto(vs[i].reshape(-1), flat_v[start:stop])
                 start = stop
         return out_p, out_m, out_v, None
 
