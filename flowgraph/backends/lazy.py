@@ -453,10 +453,18 @@ class LazyEngine:
                     shape, prepared = a.shape, (a, b if not same else a)
                 else:
                     b = b if type(b) is lazy_type else self._as_leaf(b)
-                    if b.shape == a.shape:
-                        shape, prepared = a.shape, (a, b)
-                    else:
-                        inputs = (a, b)
+                    shape = a.shape
+                    if b.shape != shape:  # a bias, a per-channel scale: one operand broadcast
+                        try:
+                            shape = _broadcast(shape, b.shape)
+                        except ValueError:
+                            raise ShapeError(f"{op}: shapes {[a.shape, b.shape]} do not broadcast together "
+                                             "(NumPy rules)") from None
+                        if a.shape != shape:
+                            a = self._broadcast_input(a, shape, op)
+                        if b.shape != shape:
+                            b = self._broadcast_input(b, shape, op)
+                    prepared = (a, b)
         elif n == 1 and type(inputs[0]) is not Scalar:
             a = inputs[0]
             a = a if type(a) is lazy_type else self._as_leaf(a)
