@@ -111,7 +111,12 @@ def flowgraph_step(name: str, scale: float, device: str) -> Callable[[], Any]:
     """One eager training step of ``name`` (the benchmark protocol), after two warm-up steps."""
     from .models import flowgraph_training
 
-    model, opt, x, y, loss_fn = flowgraph_training(name, scale, device)
+    return _warmed_step(*flowgraph_training(name, scale, device))
+
+
+def _warmed_step(model: Any, opt: Any, x: Any, y: Any, loss_fn: Any) -> Callable[[], Any]:
+    """A training step of either framework (the same calls in both), run twice: the first creates the
+    optimizer's state and compiles kernels, the second is a step like every later one."""
 
     def step() -> None:
         loss = loss_fn(model(x), y)
@@ -135,21 +140,9 @@ def torch_step(name: str, scale: float, device: str) -> Callable[[], Any] | None
     dev = "cuda" if not device.startswith("cpu") and torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     model = build_torch(name, scale).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = torch.nn.MSELoss()
     sp = spec(name, scale)
-    x = torch.randn(sp.input_shape, device=dev)
-    y = torch.randn(sp.target_shape, device=dev)
-
-    def step() -> None:
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    step()
-    step()
-    return step
+    return _warmed_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), torch.randn(sp.input_shape, device=dev),
+                        torch.randn(sp.target_shape, device=dev), torch.nn.MSELoss())
 
 
 def chain(device: str, n_ops: int = 200) -> Callable[[], Any]:
