@@ -347,6 +347,27 @@ def test_reduce_few_outputs_many_inputs(device, op):
         assert_matches(be, getattr(be, op)(be.from_host(host), axes, keepdims), expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(64, 32), (32, 4, 32, 32), (1024, 65), (5, 7), (300, 200), (3, 1)])
+def test_max_over_the_last_axis_rows_with_inf_and_nan(device, shape):
+    """A max over a short last axis of many rows (the NumPy backend reduces a transposed copy there) equals
+    NumPy's, with infinities, NaN rows and negative rows; keepdims either way."""
+    be = backend_for(device)
+    rng = np.random.default_rng(21)
+    host = rng.standard_normal(shape).astype(F32)
+    flat = host.reshape(-1, shape[-1])
+    flat[0, -1] = np.inf
+    if flat.shape[0] > 2:
+        flat[1, 0] = -np.inf
+        flat[2] = -np.abs(flat[2]) - 1.0
+    if flat.shape[0] > 3:
+        flat[3, shape[-1] // 2] = np.nan
+    for keepdims in (True, False):
+        expected = np.max(host, axis=-1, keepdims=keepdims)
+        got = be.to_host(be.max(be.from_host(host), (len(shape) - 1,), keepdims))
+        assert got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_max_of_empty_axis_raises(device):
     be = backend_for(device)
     with pytest.raises((BackendError, ValueError)):
