@@ -500,6 +500,16 @@ class NumpyBackend(ArrayBackend):
             y += residual
         return y, mean, rstd
 
+    def bias_grad(self, g: Array) -> Array:
+        """``Backend.bias_grad`` as one BLAS matrix-vector product with ones (as ``layer_norm_backward``'s
+        column sums): NumPy's sum over the first axis adds row after row, about 3-15x slower at a linear
+        layer's shapes (the small GPT's (1024, 256) gradient 73 -> 23 us, (1024, 64) 38 -> 6 us; this
+        project's 2-core VM). The generic default unless ``g`` is a C-contiguous 2-d float32/float64 array."""
+        if type(g) is np.ndarray and g.ndim == 2 and g.dtype in (np.float32, np.float64) and g.flags.c_contiguous \
+                and g.shape[0] > 1:
+            return np.matmul(self._ones(g.shape[0], g.dtype), g)
+        return super().bias_grad(g)
+
     def layer_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,
                             need_x: bool, need_w: bool, need_b: bool) -> tuple:
         """``Backend.layer_norm_backward`` with ``xhat`` rebuilt in one scratch array that becomes ``gx``; the
