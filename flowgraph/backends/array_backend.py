@@ -18,8 +18,7 @@ import numpy as np
 
 from ..errors import BackendError
 from .base import Array, Backend, Shape
-
-_HOST_NUMBERS = (int, float, np.generic)  # a step scalar on the host (inside fg.capture it is a 0-d array)
+from .fusion import is_host_scalar
 
 
 def _float_ndarrays(*arrays: Any) -> bool:
@@ -1141,8 +1140,18 @@ class NumpyBackend(ArrayBackend):
     def _adam_host_scalars(step_size: Any, eps_hat: Any, decay: Any) -> bool:
         """Whether the step scalars are host numbers (inside ``fg.capture`` they are 0-d device arrays, which
         the generic default takes)."""
-        host = _HOST_NUMBERS
-        return isinstance(step_size, host) and isinstance(eps_hat, host) and isinstance(decay, host)
+        return is_host_scalar(step_size) and is_host_scalar(eps_hat) and is_host_scalar(decay)
+
+    @staticmethod
+    def _adam_gradient(g: np.ndarray, p: np.ndarray, l2: float, maximize: bool) -> np.ndarray:
+        """The gradient ``adam_step`` updates with, flat: ``-g`` with ``maximize``, plus ``l2 * p`` with L2
+        decay (``g`` and ``p`` of one size, each flattened in C order)."""
+        g = np.ravel(g)
+        if maximize:
+            g = -g
+        if l2:
+            g = g + l2 * p.reshape(-1)
+        return g
 
     def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
                   eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
@@ -1159,12 +1168,8 @@ class NumpyBackend(ArrayBackend):
         if v_max is not None or not (self._adam_in_place(p, g, m, v)
                                      and self._adam_host_scalars(step_size, eps_hat, decay)):
             return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
-        if maximize:
-            g = -g
-        if l2:
-            g = g + l2 * p
-        self._adam_passes(p.reshape(-1), np.ravel(g), m.reshape(-1), v.reshape(-1), beta1, beta2, step_size,
-                          eps_hat, decay)
+        self._adam_passes(p.reshape(-1), self._adam_gradient(g, p, l2, maximize), m.reshape(-1), v.reshape(-1),
+                          beta1, beta2, step_size, eps_hat, decay)
         return p, m, v, None
 
     def _adam_passes(self, p: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, beta1: float,
@@ -1218,33 +1223,35 @@ class NumpyBackend(ArrayBackend):
         small: dict[np.dtype, list[int]] = {}
         limit = self._ADAM_SMALL
         in_place = self._adam_in_place
+        scalars = (beta1, beta2, step_size, eps_hat, decay)
         for i, p in enumerate(params):
             g, m, v = grads[i], ms[i], vs[i]
-            if 0 < p.size <= limit and in_place(p, g, m, v):
+            if not in_place(p, g, m, v):
+                out_p[i], out_m[i], out_v[i], _ = self.adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2,
+                                                                 decay, maximize)
+            elif 0 < p.size <= limit:
                 members = small.get(p.dtype)
                 if members is None:
                     small[p.dtype] = [i]
                 else:
                     members.append(i)
-            else:
-                out_p[i], out_m[i], out_v[i], _ = self.adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2,
-                                                                 decay, maximize)
+            else:  # checked above: the passes directly, as adam_step would run them
+                self._adam_passes(p.reshape(-1), self._adam_gradient(g, p, l2, maximize), m.reshape(-1),
+                                  v.reshape(-1), *scalars)
         for members in small.values():
             if len(members) == 1:
                 i = members[0]
-                self.adam_step(params[i], grads[i], ms[i], vs[i], beta1, beta2, step_size, eps_hat, l2, decay,
-                               maximize)
+                p, m, v = params[i], ms[i], vs[i]
+                self._adam_passes(p.reshape(-1), self._adam_gradient(grads[i], p, l2, maximize), m.reshape(-1),
+                                  v.reshape(-1), *scalars)
                 continue
             # one flat buffer per operand (axis=None flattens each piece in C order, a transposed gradient too)
             flat_p = np.concatenate([params[i] for i in members], axis=None)
             flat_m = np.concatenate([ms[i] for i in members], axis=None)
             flat_v = np.concatenate([vs[i] for i in members], axis=None)
-            flat_g = np.concatenate([grads[i] for i in members], axis=None)
-            if maximize:
-                flat_g = -flat_g
-            if l2:
-                flat_g = flat_g + l2 * flat_p
-            self._adam_passes(flat_p, flat_g, flat_m, flat_v, beta1, beta2, step_size, eps_hat, decay)
+            flat_g = self._adam_gradient(np.concatenate([grads[i] for i in members], axis=None), flat_p, l2,
+                                         maximize)
+            self._adam_passes(flat_p, flat_g, flat_m, flat_v, *scalars)
             start = 0
             for i in members:
                 p = params[i]

@@ -88,7 +88,7 @@ class Expr:
     out (``lazy.extra_outputs``) instead of leaving it to be recomputed.
     """
 
-    __slots__ = ("op", "inputs", "dtype", "nodes", "leaves", "leaf_ids", "path", "keep", "_node_ids")
+    __slots__ = ("op", "inputs", "dtype", "nodes", "leaf_ids", "path", "keep", "_node_ids")
 
     def __init__(self, op: str, inputs: Sequence[Any], dtype: np.dtype):
         self.op = op
@@ -120,9 +120,13 @@ class Expr:
         self.nodes = nodes
         self.path = path
         self.leaf_ids = ids
-        self.leaves = len(ids)
         self.keep = False
         self._node_ids: frozenset | None = None
+
+    @property
+    def leaves(self) -> int:
+        """How many distinct realized arrays the tree reads."""
+        return len(self.leaf_ids)
 
     def too_big(self) -> bool:
         """Whether this tree passed the fusion caps and should be realized.
@@ -133,7 +137,7 @@ class Expr:
         set, so a tree is never walked again for every op added on top (backward graphs share subtrees heavily:
         the walk was the top of the backward profile).
         """
-        if self.leaves > MAX_LEAVES:
+        if len(self.leaf_ids) > MAX_LEAVES:
             return True
         if self.nodes <= MAX_NODES:
             return False

@@ -143,6 +143,12 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(a, b))
 
 
+def _no_broadcast(op: str, inputs: Sequence[Any]) -> None:
+    """Raise the ShapeError of operands that do not broadcast, naming ``op`` and the shapes of its ``inputs``."""
+    shapes = [y.shape for y in inputs if type(y) is not Scalar]
+    raise ShapeError(f"{op}: shapes {shapes} do not broadcast together (NumPy rules)") from None
+
+
 class LazyEngine:
     """Deferred elementwise expressions for a device backend (mixed in before the backend's base class).
 
@@ -458,8 +464,7 @@ class LazyEngine:
                         try:
                             shape = _broadcast(shape, b.shape)
                         except ValueError:
-                            raise ShapeError(f"{op}: shapes {[a.shape, b.shape]} do not broadcast together "
-                                             "(NumPy rules)") from None
+                            _no_broadcast(op, inputs)
                         if a.shape != shape:
                             a = self._broadcast_input(a, shape, op)
                         if b.shape != shape:
@@ -497,8 +502,7 @@ class LazyEngine:
                 try:
                     shape = _broadcast(shape, x.shape)
                 except ValueError:
-                    shapes = [y.shape for y in inputs if type(y) is not Scalar]
-                    raise ShapeError(f"{op}: shapes {shapes} do not broadcast together (NumPy rules)") from None
+                    _no_broadcast(op, inputs)
         lazy_type = self._lazy_type
         prepared: list[Any] = []
         seen: dict[int, Any] = {}
