@@ -7,11 +7,13 @@ C calls (builtins, extension methods), flowgraph against torch in the same proce
 
 Why counts: an eager step on an accelerator is bound by the host (docs/benchmark.md), and the host's speed
 moves a timed step by 1.5x within one process on a shared machine, flowgraph's more than torch's (its step is
-more Python). The number of bytecodes a step executes does not move with the machine: it is the same on
-every run of the same code, so a change to the op layer can be measured to the instruction on any machine
-(the kernels' own work is not counted; a device step's time is these counts at the host's speed plus the
-library calls). torch's step is counted the same way: its Python layers (``nn.Module.__call__``, the
-optimizer, autograd's Python entry points) against flowgraph's, with everything under them in C++.
+more Python). The number of bytecodes a step executes does not move with the machine: two runs of the same
+command on the same code give the same counts. Runs in other states (another model first, warm or cold
+caches, the collector freeing arrays at another moment, which prunes the lazy engine's reader lists) moved a
+step's count by up to about 1.5%, so smaller differences are not changes. The kernels' own work is not
+counted (a device step's time is these counts at the host's speed plus the library calls). torch's step
+is counted the same way: its Python layers (``nn.Module.__call__``, the optimizer, autograd's Python entry
+points) against flowgraph's, with everything under them in C++.
 
 Counting uses ``sys.monitoring`` (Python 3.12 on) or ``sys.settrace`` with opcode events (3.11): a counted
 step runs 20-50x slower than a plain one, so only one step is counted, after two warm-up steps (the first
