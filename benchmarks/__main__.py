@@ -2,6 +2,7 @@
 
     python -m benchmarks --device cpu --models all --rounds 3 --json out.json
     python -m benchmarks --device cuda --scale 1.0 --capture      # on an NVIDIA GPU
+    python -m benchmarks --device cuda --capture --compile         # and torch.compile's step
 
 Protocol (the benchmark issue's): float32, 50 pre-generated random batches per epoch already on the
 device, MSE loss, Adam lr 1e-3; each step is forward, loss, zero_grad, backward, step, loss.item();
@@ -83,11 +84,15 @@ class FlowgraphRunner:
 
 
 class TorchRunner:
-    """Trains the PyTorch model with the same protocol (fused Adam on CUDA; optional CUDA-graph capture)."""
+    """Trains the PyTorch model with the same protocol (fused Adam on CUDA; optional CUDA-graph capture, or
+    ``compile``: the model through ``torch.compile`` in ``compile_mode`` ("default", or "reduce-overhead" for
+    CUDA graphs too), forward and backward compiled by Inductor, the optimizer eager, as PyTorch's tutorials
+    train)."""
 
     name = "torch"
 
-    def __init__(self, model_name: str, scale: float, device: str, steps: int, capture: bool = False):
+    def __init__(self, model_name: str, scale: float, device: str, steps: int, capture: bool = False,
+                 compile: bool = False, compile_mode: str = "default"):  # noqa: A002 - torch.compile's name
         import numpy as np
         import torch
 
@@ -109,11 +114,12 @@ class TorchRunner:
             for _ in range(steps)
         ]
         self.graph = None
+        self.forward = torch.compile(self.model, mode=compile_mode) if compile else self.model
         if capture:
             self._capture()
 
     def _step(self, x, y):
-        loss = self.loss_fn(self.model(x), y)
+        loss = self.loss_fn(self.forward(x), y)
         self.opt.zero_grad(set_to_none=False)
         loss.backward()
         self.opt.step()
@@ -169,25 +175,32 @@ class TorchRunner:
 def time_model(model_name: str, args) -> dict:
     """Median ms/epoch per framework over rounds, with spread, for one model."""
     runners = {}
-    variants = [("flowgraph", FlowgraphRunner, False), ("torch", TorchRunner, False)]
+    variants = [("flowgraph", FlowgraphRunner, {}), ("torch", TorchRunner, {})]
     if args.capture:
-        variants += [("flowgraph_jit", FlowgraphRunner, True)]
+        variants += [("flowgraph_jit", FlowgraphRunner, {"capture": True})]
         if args.device.startswith("cuda"):
-            variants += [("torch_graph", TorchRunner, True)]
-    for label, cls, cap in variants:
+            variants += [("torch_graph", TorchRunner, {"capture": True})]
+    if getattr(args, "compile", False):
+        variants += [("torch_compile", TorchRunner, {"compile": True, "compile_mode": args.compile_mode})]
+    for label, cls, options in variants:
         try:
-            runners[label] = cls(model_name, args.scale, args.device, args.steps, capture=cap)
+            runners[label] = cls(model_name, args.scale, args.device, args.steps, **options)
         except Exception as exc:  # noqa: BLE001 - report and continue with the other variants
-            print(f"  {model_name}/{label}: could not run ({type(exc).__name__}: {exc})", file=sys.stderr)
+            _not_run(model_name, label, exc)
     # Memory: the first warm-up epoch's peak above what was allocated before it (activations, gradients,
     # optimizer state, workspaces; not the weights and batches every variant holds). Captured steps
     # allocate from their graph's own pool, which neither counter sees: eager variants only.
     training_bytes: dict[str, int | None] = {}
-    for label, r in runners.items():
+    for label, r in list(runners.items()):
         base = r.memory_in_use()
         r.reset_peak()
-        for _ in range(max(args.warmup, 1)):
-            r.epoch()
+        try:
+            for _ in range(max(args.warmup, 1)):
+                r.epoch()  # torch.compile compiles here, at the first call: its errors surface here too
+        except Exception as exc:  # noqa: BLE001 - report and continue with the other variants
+            _not_run(model_name, label, exc)
+            del runners[label]
+            continue
         peak = r.peak_memory()
         eager = label in ("flowgraph", "torch")
         training_bytes[label] = peak - base if eager and base is not None and peak is not None else None
@@ -203,6 +216,11 @@ def time_model(model_name: str, args) -> dict:
         result[label] = {"median_ms": statistics.median(vals), "min_ms": min(vals), "max_ms": max(vals),
                          "training_peak_bytes": training_bytes[label]}
     return result
+
+
+def _not_run(model_name: str, label: str, exc: Exception) -> None:
+    """Say on stderr that one variant of one model could not run, and why (its column then reads nan)."""
+    print(f"  {model_name}/{label}: could not run ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 def loss_agreement(model_name: str, scale: float, device: str, steps: int = 20) -> float:
@@ -301,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="width/batch scale (default 1.0 on GPUs, 0.25 on the CPU)")
     parser.add_argument("--jit", "--capture", dest="capture", action="store_true",
                         help="also time fg.jit steps (and torch CUDA graphs on cuda)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile's step (where it runs: Inductor needs a C++ compiler on the "
+                             "CPU, Triton on the GPU; compiling takes tens of seconds a model)")
+    parser.add_argument("--compile-mode", default="default",
+                        help="torch.compile's mode for --compile: default, reduce-overhead (CUDA graphs), ...")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     parser.add_argument("--check-losses", action="store_true", help="run the same-initial-weights loss check")
     parser.add_argument("--json", default=None, help="write all results to this file")
@@ -319,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'model':<18}{'flowgraph ms':>14}{'torch ms':>12}{'ratio':>8}{'spread fg':>18}"
     if args.capture:
         header += f"{'fg jit':>10}{'jit/torch':>10}{'torch graph':>13}{'ratio':>8}"
+    if args.compile:  # flowgraph's fastest timed step against torch.compile's
+        header += f"{'torch compile':>15}{'jit/compile' if args.capture else 'fg/compile':>13}"
     if args.check_losses:
         header += f"{'loss rel diff':>15}"
     header += f"{'fg MiB':>9}{'torch MiB':>10}"
@@ -337,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
             fc = r.get("flowgraph_jit", {}).get("median_ms", float("nan"))
             tg = r.get("torch_graph", {}).get("median_ms", float("nan"))
             line += f"{fc:>10.1f}{fc / tm:>10.2f}{tg:>13.1f}{fc / tg:>8.2f}"
+        if args.compile:
+            tc = r.get("torch_compile", {}).get("median_ms", float("nan"))
+            ours = r.get("flowgraph_jit" if args.capture else "flowgraph", {}).get("median_ms", float("nan"))
+            line += f"{tc:>15.1f}{ours / tc:>13.2f}"
         if args.check_losses:
             line += f"{r['loss_rel_diff']:>15.2e}"
         mem = [r.get(k, {}).get("training_peak_bytes") for k in ("flowgraph", "torch")]

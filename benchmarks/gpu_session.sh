@@ -4,7 +4,7 @@
 # data-parallel equality and scaling (2 GPUs), and a kernel profile of mlp.
 # Results land in $OUT (or ./out). Run from the repository root:  bash benchmarks/gpu_session.sh
 # Each stage has a time budget (seconds, environment): TEST_BUDGET, CUDA_BENCH_BUDGET, OCL_BENCH_BUDGET, DP_BUDGET.
-# STAGES picks stages (default: all): tests bench dp profile overhead memory cpu kernels replay gc hostcost.
+# STAGES picks stages (default: all): tests bench compile dp profile overhead memory cpu kernels replay gc hostcost.
 set -u
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 if [ -d .whl ]; then  # wheels carried to a machine without network (see CONTRIBUTING.md)
@@ -22,8 +22,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import flowgraph as fg, cupy, torch; print(fg.available_devices(), cupy.__version__, torch.__version__)" \
   > "$OUT/devices.txt" 2>&1
-STAGES="${STAGES:-tests bench dp profile overhead memory cpu kernels replay gc hostcost}"
+STAGES="${STAGES:-tests bench compile dp profile overhead memory cpu kernels replay gc hostcost}"
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
+SEVEN=mlp,convnet,gru_seq,residual_tower,gated_routing,iterative_refine,feedback_fixed
 TESTS="tests/backends tests/tensor tests/autograd tests/nn tests/optim tests/builder tests/tree tests/runtime tests/utils"
 if has tests; then
 timeout "${TEST_BUDGET:-150}" python3 -m pytest $TESTS -q -k "cuda" -n 16 -p no:cacheprovider \
@@ -44,6 +45,10 @@ timeout "${CUDA_BENCH_BUDGET:-300}" python3 -m benchmarks --device cuda --models
   --rounds 2 --epochs 2 --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.txt" 2>&1
 timeout "${OCL_BENCH_BUDGET:-200}" python3 -m benchmarks --device opencl:0 --models all --jit --rounds 1 --epochs 2 \
   --json "$OUT/bench_opencl.json" > "$OUT/bench_opencl.txt" 2>&1
+fi
+if has compile; then  # torch.compile's step (Inductor + Triton; tens of seconds of compiling a model) against fg.jit
+timeout "${COMPILE_BUDGET:-540}" python3 -m benchmarks --device cuda --models "${COMPILE_MODELS:-$SEVEN}" \
+  --capture --compile --rounds 2 --epochs 2 --json "$OUT/bench_cuda_compile.json" > "$OUT/bench_cuda_compile.txt" 2>&1
 fi
 if has dp; then
 DP="python3 -m flowgraph.distributed.run"

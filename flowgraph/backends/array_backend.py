@@ -862,11 +862,12 @@ class NumpyBackend(ArrayBackend):
         t += cdf
         t *= g
 
-    # im2col blocks: every convolution call of one training step of the CPU benchmarks' CNNs replayed under each
-    # setting, settings alternated (this project's 2-core VM, 2 MiB of L2 per core). Whole up to 8 MiB instead
-    # of 4: convnet's step 12.9 -> 11.8 ms of convolution calls (its 16 -> 32 channel layer's 4.7 MiB im2col
-    # is now one block, and one GEMM), dcgan_d and dcgan_g 2% less. Chunks of 4 MiB instead of 1: mnist's
-    # (1.8 MiB an output row) 54.7 -> 50.3 ms and 57.2 -> 54.7 ms in two runs; the others within 2%.
+    # im2col blocks, measured on this project's 2-core VM (2 MiB of L2 per core). Every convolution call of one
+    # training step replayed under each setting, settings alternated: whole up to 8 MiB instead of 4, convnet's
+    # calls 12.9 -> 11.8 ms (its 16 -> 32 channel layer's 4.7 MiB im2col is one block and one GEMM), dcgan's 2%
+    # less; chunks of 4 MiB instead of 1 (mnist: 1.8 MiB an output row), mnist's calls 54.7 -> 50.3 ms. Whole
+    # fg.jit steps, the settings toggled in one process: mnist 112 -> 102 ms (median of 6 blocks), convnet and
+    # dcgan within 1%.
     _CONV_CHUNK_BYTES = 4 << 20  # im2col rows built at a time when the whole im2col is larger
     _CONV_WHOLE_BYTES = 8 << 20  # an im2col up to this size is built whole (small layers: fewer, larger copies)
 

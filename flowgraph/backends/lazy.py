@@ -27,6 +27,7 @@ A backend mixes :class:`LazyEngine` in and supplies only storage and kernels: th
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +61,30 @@ PRUNE_READERS = 64
 #: sooner; docs/cuda.md, "Python's garbage collector and eager steps").
 READER_ENTRIES = 64
 _ref = weakref.ref
+
+
+class LazyArrayBase:
+    """What the lazy engine's array types share (CUDA's ``LazyArray``, OpenCL's ``CLArray``): the shape queries
+    the layers above read, ``ndim``, ``size`` and ``len()``, from ``shape``. A backend's array class adds its
+    storage and the engine's fields (``lazy``, ``shape``, ``dtype``, ``consumers``)."""
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of a 0-d {type(self).__name__}")
+        return self.shape[0]
 
 
 def _alive(refs: list) -> bool:
@@ -175,6 +200,10 @@ class LazyEngine:
     * ``_strides(x)``: the element strides of the realized ``x`` (zero on broadcast axes).
     * ``check_dtype(dtype, where)``: the dtype, or a BackendError naming what the device supports.
     * ``_emitter``: its ``fusion.CEmitter`` class (row kernels' computed inputs are written in its dialect).
+    * ``_update_step(spec, p, g, state, steps, scalars)``: run the fused optimizer update ``spec``
+      (``fusion.ADAM_UPDATE``, ``fusion.SGD_UPDATE``) in place on ``p`` and ``state``, after the pending
+      readers of those buffers ran; False where it cannot (the generic composite runs instead).
+    * ``_scatter(a, axis, index, src, accumulate)``: ``scatter_add`` (``accumulate``) or ``scatter``.
     """
 
     _lazy_type: type
@@ -540,6 +569,46 @@ class LazyEngine:
         if found is None:
             found = self._result_dtypes[key] = self.check_dtype(result_dtype(op, dtype), op)
         return found
+
+    # ----------------------------------------------------------------- optimizer updates and scatters
+    def adam_step(self, p: Any, g: Any, m: Any, v: Any, beta1: float, beta2: float, step_size: Any,
+                  eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
+                  v_max: Any = None) -> tuple:
+        """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
+
+        ``step_size`` and ``eps_hat`` are host numbers, or 0-d float32 device arrays inside ``fg.jit`` /
+        ``fg.capture`` (read on the device, so a replayed step uses the step's current values). The generic
+        default runs instead with AMSGrad (``v_max``), a device ``decay``, or unless ``p``, ``m``, ``v`` are
+        contiguous float32/float64 arrays of one dtype (``_update_step`` says).
+        """
+        fits = v_max is None and fusion.is_host_scalar(decay)
+        if fits and self._update_step(fusion.ADAM_UPDATE, p, g, (m, v), (step_size, eps_hat),
+                                      fusion.adam_update_scalars(beta1, beta2, l2, decay, maximize)):
+            return p, m, v, None
+        return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
+
+    def sgd_step(self, p: Any, g: Any, buf: Any, lr: Any, momentum: float, dampening: float,
+                 weight_decay: float, nesterov: bool, maximize: bool) -> tuple:
+        """Optional fused composite: one SGD-with-momentum step in one kernel (``p`` and ``buf`` in place).
+
+        ``lr`` is a host number or a 0-d float32 device array (inside ``fg.jit`` / ``fg.capture``). The generic
+        default runs instead on the first step (no ``buf``), without momentum, or unless ``p`` and ``buf`` are
+        contiguous float32/float64 arrays of one dtype.
+        """
+        fits = buf is not None and momentum != 0
+        if fits and self._update_step(fusion.SGD_UPDATE, p, g, (buf,), (lr,),
+                                      fusion.sgd_update_scalars(momentum, dampening, weight_decay, nesterov,
+                                                                maximize)):
+            return p, buf
+        return super().sgd_step(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, maximize)
+
+    def scatter_add(self, a: Any, axis: int, index: Any, src: Any) -> Any:
+        """``Backend.scatter_add`` through the backend's ``_scatter``."""
+        return self._scatter(a, axis, index, src, accumulate=True)
+
+    def scatter(self, a: Any, axis: int, index: Any, src: Any) -> Any:
+        """``Backend.scatter`` through the backend's ``_scatter``."""
+        return self._scatter(a, axis, index, src, accumulate=False)
 
     # ----------------------------------------------------------------- batch norm (shared by CUDA and OpenCL)
     #: Below this many elements per row (``prod(S)`` of ``(N, C, *S)``; 1 for BatchNorm1d's ``(N, C)``) the rows

@@ -32,10 +32,8 @@ from .. import row_kernels as R
 from ..array_backend import ArrayBackend
 from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
 from ..fusion import (
-    ADAM_UPDATE,
     BAKE_DIMS_MIN,
     MIN_REDUCTION_BLOCKS,
-    SGD_UPDATE,
     Expr,
     Scalar,
     UpdateKernel,
@@ -47,10 +45,9 @@ from ..fusion import (
     linearize,
     matmul_dims,
     reduction_layout,
-    sgd_update_scalars,
     split_reduction,
 )
-from ..lazy import SCALAR_TYPES, LazyEngine, flatten
+from ..lazy import SCALAR_TYPES, LazyArrayBase, LazyEngine, flatten
 from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
@@ -104,7 +101,7 @@ class _AdamSet(NamedTuple):
     blocks: int  #: thread blocks of the launch (one per chunk of one tensor)
 
 
-class LazyArray:
+class LazyArray(LazyArrayBase):
     """A CUDA array that may still be a pending fused expression (the lazy engine's array type on CUDA).
 
     ``lazy`` is the :class:`~flowgraph.backends.fusion.Expr` computing it (``None`` once realized), ``value``
@@ -121,21 +118,6 @@ class LazyArray:
         self.dtype = dtype
         self.value = value
         self.consumers: Any = None
-
-    @property
-    def ndim(self) -> int:
-        """Number of axes."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d array")
-        return self.shape[0]
 
     def __repr__(self) -> str:
         state = "lazy" if self.lazy is not None else "realized"
@@ -817,36 +799,6 @@ class CupyBackend(LazyEngine, ArrayBackend):
         if g.shape != p.shape:
             return None
         return p, g if g.dtype == p.dtype else g.astype(p.dtype), state
-
-    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
-                  eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
-                  v_max: Array | None = None) -> tuple:
-        """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
-
-        ``step_size`` and ``eps_hat`` are host numbers, or 0-d float32 device arrays inside ``fg.capture``
-        (read on the device, so a replayed graph uses the step's current values). The generic default runs
-        instead with AMSGrad (``v_max``), a device ``decay``, or unless ``p``, ``m``, ``v`` are contiguous
-        float32/float64 arrays of one dtype.
-        """
-        fits = v_max is None and is_host_scalar(decay)
-        if fits and self._update_step(ADAM_UPDATE, p, g, (m, v), (step_size, eps_hat),
-                                      adam_update_scalars(beta1, beta2, l2, decay, maximize)):
-            return p, m, v, None
-        return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
-
-    def sgd_step(self, p: Array, g: Array, buf: Array | None, lr: Any, momentum: float, dampening: float,
-                 weight_decay: float, nesterov: bool, maximize: bool) -> tuple:
-        """Optional fused composite: one SGD-with-momentum step in one kernel (``p`` and ``buf`` in place).
-
-        ``lr`` is a host number or a 0-d float32 device array (inside ``fg.capture``). The generic default runs
-        instead on the first step (no ``buf``), without momentum, or unless ``p`` and ``buf`` are contiguous
-        float32/float64 arrays of one dtype.
-        """
-        fits = buf is not None and momentum != 0
-        if fits and self._update_step(SGD_UPDATE, p, g, (buf,), (lr,),
-                                      sgd_update_scalars(momentum, dampening, weight_decay, nesterov, maximize)):
-            return p, buf
-        return super().sgd_step(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, maximize)
 
     def _update_step(self, spec: UpdateKernel, p: Array, g: Array, state: tuple, steps: tuple,
                      scalars: tuple) -> bool:
@@ -1586,12 +1538,6 @@ class CupyBackend(LazyEngine, ArrayBackend):
         written = winner >= 0
         picked = values.take(cupy.maximum(winner, 0))
         return cupy.where(written, picked, flat).reshape(out.shape)
-
-    def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
-        return self._scatter(a, axis, index, src, accumulate=True)
-
-    def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
-        return self._scatter(a, axis, index, src, accumulate=False)
 
     # ----------------------------------------------------------------- runtime
     def synchronize(self) -> None:

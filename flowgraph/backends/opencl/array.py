@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..lazy import LazyArrayBase
+
 if TYPE_CHECKING:
     from ..fusion import Expr
     from .backend import OpenCLBackend
@@ -83,7 +85,7 @@ def shape_size(shape: Shape) -> int:
     return math.prod(shape)
 
 
-class CLArray:
+class CLArray(LazyArrayBase):
     """A strided array on an OpenCL device (or a pending fused expression that will become one).
 
     Layers above read only ``shape``, ``ndim``, ``dtype``, ``size`` and ``len()``; the backend owns the rest.
@@ -112,16 +114,6 @@ class CLArray:
         self.consumers: Any = None
 
     @property
-    def ndim(self) -> int:
-        """Number of axes."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return shape_size(self.shape)
-
-    @property
     def nbytes(self) -> int:
         """Bytes the elements take when contiguous."""
         return self.size * self.dtype.itemsize
@@ -130,11 +122,6 @@ class CLArray:
     def is_contiguous(self) -> bool:
         """Whether this is a realized row-major layout (any offset)."""
         return self.lazy is None and is_contiguous(self.shape, self.strides)
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d CLArray")
-        return self.shape[0]
 
     def __repr__(self) -> str:
         state = "lazy" if self.lazy is not None else f"strides={self.strides}, offset={self.offset}"

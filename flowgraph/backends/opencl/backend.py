@@ -22,10 +22,8 @@ from .. import flags, fusion
 from .. import row_kernels as R
 from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
 from ..fusion import (
-    ADAM_UPDATE,
     BAKE_DIMS_MIN,
     MIN_REDUCTION_BLOCKS,
-    SGD_UPDATE,
     Expr,
     Scalar,
     UpdateKernel,
@@ -36,7 +34,6 @@ from ..fusion import (
     linearize,
     matmul_dims,
     reduction_layout,
-    sgd_update_scalars,
 )
 from ..lazy import LazyEngine, flatten
 from . import conv as CK
@@ -647,30 +644,6 @@ class OpenCLBackend(LazyEngine, Backend):
         if g.shape != p.shape:
             return None
         return p, self.contiguous(g if g.dtype == p.dtype else self.cast(g, p.dtype)), state
-
-    def adam_step(self, p: Array, g: Array, m: Array, v: Array, beta1: float, beta2: float, step_size: Any,
-                  eps_hat: Any, l2: float = 0.0, decay: Any = 1.0, maximize: bool = False,
-                  v_max: Array | None = None) -> tuple:
-        """Optional fused composite (see ``NumpyBackend.adam_step``): one kernel updates ``p``, ``m``, ``v``.
-
-        ``step_size``/``eps_hat`` are host numbers or 0-d float32 device arrays. The generic default runs
-        instead with AMSGrad (``v_max``), a device ``decay``, or unless ``p``, ``m``, ``v`` are contiguous
-        float32/float64 arrays of one dtype.
-        """
-        fits = v_max is None and is_host_scalar(decay)
-        if fits and self._update_step(ADAM_UPDATE, p, g, (m, v), (step_size, eps_hat),
-                                      adam_update_scalars(beta1, beta2, l2, decay, maximize)):
-            return p, m, v, None
-        return super().adam_step(p, g, m, v, beta1, beta2, step_size, eps_hat, l2, decay, maximize, v_max)
-
-    def sgd_step(self, p: Array, g: Array, buf: Array | None, lr: Any, momentum: float, dampening: float,
-                 weight_decay: float, nesterov: bool, maximize: bool) -> tuple:
-        """Optional fused composite: one SGD-with-momentum step in one kernel (see ``CupyBackend.sgd_step``)."""
-        fits = buf is not None and momentum != 0
-        if fits and self._update_step(SGD_UPDATE, p, g, (buf,), (lr,),
-                                      sgd_update_scalars(momentum, dampening, weight_decay, nesterov, maximize)):
-            return p, buf
-        return super().sgd_step(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, maximize)
 
     def _update_step(self, spec: UpdateKernel, p: Array, g: Array, state: tuple, steps: tuple,
                      scalars: tuple) -> bool:
@@ -1426,12 +1399,6 @@ class OpenCLBackend(LazyEngine, Backend):
         ]
         self._launch(kernel, n_lines, args)
         return out
-
-    def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
-        return self._scatter(a, axis, index, src, accumulate=True)
-
-    def scatter(self, a: Array, axis: int, index: Array, src: Array) -> Array:
-        return self._scatter(a, axis, index, src, accumulate=False)
 
     # ----------------------------------------------------------------- runtime
     def synchronize(self) -> None:
