@@ -230,35 +230,17 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if nd == 0:
         raise ShapeError("cat: zero-dimensional tensors cannot be concatenated; use stack")
     d = _norm_dim(dim, nd, "cat")
-    bk = first._backend
-    dt = first.dtype
     for i, t in enumerate(tensors):
-        if t._backend is not bk:
-            raise BackendError(
-                f"cat: tensor {i} is on {t.device}, tensor 0 on {first.device}; move them to one device with .to()"
-            )
         if t.ndim != nd or any(t.shape[j] != first.shape[j] for j in range(nd) if j != d):
             raise ShapeError(
                 f"cat: tensor {i} has shape {t.shape}, incompatible with tensor 0's {first.shape} "
                 f"(all dims but {d} must match)"
             )
-        if t.dtype is not dt:
-            from .dtype import promote_types
-
-            dt = promote_types(dt, t.dtype)
-    arrays = [t._data if t.dtype is dt else bk.cast(t._data, dt.np) for t in tensors]
+    bk, arrays = _join_arrays(tensors, "cat")
     out = _wrap(bk.concatenate(arrays, d), bk)
     if STATE.enabled and any(t.requires_grad for t in tensors):
-        sizes = [t.shape[d] for t in tensors]
-
-        def bw(g):
-            grads, start = [], 0
-            for s in sizes:
-                grads.append(narrow(g, d, start, s))
-                start += s
-            return tuple(grads)
-
-        _record(out, "Cat", tuple(tensors), (), bw)
+        shapes = [t.shape for t in tensors]
+        _record(out, "Cat", tuple(tensors), (), lambda g: _cut(g, d, shapes, False))
     return out
 
 
@@ -267,7 +249,7 @@ concatenate = cat
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """Join tensors of one shape along a new dimension."""
+    """Join tensors of one shape along a new dimension (dtypes promoted)."""
     tensors = list(tensors)
     if not tensors:
         raise FlowError("stack: expected a non-empty list of tensors")
@@ -282,7 +264,54 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if dim < -nd or dim >= nd:
         raise FlowError(f"stack: dim {dim} out of range for {nd} output dims")
     d = dim + nd if dim < 0 else dim
-    return cat([unsqueeze(t, d) for t in tensors], d)
+    bk, arrays = _join_arrays(tensors, "stack")
+    grown = shape[:d] + (1,) + shape[d:]
+    out = _wrap(bk.concatenate([bk.reshape(a, grown) for a in arrays], d), bk)
+    if STATE.enabled and any(t.requires_grad for t in tensors):
+        shapes = [shape] * len(tensors)
+        _record(out, "Stack", tuple(tensors), (), lambda g: _cut(g, d, shapes, True))
+    return out
+
+
+def _join_arrays(tensors: list[Tensor], name: str) -> tuple:
+    """``(backend, arrays)`` of tensors to be joined: one device (else a BackendError naming both), their
+    arrays in the promoted dtype of all of them."""
+    first = tensors[0]
+    bk = first._backend
+    dt = first.dtype
+    for i, t in enumerate(tensors):
+        if t._backend is not bk:
+            raise BackendError(
+                f"{name}: tensor {i} is on {t.device}, tensor 0 on {first.device}; move them to one device with .to()"
+            )
+        if t.dtype is not dt:
+            from .dtype import promote_types
+
+            dt = promote_types(dt, t.dtype)
+    return bk, [t._data if t.dtype is dt else bk.cast(t._data, dt.np) for t in tensors]
+
+
+def _cut(g: Tensor, d: int, shapes: list[tuple], squeeze: bool) -> tuple:
+    """The backward of ``cat`` (``squeeze`` False) and ``stack`` (True): ``g`` cut along ``d`` into one piece
+    per input of ``shapes``, each a view of ``g``. Backend slices and reshapes wrapped directly (one
+    ``Backend.slice`` a piece, not a differentiable index with its key parsing: gated_routing's 8-way stack);
+    under ``create_graph`` differentiable ``narrow`` / ``reshape`` instead."""
+    grads, start = [], 0
+    if STATE.enabled:
+        for shape in shapes:
+            size = 1 if squeeze else shape[d]
+            piece = narrow(g, d, start, size)
+            grads.append(reshape(piece, shape) if squeeze else piece)
+            start += size
+        return tuple(grads)
+    bk, data = g._backend, g._data
+    whole = tuple(slice(0, n, 1) for n in data.shape)
+    for shape in shapes:
+        size = 1 if squeeze else shape[d]
+        piece = bk.slice(data, whole[:d] + (slice(start, start + size, 1),) + whole[d + 1:])
+        grads.append(_wrap(bk.reshape(piece, shape) if squeeze else piece, bk))
+        start += size
+    return tuple(grads)
 
 
 def narrow(a: Tensor, dim: int, start: int, length: int) -> Tensor:
