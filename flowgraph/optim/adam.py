@@ -149,12 +149,16 @@ class Adam(Optimizer):
                 [p._data for p, _, _ in batch], [p.grad._data for p, _, _ in batch],
                 [s["exp_avg"]._data for _, s, _ in batch], [s["exp_avg_sq"]._data for _, s, _ in batch],
                 *args, **kwargs, v_maxs=[s["max_exp_avg_sq"]._data for _, s, _ in batch] if amsgrad else None)
-            for i, (p, s, _) in enumerate(batch):
-                buffers = (p, s["exp_avg"], s["exp_avg_sq"], s["max_exp_avg_sq"] if amsgrad else None)
-                for t, arrays in zip(buffers, new):
-                    if t is not None:
-                        t._data = arrays[i]
-                        t._bump_version()
+            new_p, new_m, new_v, new_vmax = new
+            for i, (p, s, _) in enumerate(batch):  # the updated arrays (the same ones, where in place), versions bumped
+                m, v = s["exp_avg"], s["exp_avg_sq"]
+                p._data, m._data, v._data = new_p[i], new_m[i], new_v[i]
+                p._bump_version()
+                m._bump_version()
+                v._bump_version()
+                if amsgrad:
+                    s["max_exp_avg_sq"]._data = new_vmax[i]
+                    s["max_exp_avg_sq"]._bump_version()
 
     def _increment_device_steps(self, states: list[dict[str, Any]]) -> None:
         """Add one to the device step counts of ``states``: one in-place add on a shared array of counts
