@@ -115,12 +115,19 @@ class TorchRunner:
         ]
         self.graph = None
         self.forward = torch.compile(self.model, mode=compile_mode) if compile else self.model
+        # CUDA graphs under torch.compile ("reduce-overhead") reuse their output buffers: PyTorch's training
+        # loops mark where each step begins, so the previous step's outputs are not read after being overwritten
+        self.mark_step = compile and self.device == "cuda"
         if capture:
             self._capture()
 
     def _step(self, x, y):
+        if self.mark_step:
+            self.torch.compiler.cudagraph_mark_step_begin()
         loss = self.loss_fn(self.forward(x), y)
-        self.opt.zero_grad(set_to_none=False)
+        # a captured step keeps its gradient buffers; a compiled one drops them (CUDA graphs under torch.compile
+        # own the backward's outputs: gradients kept across steps would be overwritten by the next replay)
+        self.opt.zero_grad(set_to_none=self.mark_step)
         loss.backward()
         self.opt.step()
         return loss
