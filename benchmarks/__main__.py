@@ -187,7 +187,7 @@ def time_model(model_name: str, args) -> dict:
         variants += [("flowgraph_jit", FlowgraphRunner, {"capture": True})]
         if args.device.startswith("cuda"):
             variants += [("torch_graph", TorchRunner, {"capture": True})]
-    if getattr(args, "compile", False):
+    if args.compile:
         variants += [("torch_compile", TorchRunner, {"compile": True, "compile_mode": args.compile_mode})]
     for label, cls, options in variants:
         try:

@@ -157,8 +157,9 @@ class Adam(Optimizer):
                 m._bump_version()
                 v._bump_version()
                 if amsgrad:
-                    s["max_exp_avg_sq"]._data = new_vmax[i]
-                    s["max_exp_avg_sq"]._bump_version()
+                    v_max = s["max_exp_avg_sq"]
+                    v_max._data = new_vmax[i]
+                    v_max._bump_version()
 
     def _increment_device_steps(self, states: list[dict[str, Any]]) -> None:
         """Add one to the device step counts of ``states``: one in-place add on a shared array of counts

@@ -230,13 +230,13 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if nd == 0:
         raise ShapeError("cat: zero-dimensional tensors cannot be concatenated; use stack")
     d = _norm_dim(dim, nd, "cat")
+    bk, arrays = _join_arrays(tensors, "cat")  # a tensor on another device is named before a shape mismatch
     for i, t in enumerate(tensors):
         if t.ndim != nd or any(t.shape[j] != first.shape[j] for j in range(nd) if j != d):
             raise ShapeError(
                 f"cat: tensor {i} has shape {t.shape}, incompatible with tensor 0's {first.shape} "
                 f"(all dims but {d} must match)"
             )
-    bk, arrays = _join_arrays(tensors, "cat")
     out = _wrap(bk.concatenate(arrays, d), bk)
     if STATE.enabled and any(t.requires_grad for t in tensors):
         shapes = [t.shape for t in tensors]
