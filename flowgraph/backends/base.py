@@ -215,9 +215,10 @@ class Backend:
 
     # ----------------------------------------------------------------- declared capabilities (generic defaults)
     def add_into(self, dst: Array, src: Array) -> Array:
-        """``dst + src`` (same shape and dtype), written into ``dst`` and returned where the backend can add in
-        place, else a new array: the autograd engine accumulates into sums it made itself and checks
-        ``result is dst``. The generic default returns a new sum."""
+        """``dst + src`` (same dtype; ``src`` of ``dst``'s shape or broadcasting to it, as a bias row),
+        written into ``dst`` and returned where the backend can add in place, else a new array: the autograd
+        engine accumulates into sums it made itself and checks ``result is dst``; a linear layer adds its bias
+        into the GEMM's fresh output. The generic default returns a new sum."""
         return self.add(dst, src)
 
     #: Whether ``matmul_accumulate`` and ``bias_grad_accumulate`` add into their destination in the kernel itself
@@ -250,13 +251,14 @@ class Backend:
         ``add_into(dst, bias_grad(g))``."""
         return self.add_into(dst, self.bias_grad(g))
 
-    def gelu_exact(self, x: Array) -> tuple[Array, Array | None]:
+    def gelu_exact(self, x: Array, grad: bool = True) -> tuple[Array, Array | None]:
         """Exact GELU: ``(x * cdf, saved)`` with ``cdf = (1 + erf(x / sqrt(2))) / 2``; ``saved`` is what
-        ``gelu_exact_backward`` takes besides ``x`` (here the cdf; None for a backend whose backward computes
-        the derivative from ``x`` alone, as the lazy CUDA and OpenCL backends do). Generic default in
+        ``gelu_exact_backward`` takes besides ``x``, opaque to the caller: here the cdf; the NumPy backend's
+        derivative; None for a backend whose backward computes the derivative from ``x`` alone (the lazy CUDA
+        and OpenCL backends), and where ``grad`` is false (no backward will follow). Generic default in
         primitives; backends finish it in place or in one kernel."""
         cdf = self._gelu_cdf(x)
-        return self.mul(x, cdf), cdf
+        return self.mul(x, cdf), cdf if grad else None
 
     def _gelu_cdf(self, x: Array) -> Array:
         """``(1 + erf(x / sqrt(2))) / 2`` in primitives."""
@@ -264,7 +266,7 @@ class Backend:
 
     def gelu_exact_backward(self, g: Array, x: Array, cdf: Array | None) -> Array:
         """``g * (cdf + x * exp(-x*x/2) / sqrt(2*pi))``, the input gradient of ``gelu_exact`` (``cdf`` is the
-        forward's ``saved``; computed again from ``x`` where it is None)."""
+        generic forward's ``saved``; computed again from ``x`` where it is None)."""
         if cdf is None:
             cdf = self._gelu_cdf(x)
         pdf = self.mul(self.exp(self.mul(self.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))

@@ -691,12 +691,12 @@ class LazyEngine:
             gx = self.add(self.add(self.mul(gr, a), self.mul(self.sub(xr, mean), b)), k)
         return gx, gw if need_w else None, gb if need_b else None
 
-    def gelu_exact(self, x: Any) -> tuple[Any, None]:
+    def gelu_exact(self, x: Any, grad: bool = True) -> tuple[Any, None]:
         """Exact GELU as one pending ``gelu`` instruction, and nothing saved: the backward computes the
         derivative from ``x`` in the kernel that consumes it (one input-sized array fewer kept per GELU, as
         PyTorch keeps only the input). With fusion off, the generic default."""
         if not fusion.is_enabled():
-            return super().gelu_exact(x)
+            return super().gelu_exact(x, grad)
         return self._unary("gelu", x), None
 
     def gelu_exact_backward(self, g: Any, x: Any, saved: Any) -> Any:

@@ -400,7 +400,7 @@ def _bilinear(name: str, a: Tensor, b: Tensor, compute, grads: tuple) -> Tensor:
 def _bilinear_backward(grads: tuple, need_a: bool, need_b: bool):
     """``_bilinear``'s backward, built once per pair of gradient functions (themselves built once per layout:
     ``_native_grads``) and needed gradients. A closure made per call is a function, a tuple and cells that the
-    cyclic garbage collector tracks for as long as the step's graph lives (``nn.linear._linear_2d_backward``)."""
+    cyclic garbage collector tracks for as long as the step's graph lives (``nn.linear._linear_rows_backward``)."""
     grad_a, grad_b = grads
 
     def backward(h: Tensor, *saved: Tensor):

@@ -166,7 +166,7 @@ def _layer_norm_backward(x_shape: tuple, shape: tuple, eps: float, need_x: bool,
                          need_r: bool, has_w: bool):
     """``_layer_norm``'s backward, built once per layout and set of needed gradients: a closure made per call
     is a function, a tuple and a cell per captured value the cyclic collector tracks (see
-    ``linear._linear_2d_backward``)."""
+    ``linear._linear_rows_backward``)."""
     cols = math.prod(shape)
     rows = math.prod(x_shape) // cols
     axes = tuple(range(len(x_shape) - len(shape), len(x_shape)))

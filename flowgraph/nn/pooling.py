@@ -154,7 +154,7 @@ def _block_max(x: Tensor, kernel: tuple, out: tuple) -> Tensor:
 @functools.lru_cache(maxsize=1024)
 def _block_max_backward(kernel: tuple, out: tuple):
     """``_block_max``'s backward, built once per geometry (a closure made per call is objects the cyclic
-    garbage collector tracks for as long as the step's graph lives: ``nn.linear._linear_2d_backward``)."""
+    garbage collector tracks for as long as the step's graph lives: ``nn.linear._linear_rows_backward``)."""
     ones_ = (1,) * len(kernel)
 
     def bw(g: Tensor, x: Tensor, y: Tensor):

@@ -83,7 +83,7 @@ class _HiddenProjection:
         filed, token = self.filed, self.token
 
         def bw(g: Tensor, h: Tensor, w: Tensor):
-            if g.requires_grad:  # create_graph: differentiable gradients for both
+            if STATE.enabled:  # create_graph (g itself may be a constant): differentiable gradients for both
                 return (g.matmul(w) if need_h else None, g.t().matmul(h))
             filed.append((g._data, h._data))
             return (g.matmul(w.detach()) if need_h else None, token)
@@ -129,7 +129,7 @@ def _lstm_pointwise(gates: Tensor, c: Tensor, hidden: int) -> tuple[Tensor, Tens
     need_gates, need_c = gates.requires_grad, c.requires_grad
 
     def bw(grad: Tensor, gates: Tensor, c: Tensor, i: Tensor, f: Tensor, g: Tensor, o: Tensor, tc: Tensor):
-        if grad.requires_grad:  # create_graph: the same formulas on recorded values
+        if STATE.enabled:  # create_graph (grad itself may be a constant): the same formulas on recorded values
             i_, f_, g_, o_, tc_, _, _ = _lstm_pieces(gates, c, hidden)
             c_prev = c
         else:
@@ -199,13 +199,13 @@ def _gru_pointwise(xp: Tensor, hp: Tensor, h: Tensor, hidden: int, bx: Tensor | 
 @functools.lru_cache(maxsize=256)
 def _gru_pointwise_backward(hidden: int, needs: tuple, needs_b: tuple, which: tuple, has_bx: bool, has_bp: bool):
     """``_gru_pointwise``'s backward, built once per width and set of needed gradients (a closure made per
-    step is several objects the cyclic collector tracks: see ``linear._linear_2d_backward``). The biases
+    step is several objects the cyclic collector tracks: see ``linear._linear_rows_backward``). The biases
     come back among the saved tensors (those that are not None, ``bx`` first)."""
 
     def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, rz_t: Tensor, n_t: Tensor, *bs: Tensor):
         bx = bs[0] if has_bx else None
         bp = bs[-1] if has_bp else None
-        if grad.requires_grad:
+        if STATE.enabled:  # create_graph (grad itself may be a constant): differentiable in the inputs
             xb, hb = _with_biases(xp, hp, bx, bp)
             gs = _gru_pointwise_grads(grad, *_gru_pieces(xb, hb, h, hidden)[:4], h, needs)
             gb = tuple(gs[k].sum(0) if needs_b[k] else None for k in range(2))
@@ -242,7 +242,7 @@ def _gru_pointwise_composed(xp: Tensor, hp: Tensor, h: Tensor, hidden: int) -> T
     needs = (xp.requires_grad, hp.requires_grad, h.requires_grad)
 
     def bw(grad: Tensor, xp: Tensor, hp: Tensor, h: Tensor, r: Tensor, z: Tensor, n: Tensor, h_n: Tensor):
-        if grad.requires_grad:
+        if STATE.enabled:  # create_graph (grad itself may be a constant): differentiable in the inputs
             return _gru_pointwise_grads(grad, *_gru_pieces(xp, hp, h, hidden)[:4], h, needs)
         return _gru_pointwise_grads(grad, r, z, n, h_n, h.detach(), needs)
 

@@ -201,7 +201,7 @@ def _add_backward(sa: tuple | None, sb: tuple | None, subtract: bool = False):
     """The backward of ``add`` (``sub`` with ``subtract``) for operand shapes ``sa``, ``sb`` (None for a scalar
     operand), built once per pair of shapes: a closure made per call is a function, a tuple and cells that the
     cyclic garbage collector tracks, and they live as long as the step's graph (see
-    ``nn.linear._linear_2d_backward``)."""
+    ``nn.linear._linear_rows_backward``)."""
 
     def bw(g):
         gs = g._data.shape
@@ -686,14 +686,15 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     bk = a._backend
     x = _float_data(a)
     if approximate == "none":
-        y, saved = bk.gelu_exact(x)
+        grad = a.requires_grad and STATE.enabled
+        y, saved = bk.gelu_exact(x, grad)
         out = _wrap(y, bk)
-        if a.requires_grad and STATE.enabled:
+        if grad:
             def bw(g, xc, *rest):
                 if not STATE.enabled:
                     gbk = g._backend
-                    cdf = rest[0]._data if rest else None
-                    return (_wrap(gbk.gelu_exact_backward(g._data, _float_data(xc), cdf), gbk),)
+                    saved_d = rest[0]._data if rest else None
+                    return (_wrap(gbk.gelu_exact_backward(g._data, _float_data(xc), saved_d), gbk),)
                 cdf_t = ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5  # create_graph: differentiable in x
                 pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
                 return (g * (cdf_t + xc * pdf),)

@@ -72,7 +72,7 @@ def _permute_backward(inv: tuple):
 def _reshape_backward(old: tuple):
     """``reshape``'s backward to the shape ``old``, built once per shape (a closure made per call is objects
     the cyclic garbage collector tracks for as long as the step's graph lives: see
-    ``nn.linear._linear_2d_backward``)."""
+    ``nn.linear._linear_rows_backward``)."""
     return lambda g: (g.reshape(old),)
 
 

@@ -263,10 +263,12 @@ def test_fused_cells_support_double_backward(device, cls):
     np.testing.assert_allclose(_np(ggw), tggw.numpy(), rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.parametrize("head", ["square", "linear"])
 @pytest.mark.parametrize("cls", ["GRU", "LSTM", "RNN"])
-def test_layer_double_backward_and_retain_graph(device, cls):
+def test_layer_double_backward_and_retain_graph(device, cls, head):
     # the per-direction hidden projection files step gradients for one weight matmul; under create_graph it
-    # returns differentiable gradients instead, and a retained graph can run backward twice
+    # returns differentiable gradients instead (also where the gradient reaching it is a constant: a linear
+    # head), and a retained graph can run backward twice
     if not fg.get_backend(device).supports_float64:
         pytest.skip(f"{device} has no float64")
     layer = getattr(nn, cls)(3, 2, bidirectional=True).double().to(device)
@@ -275,9 +277,12 @@ def test_layer_double_backward_and_retain_graph(device, cls):
     x0 = np.random.default_rng(1).standard_normal((4, 2, 3))
     x = fg.tensor(x0, dtype=fg.float64, device=device, requires_grad=True)
     tx = torch.tensor(x0, requires_grad=True)
-    (gx,) = fg.autograd.grad((layer(x)[0] ** 2).sum(), [x], create_graph=True)
+    c0 = np.random.default_rng(2).standard_normal((4, 2, 4))
+    f = (lambda y: y ** 2) if head == "square" else (lambda y: y * fg.tensor(c0, device=device))
+    tf = (lambda y: y ** 2) if head == "square" else (lambda y: y * torch.tensor(c0))
+    (gx,) = fg.autograd.grad(f(layer(x)[0]).sum(), [x], create_graph=True)
     ggx, ggw = fg.autograd.grad((gx * gx).sum(), [x, layer.weight_hh_l0])
-    (tgx,) = torch.autograd.grad((t_layer(tx)[0] ** 2).sum(), [tx], create_graph=True)
+    (tgx,) = torch.autograd.grad(tf(t_layer(tx)[0]).sum(), [tx], create_graph=True)
     tggx, tggw = torch.autograd.grad((tgx * tgx).sum(), [tx, t_layer.weight_hh_l0])
     np.testing.assert_allclose(_np(ggx), tggx.numpy(), rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(_np(ggw), tggw.numpy(), rtol=1e-8, atol=1e-12)
