@@ -368,7 +368,7 @@ def split_views(a: Tensor, dim: int, sizes: Sequence[int], squeeze: bool = False
 
     def bw(grads: tuple):
         first = next(g for g in grads if g is not None)
-        if first.requires_grad:  # create_graph: a differentiable concatenation
+        if STATE.enabled:  # create_graph (some pieces' gradients may be constants): a differentiable concatenation
             parts = []
             for g, index in zip(grads, indices):
                 part = tuple(len(range(*s.indices(n))) for s, n in zip(index, shape))

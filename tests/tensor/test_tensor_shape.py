@@ -200,3 +200,34 @@ def test_views_share_storage_and_version(device):
     v[0, 1] = 10.0
     assert x[1].item() == 10.0
     assert x._version == v._version > 0
+
+
+@pytest.mark.parametrize("fn", ["split", "chunk", "unbind"])
+def test_split_second_derivative_with_a_constant_piece_gradient(device, fn):
+    """Under create_graph the pieces' gradients may mix constants (a piece the loss is linear in) and
+    differentiable ones; the backward's concatenation stays differentiable in all of them (it had looked at the
+    first piece only, and dropped the others' history), so second derivatives match torch."""
+    if not fg.get_backend(device).supports_float64:
+        pytest.skip(f"{device} has no float64")
+    x0 = np.random.default_rng(0).standard_normal((4, 3))
+    c0 = np.random.default_rng(1).standard_normal((2, 3))
+
+    def pieces(mod, t):
+        if fn == "split":
+            return t.split(2, 0)
+        if fn == "chunk":
+            return t.chunk(2, 0)
+        return mod.stack(t.unbind(0)[:2]), mod.stack(t.unbind(0)[2:])
+
+    results = []
+    for mod, make in ((fg, lambda a: fg.tensor(a, dtype=fg.float64, device=device, requires_grad=True)),
+                      (torch, lambda a: torch.tensor(a, requires_grad=True))):
+        x = make(x0)
+        c = fg.tensor(c0, dtype=fg.float64, device=device) if mod is fg else torch.tensor(c0)
+        y = x * x
+        a, b = pieces(mod, y)
+        loss = (a * c).sum() + (b * b * b).sum()
+        (gx,) = mod.autograd.grad(loss, [x], create_graph=True)
+        (ggx,) = mod.autograd.grad((gx * gx).sum(), [x])
+        results.append(ggx.detach().cpu().numpy() if mod is torch else ggx.numpy())
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-10, atol=1e-12)
