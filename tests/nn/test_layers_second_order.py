@@ -1,5 +1,7 @@
 """Second derivatives through the layers' own graph nodes (im2col and col2im, window max/sum, standardize,
-the one-node activations): ``fg.gradcheck`` of the first derivative built with ``create_graph=True``
+the one-node activations, linear, attention, split): ``fg.gradcheck`` of the first derivative built with
+``create_graph=True`` from ``(fn(*inputs) * weight).sum()``, so the gradient reaching each node is a constant (a
+backward that chose its non-differentiable path from ``g.requires_grad`` failed this)
 (float64 central differences, gradcheck's default tolerances atol=1e-5, rtol=1e-3), and for a few cases the
 second derivative compared with torch's (float64, rtol=1e-7, atol=1e-9).
 """
@@ -20,6 +22,13 @@ TF = torch.nn.functional
 
 def _w(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _torch_causal_attention(q, k, v):
+    """torch's attention written out (its CPU flash kernel has no double backward)."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    return TF.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v
 
 
 # name -> (flowgraph fn, torch fn, input shapes); the fns take (x, *params)
@@ -46,6 +55,21 @@ SECOND_ORDER = {
     "hardswish": (F.hardswish, TF.hardswish, [(2, 3)]),
     "interpolate_bilinear": (lambda x: F.interpolate(x * x, scale_factor=2, mode="bilinear"),
                              lambda x: TF.interpolate(x * x, scale_factor=2, mode="bilinear"), [(1, 1, 2, 2)]),
+    # the gradient reaching these is the constant weight of the sum: their backward must still build a graph
+    "linear_2d": (F.linear, TF.linear, [(3, 4), (2, 4), (2,)]),
+    "linear_3d": (F.linear, TF.linear, [(2, 3, 4), (2, 4), (2,)]),
+    "gelu": (F.gelu, TF.gelu, [(2, 3)]),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), lambda x: TF.gelu(x, approximate="tanh"), [(2, 3)]),
+    "silu": (F.silu, TF.silu, [(2, 3)]),
+    "softplus": (F.softplus, TF.softplus, [(2, 3)]),
+    "softmax": (lambda x: F.softmax(x, -1), lambda x: TF.softmax(x, -1), [(2, 3)]),
+    "log_softmax": (lambda x: F.log_softmax(x, -1), lambda x: TF.log_softmax(x, -1), [(2, 3)]),
+    "rms_norm": (lambda x, w: F.rms_norm(x, (4,), w), lambda x, w: TF.rms_norm(x, (4,), w), [(2, 4), (4,)]),
+    "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    lambda q, k, v: _torch_causal_attention(q, k, v),
+                    [(1, 2, 3, 4), (1, 2, 3, 4), (1, 2, 3, 4)]),
+    "split_mixed": (lambda x: fg.cat([x.split(2, 1)[0], x.split(2, 1)[1] ** 2], 1),
+                    lambda x: torch.cat([x.split(2, 1)[0], x.split(2, 1)[1] ** 2], 1), [(2, 4)]),
 }  # fmt: skip
 
 
@@ -72,7 +96,8 @@ def test_gradgradcheck(name: str, device: str):
     assert fg.gradcheck(first_derivative, inputs)
 
 
-@pytest.mark.parametrize("name", ["conv2d", "layer_norm", "batch_norm", "mish", "max_pool2d"])
+@pytest.mark.parametrize("name", ["conv2d", "layer_norm", "batch_norm", "mish", "max_pool2d", "linear_3d", "gelu",
+                                  "sdpa_causal", "split_mixed"])
 def test_second_derivative_matches_torch(name: str, device: str):
     skip_if_no_float64(device)
     fn, t_fn, shapes = SECOND_ORDER[name]
