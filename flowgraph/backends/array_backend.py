@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError
-from .base import Array, Backend, Shape
+from .base import Array, Backend, Shape, nocopy_strides
 from .fusion import is_host_scalar
 
 
@@ -313,6 +313,13 @@ class ArrayBackend(Backend):
 
     def is_contiguous(self, a: Array) -> bool:
         return bool(a.flags.c_contiguous)
+
+    def reshape_view(self, a: Array, shape: Shape) -> Array | None:
+        """``Backend.reshape_view``: a strided array whose axes group as ``nocopy_strides`` allows is reshaped
+        as a view (NumPy's and CuPy's reshape make one then)."""
+        if a.flags.c_contiguous or nocopy_strides(a.shape, a.strides, tuple(shape)) is not None:
+            return self.reshape(a, shape)
+        return None
 
     def assign(self, dst: Array, src: Array | float) -> Array:
         if isinstance(dst, self.xp.ndarray) and dst.flags.writeable:

@@ -59,6 +59,39 @@ def _missing(backend: Backend, name: str | None = None) -> BackendError:
     )
 
 
+
+def nocopy_strides(shape: Shape, strides: tuple[int, ...], new_shape: Shape) -> tuple[int, ...] | None:
+    """Strides that lay ``new_shape`` over the same elements as ``(shape, strides)`` without moving them, or
+    ``None`` when a copy is needed (NumPy's no-copy reshape rule: each group of old axes that merges into or
+    splits into new axes must itself be contiguous). Strides in any unit (elements or bytes). Lets ``a[:, 1]``
+    and similar squeezes, and a split of a sliced axis, stay views (``Backend.reshape_view``)."""
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    if any(n == 0 for n in shape):
+        return None
+    new_n, old_n = len(new_shape), len(old)
+    out = [0] * new_n
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < new_n and oi < old_n:
+        np_, op = new_shape[ni], old[oi][0]
+        while np_ != op:
+            if np_ < op:
+                np_ *= new_shape[nj]
+                nj += 1
+            else:
+                op *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        out[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            out[k - 1] = out[k] * new_shape[k]
+        ni, nj, oi, oj = nj, nj + 1, oj, oj + 1
+    last = out[ni - 1] if ni >= 1 else 1
+    for k in range(ni, new_n):
+        out[k] = last
+    return tuple(out)
+
 class Backend:
     """Abstract backend. Subclasses implement every method below for one device.
 
@@ -181,6 +214,13 @@ class Backend:
         lazily), so that the arrays its pending expression reads can be freed; returns ``a``, realized in place.
         A no-op for backends that compute at once."""
         return a
+
+    def reshape_view(self, a: Array, shape: Shape) -> Array | None:
+        """``a`` reshaped to ``shape`` as a view sharing its storage, or None where its layout needs a copy
+        (``Tensor.reshape`` then copies, and the result is not a view): PyTorch's rule, by which a split of a
+        sliced or permuted axis stays a view (``nocopy_strides``) and an in-place write through it reaches the
+        base. Generic default: a view of a row-major ``a`` only."""
+        return self.reshape(a, shape) if self.is_contiguous(a) else None
 
     def is_contiguous(self, a: Array) -> bool:
         """Whether ``a`` is laid out row-major (``Tensor.is_contiguous``). Generic default from ``contiguous``'s

@@ -434,10 +434,13 @@ def apply_inplace(a: Tensor, compute, op: str, *others) -> Tensor:
         _refresh_view(a)
     _leaf_check(a, op)
     records = STATE.enabled and (a.requires_grad or any(isinstance(o, Tensor) and o.requires_grad for o in others))
-    if records and a._grad_fn is not None and a._grad_fn.name in _MULTI_VIEW_OPS:
+    source = a if view is None else view[0]  # a view of a split piece counts as that piece (as in PyTorch)
+    if records and source._grad_fn is not None and source._grad_fn.name in _MULTI_VIEW_OPS:
+        again = "" if view is None else " (here through a view of it)"
         raise FlowError(
-            f"{op}: output {a._oi} of {a._grad_fn.name} is a view and is being modified in place; the outputs of an "
-            "op that returns several views (split, chunk, unbind) cannot be (as in PyTorch): .clone() it first"
+            f"{op}: output {source._oi} of {source._grad_fn.name} is a view and is being modified in place{again}; the "
+            "outputs of an op that returns several views (split, chunk, unbind) cannot be (as in PyTorch): .clone() it "
+            "first"
         )
     if records:
         if a._vc is None:

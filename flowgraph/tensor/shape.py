@@ -45,17 +45,19 @@ def _infer_shape(shape: tuple, numel: int, old: tuple) -> tuple[int, ...]:
 
 
 def reshape(a: Tensor, *shape) -> Tensor:
-    """Same elements, new shape (one dim may be -1); a view when the storage allows it."""
+    """Same elements, new shape (one dim may be -1); a view when the layout allows it (a contiguous tensor, or a
+    strided one whose merged and split axes are each contiguous, as PyTorch's rule), else a copy."""
     old = a._data.shape
     shape = _shape_arg(shape)
     if shape == old:
         return a
     shape = _infer_shape(shape, a.numel(), old)
     bk = a._backend
-    src = bk.contiguous(a._data)
-    out = _wrap(bk.reshape(src, shape), bk)
-    if src is a._data:  # a view of a contiguous tensor; a non-contiguous one is copied first (never aliased)
-        _make_view(out, a, reshape, shape)
+    data = bk.reshape_view(a._data, shape)
+    if data is not None:  # a view, as PyTorch's: an in-place write through it reaches a
+        out = _make_view(_wrap(data, bk), a, reshape, shape)
+    else:  # the layout needs a copy: a new tensor, never aliased
+        out = _wrap(bk.reshape(bk.contiguous(a._data), shape), bk)
     if a.requires_grad and STATE.enabled:
         _record(out, "Reshape", (a,), (), _reshape_backward(old))
     return out

@@ -319,6 +319,50 @@ def reshape_view_inplace(T, d):
 
 
 @pattern
+def reshape_of_a_slice_inplace(T, d):
+    # a split of a sliced axis is a view (PyTorch's rule): the write through it reaches y
+    x = leaf(T, [[float(i + 4 * j) for i in range(4)] for j in range(4)], **d)
+    y = x * 1.0
+    y[:, :2].reshape(2, 2, 2)[1].add_(10.0)
+    (y * y).sum().backward()
+    return [x, y]
+
+
+@pattern
+def split_piece_viewed_inplace(T, d):
+    # a Transformer's q = qkv.split(...)[0].view(B, T, heads, dim): one view of qkv
+    x = leaf(T, [[float(i - j) for i in range(6)] for j in range(2)], **d)
+    qkv = x * 2.0
+    q, k, v = qkv.split(2, 1)
+    k.view(2, 2, 1).mul_(3.0)
+    (qkv * qkv).sum().backward()
+    return [x, qkv]
+
+
+@pattern
+def split_piece_viewed_inplace_no_grad(T, d):
+    # outside autograd the write through the view of a piece is allowed and reaches qkv
+    x = leaf(T, [[float(i - j) for i in range(6)] for j in range(2)], **d)
+    qkv = x * 2.0
+    q, k, v = qkv.split(2, 1)
+    with T.no_grad():
+        k.view(2, 2, 1).mul_(3.0)
+    (qkv * qkv).sum().backward()
+    return [x, qkv]
+
+
+@pattern
+def reshape_of_a_transpose_copies(T, d):
+    # merging transposed axes needs a copy: the write does not reach y
+    x = leaf(T, [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], **d)
+    y = x * 1.0
+    flat = y.t().reshape(6)
+    flat.add_(10.0)
+    ((y * y).sum() + (flat * flat).sum()).backward()
+    return [x, y]
+
+
+@pattern
 def transpose_view_inplace(T, d):
     x = leaf(T, [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], **d)
     y = x * 1.0

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..base import nocopy_strides  # noqa: F401 - re-exported for the backend
 from ..lazy import LazyArrayBase
 
 if TYPE_CHECKING:
@@ -46,38 +47,6 @@ def is_contiguous(shape: Shape, strides: tuple[int, ...]) -> bool:
             return False
         step *= n
     return True
-
-
-def nocopy_strides(shape: Shape, strides: tuple[int, ...], new_shape: Shape) -> tuple[int, ...] | None:
-    """Strides that lay ``new_shape`` over the same elements as ``(shape, strides)`` without moving them, or
-    ``None`` when a copy is needed (NumPy's no-copy reshape rule: each group of old axes that merges into or
-    splits into new axes must itself be contiguous). Lets ``a[:, 1]`` and similar squeezes stay views."""
-    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
-    if any(n == 0 for n in shape):
-        return None
-    new_n, old_n = len(new_shape), len(old)
-    out = [0] * new_n
-    oi, oj, ni, nj = 0, 1, 0, 1
-    while ni < new_n and oi < old_n:
-        np_, op = new_shape[ni], old[oi][0]
-        while np_ != op:
-            if np_ < op:
-                np_ *= new_shape[nj]
-                nj += 1
-            else:
-                op *= old[oj][0]
-                oj += 1
-        for k in range(oi, oj - 1):
-            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
-                return None
-        out[nj - 1] = old[oj - 1][1]
-        for k in range(nj - 1, ni, -1):
-            out[k - 1] = out[k] * new_shape[k]
-        ni, nj, oi, oj = nj, nj + 1, oj, oj + 1
-    last = out[ni - 1] if ni >= 1 else 1
-    for k in range(ni, new_n):
-        out[k] = last
-    return tuple(out)
 
 
 def shape_size(shape: Shape) -> int:

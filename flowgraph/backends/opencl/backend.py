@@ -613,6 +613,15 @@ class OpenCLBackend(LazyEngine, Backend):
         self._write(inner, a)
         return out
 
+    def reshape_view(self, a: Array, shape: Shape) -> Array | None:
+        """``Backend.reshape_view``: a pending expression realizes row-major; a realized strided array is a view
+        where ``nocopy_strides`` allows one (``reshape`` makes it then)."""
+        a = self._own(a, "reshape")
+        if a.lazy is not None or is_contiguous(a.shape, a.strides) or \
+                nocopy_strides(a.shape, a.strides, tuple(int(n) for n in shape)) is not None:
+            return self.reshape(a, shape)
+        return None
+
     def is_contiguous(self, a: Array) -> bool:
         # A pending expression realizes into a fresh row-major buffer; an offset into a buffer does not matter.
         a = self._own(a, "is_contiguous")
