@@ -59,7 +59,6 @@ def _missing(backend: Backend, name: str | None = None) -> BackendError:
     )
 
 
-
 def nocopy_strides(shape: Shape, strides: tuple[int, ...], new_shape: Shape) -> tuple[int, ...] | None:
     """Strides that lay ``new_shape`` over the same elements as ``(shape, strides)`` without moving them, or
     ``None`` when a copy is needed (NumPy's no-copy reshape rule: each group of old axes that merges into or
@@ -91,6 +90,7 @@ def nocopy_strides(shape: Shape, strides: tuple[int, ...], new_shape: Shape) -> 
     for k in range(ni, new_n):
         out[k] = last
     return tuple(out)
+
 
 class Backend:
     """Abstract backend. Subclasses implement every method below for one device.
@@ -219,8 +219,18 @@ class Backend:
         """``a`` reshaped to ``shape`` as a view sharing its storage, or None where its layout needs a copy
         (``Tensor.reshape`` then copies, and the result is not a view): PyTorch's rule, by which a split of a
         sliced or permuted axis stays a view (``nocopy_strides``) and an in-place write through it reaches the
-        base. Generic default: a view of a row-major ``a`` only."""
-        return self.reshape(a, shape) if self.is_contiguous(a) else None
+        base. Generic default over ``is_contiguous`` and ``_strides``."""
+        if self.is_contiguous(a):
+            return self.reshape(a, shape)
+        strides = self._strides(a)
+        if strides is not None and nocopy_strides(tuple(a.shape), strides, tuple(int(n) for n in shape)) is not None:
+            return self.reshape(a, shape)  # the backend's reshape makes the view then
+        return None
+
+    def _strides(self, a: Array) -> tuple[int, ...] | None:
+        """The strides of a realized strided array (any unit), or None where the backend keeps no strided views
+        (``reshape_view`` then views row-major arrays only)."""
+        return None
 
     def is_contiguous(self, a: Array) -> bool:
         """Whether ``a`` is laid out row-major (``Tensor.is_contiguous``). Generic default from ``contiguous``'s

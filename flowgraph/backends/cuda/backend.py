@@ -30,7 +30,7 @@ from ...errors import BackendError, FlowError, ShapeError
 from .. import flags, fusion
 from .. import row_kernels as R
 from ..array_backend import ArrayBackend
-from ..base import BINARY_OPS, UNARY_OPS, Array, Shape, nocopy_strides
+from ..base import BINARY_OPS, UNARY_OPS, Array, Shape
 from ..fusion import (
     BAKE_DIMS_MIN,
     MIN_REDUCTION_BLOCKS,
@@ -759,15 +759,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
         out[tuple(slice(lo, lo + n) for n, (lo, _) in zip(a.shape, widths))] = a
         return out
 
-    def reshape_view(self, a: Array, shape: Shape) -> Array | None:
-        """``Backend.reshape_view``: a pending expression realizes row-major; a realized strided array is a view
-        where ``nocopy_strides`` allows one (CuPy's reshape makes it then)."""
-        if type(a) is LazyArray and a.lazy is not None:
-            return self.reshape(a, shape)
-        v = self._arr(a)
-        if v.flags.c_contiguous or nocopy_strides(v.shape, v.strides, tuple(shape)) is not None:
-            return self.reshape(a, shape)
-        return None
+    def _strides(self, a: Array) -> tuple[int, ...] | None:
+        return self._arr(a).strides  # a pending expression counts as contiguous: never asked
 
     def is_contiguous(self, a: Array) -> bool:
         # A pending expression realizes into a fresh row-major array, so it counts as contiguous without running.

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..base import nocopy_strides  # noqa: F401 - re-exported for the backend
 from ..lazy import LazyArrayBase
 
 if TYPE_CHECKING:

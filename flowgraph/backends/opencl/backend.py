@@ -20,7 +20,7 @@ import numpy as np
 from ...errors import BackendError, ShapeError
 from .. import flags, fusion
 from .. import row_kernels as R
-from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape
+from ..base import BINARY_OPS, UNARY_OPS, Array, Backend, Shape, nocopy_strides
 from ..fusion import (
     BAKE_DIMS_MIN,
     MIN_REDUCTION_BLOCKS,
@@ -38,7 +38,7 @@ from ..fusion import (
 from ..lazy import LazyEngine, flatten
 from . import conv as CK
 from . import kernels as K
-from .array import CLArray, contiguous_strides, is_contiguous, nocopy_strides, shape_size
+from .array import CLArray, contiguous_strides, is_contiguous, shape_size
 from .runtime import build_program, cl, compile_stats, device_context, list_devices
 
 _BOOL = np.dtype(bool)
@@ -613,14 +613,8 @@ class OpenCLBackend(LazyEngine, Backend):
         self._write(inner, a)
         return out
 
-    def reshape_view(self, a: Array, shape: Shape) -> Array | None:
-        """``Backend.reshape_view``: a pending expression realizes row-major; a realized strided array is a view
-        where ``nocopy_strides`` allows one (``reshape`` makes it then)."""
-        a = self._own(a, "reshape")
-        if a.lazy is not None or is_contiguous(a.shape, a.strides) or \
-                nocopy_strides(a.shape, a.strides, tuple(int(n) for n in shape)) is not None:
-            return self.reshape(a, shape)
-        return None
+    def _strides(self, a: Array) -> tuple[int, ...] | None:
+        return tuple(self._own(a, "reshape").strides)  # a pending expression counts as contiguous: never asked
 
     def is_contiguous(self, a: Array) -> bool:
         # A pending expression realizes into a fresh row-major buffer; an offset into a buffer does not matter.
