@@ -1028,6 +1028,9 @@ class NumpyBackend(ArrayBackend):
         if need_x and self._conv_phases_apply(kernel, stride, dilation, out, full):
             gx = self._conv_phase_transpose(g, w, kernel, stride, full)
             need_x = False
+        elif need_x and all(st == 1 for st in stride):
+            gx = self._conv_fold_flat(g, w, kernel, dilation, full)
+            need_x = False
         elif need_x:
             gx = np.zeros(full, dtype=x.dtype)
         wt = w.T if need_x else None  # BLAS reads the transpose in place: no (C_in * K, C_out) copy per call
@@ -1055,6 +1058,8 @@ class NumpyBackend(ArrayBackend):
         g = self._c_copy(g)
         if self._conv_phases_apply(kernel, stride, dilation, out, x_shape):
             return self._conv_phase_transpose(g, w, kernel, stride, x_shape)
+        if all(st == 1 for st in stride):
+            return self._conv_fold_flat(g, w, kernel, dilation, x_shape)
         rows = self._conv_rows_of(x_shape[0] * math.prod(kernel), out, x_shape[-1], g.itemsize)
         gx = np.zeros(x_shape, dtype=g.dtype)
         wt = w.T  # BLAS reads the transpose in place (dcgan_g's 100 -> 128 layer: 0.73 -> 0.18 ms for w^T @ g)
@@ -1120,6 +1125,47 @@ class NumpyBackend(ArrayBackend):
         if full.shape == tuple(x_shape):
             return full
         return np.ascontiguousarray(full[(slice(None),) + tuple(slice(0, size) for size in x_shape[1:-1])])
+
+    def _conv_fold_flat(self, g: np.ndarray, w: np.ndarray, kernel: tuple, dilation: tuple,
+                        x_shape: tuple) -> np.ndarray:
+        """The col2im of ``w^T @ g`` (``conv_gemm_transpose``) for a stride-1 convolution, as contiguous adds.
+
+        With stride 1, kernel offset ``o`` sends output position ``p`` to input position ``p + o * dilation``:
+        over the flattened ``(C_in, S0 * S1 * ... * N)`` input that is one constant shift per offset when the
+        output is laid out on the input's full rows (``(out0, S1, ..., N)``, the positions past ``out[i]`` in
+        ``g``'s copy held at zero). Each block of ``g``'s rows is copied into that layout, multiplied by
+        ``w^T`` and each offset's rows added into a plain 2-d slice of the input gradient: one run of
+        contiguous memory per channel instead of a 4-d strided view. The block's last ``tail`` positions
+        (past the last valid output column) are left out so no shift reads past the input. Same sums in the
+        same order as the strided fold, so the same bits; mnist's second convolution's input gradient 21.8 ->
+        16.6 ms (2 BLAS threads), the extra ``(S1 / out1)`` GEMM columns included."""
+        c_in, n = x_shape[0], x_shape[-1]
+        c_out, out = g.shape[0], tuple(g.shape[1:-1])
+        spatial = tuple(x_shape[1:-1])
+        steps = [math.prod(spatial[i + 1:]) * n for i in range(len(spatial))]  # flat stride of each spatial dim
+        offsets = [sum(o * d * st for o, d, st in zip(off, dilation, steps))
+                   for off in itertools.product(*(range(k) for k in kernel))]
+        tail = sum((k - 1) * d * st for k, d, st in zip(kernel[1:], dilation[1:], steps[1:]))
+        plane = steps[0]  # elements of one input row, as of one full-width output row
+        k = len(offsets)
+        rows = self._conv_rows_of(c_in * k, (out[0],) + spatial[1:], n, g.itemsize)
+        gx = np.zeros(x_shape, dtype=g.dtype)
+        flat = gx.reshape(c_in, -1)
+        wt = w.T  # BLAS reads the transpose in place
+        gp = np.zeros((c_out, rows) + spatial[1:] + (n,), dtype=g.dtype)  # zeros past out[1:] stay zero
+        gbuf = np.empty((c_in * k, rows * plane), dtype=g.dtype)
+        valid = (slice(None), slice(None)) + tuple(slice(0, o) for o in out[1:]) + (slice(None),)
+        for r0 in range(0, out[0], rows):
+            r1 = min(out[0], r0 + rows)
+            np.copyto(gp[:, :r1 - r0][valid], g[:, r0:r1])
+            m = (r1 - r0) * plane - tail
+            res = gbuf[:, :m]
+            np.matmul(wt, gp[:, :r1 - r0].reshape(c_out, -1)[:, :m], out=res)
+            blocks = res.reshape(c_in, k, m)
+            for j, shift in enumerate(offsets):
+                view = flat[:, r0 * plane + shift:r0 * plane + shift + m]
+                np.add(view, blocks[:, j], out=view)
+        return gx
 
     def _conv_fold_rows(self, gx: np.ndarray, wt: np.ndarray, g2: np.ndarray, gbuf, kernel: tuple, stride: tuple,
                         dilation: tuple, out: tuple, r0: int, r1: int) -> np.ndarray:

@@ -263,3 +263,44 @@ def test_padded_conv_gemm_matches_torch(cfg, blocks, layout, monkeypatch):
         only_w = backward(be, xl, w2, gl, kernel, stride, dilation, False, True, padding)
         assert only_w[0] is None
         np.testing.assert_allclose(only_w[1], tw.grad.numpy().reshape(w2.shape), rtol=1e-4, atol=1e-4)
+
+
+STRIDE1_CONFIGS = [  # (C_in, C_out, size, kernel, dilation): stride 1, the input gradient's contiguous-shift fold
+    (3, 2, (12,), (3,), (1,)),
+    (2, 3, (13,), (4,), (3,)),
+    (2, 3, (9, 11), (3, 4), (1, 1)),
+    (3, 2, (10, 7), (3, 3), (2, 3)),  # dilated: shifts of 2 rows and 3 columns
+    (2, 2, (6, 5), (6, 2), (1, 1)),  # a kernel as tall as the input: one output row
+    (2, 3, (7, 6, 8), (3, 2, 3), (1, 2, 1)),
+]
+
+
+@pytest.mark.parametrize("cfg", STRIDE1_CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stride1_input_gradient_matches_torch(cfg, blocks, dtype, monkeypatch):
+    """A stride-1 convolution's input gradient (``conv_gemm_backward``) and a stride-1 transposed convolution's
+    forward (``conv_gemm_transpose``), whose col2im the NumPy backend folds as one contiguous shift per kernel
+    offset over the flattened input, against PyTorch in 1-3 dims with dilation, in whole and one-row blocks,
+    and equal to the generic default's strided adds."""
+    import torch
+
+    c_in, c_out, size, kernel, dilation = cfg
+    nd, stride = len(kernel), (1,) * len(kernel)
+    be = _cpu_in_blocks(blocks, monkeypatch)
+    rng = np.random.default_rng(8)
+    to_last = lambda a: np.ascontiguousarray(np.moveaxis(a, 0, -1))  # noqa: E731 - (N, C, *S) -> (C, *S, N)
+    x = rng.standard_normal((3, c_in) + size).astype(dtype)
+    w = rng.standard_normal((c_out, c_in) + kernel).astype(dtype)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = getattr(torch.nn.functional, f"conv{nd}d")(tx, tw, dilation=dilation)
+    g = rng.standard_normal(tuple(y.shape)).astype(dtype)
+    y.backward(torch.tensor(g))
+    w2, gl = w.reshape(c_out, -1), to_last(g)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    gx, _ = be.conv_gemm_backward(to_last(x), w2, gl, kernel, stride, dilation, True, False)
+    np.testing.assert_allclose(gx, to_last(tx.grad.numpy()), rtol=tol, atol=tol)
+    assert gx.dtype == dtype
+    folded = be.conv_gemm_transpose(gl, w2, kernel, stride, dilation, to_last(x).shape)
+    reference = Backend.conv_gemm_transpose(be, gl, w2, kernel, stride, dilation, to_last(x).shape)
+    np.testing.assert_allclose(folded, reference, rtol=tol, atol=tol)
