@@ -76,10 +76,14 @@ class Scalar:
         return f"Scalar({self.value!r}, {self.dtype})"
 
 
+#: The leaf ids of a tree that reads no array (scalars only, before its inputs are added).
+_NO_IDS: frozenset = frozenset()
+
+
 class Expr:
     """One pending elementwise op: ``op`` applied to ``inputs`` (arrays or :class:`Scalar`), giving ``dtype``.
 
-    ``leaves`` is the number of distinct realized arrays the tree reads (``leaf_ids``: their ids, each once);
+    ``leaves`` is the number of distinct realized arrays the tree reads (``leaf_ids``: the set of their ids);
     ``nodes`` an upper bound of its op nodes (shared subtrees counted twice), exact where ``path`` (no node of
     the tree has two pending inputs, so nothing in it is shared: a chain of ops on one running value).
     Backends compare them with :data:`MAX_LEAVES` / :data:`MAX_NODES` (``too_big``) to decide when to realize
@@ -95,7 +99,7 @@ class Expr:
         self.inputs = inputs = tuple(inputs)
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         nodes = 1
-        ids: tuple = ()
+        ids: frozenset = _NO_IDS
         path = True
         pending = None
         for x in inputs:
@@ -103,20 +107,12 @@ class Expr:
                 continue
             sub = x.lazy
             if sub is None:
-                i = id(x)
-                if i not in ids:
-                    ids += (i,)
+                ids = ids | {id(x)}
             else:
                 nodes += sub.nodes
                 path = path and sub.path and pending is None
                 pending = sub
-                if not ids:
-                    ids = sub.leaf_ids
-                else:
-                    # the leaves a tree reads are few (at most MAX_LEAVES before it is realized)
-                    for i in sub.leaf_ids:
-                        if i not in ids:
-                            ids += (i,)
+                ids = ids | sub.leaf_ids if ids else sub.leaf_ids
         self.nodes = nodes
         self.path = path
         self.leaf_ids = ids
