@@ -351,14 +351,25 @@ class LazyEngine:
         if not allowed or type(x) is not self._lazy_type or x.lazy is None or len(x.shape) != 2:
             return None
         flat = flatten(x)
-        code, leaves, scalars = flat
-        dtype = x.dtype
-        if len(leaves) > ROW_INPUT_LEAVES or any(leaf.dtype != dtype for leaf in leaves) or any(
-                s.dtype != dtype for s in scalars) or any(dt != dtype and dt != _BOOL for _, dt, _ in code[0]):
+        key, leaves, _ = flat
+        if len(leaves) > ROW_INPUT_LEAVES:
             return None
-        if any(leaf.shape != x.shape for leaf in leaves):  # the engine broadcasts leaves to the node's shape
-            return None
-        return flat, self._fresh(x.shape, dtype)
+        dtype, shape = x.dtype, x.shape
+        # The dtypes of the leaves (key[1]), scalars (key[2]) and values (key[0]) in plain loops (no generator
+        # per test). The engine broadcasts leaves to the node's shape: one of another shape is a broadcast view.
+        for dt in key[1]:
+            if dt != dtype:
+                return None
+        for dt in key[2]:
+            if dt != dtype:
+                return None
+        for _, dt, _ in key[0]:
+            if dt != dtype and dt != _BOOL:
+                return None
+        for leaf in leaves:
+            if leaf.shape != shape:
+                return None
+        return flat, self._fresh(shape, dtype)
 
     def _prologue(self, pending: Any) -> R.Prologue:
         """The ``row_kernels.Prologue`` computing the pending array ``pending`` (``_row_input``), written by this
