@@ -432,6 +432,19 @@ _BOOL_BINARY: dict[str, str] = {
     "maximum": "({a} | {b})",
     "minimum": "({a} & {b})",
 }
+#: Instructions of more than two float operands, written by the lazy engine's normalization composites only (one
+#: pending node where the same arithmetic as separate ops was three to five, each with its node, array, hazard
+#: registration and broadcast checks: the host work of an eager step; ``LazyEngine.batch_norm``). The C
+#: expressions associate as the separate ops did.
+_FLOAT_NARY: dict[str, str] = {
+    # ``(x - mean) * scale``, then ``+ bias``: batch norm's output
+    "norm_scale": "(({0} - {1}) * {2})",
+    "norm_affine": "((({0} - {1}) * {2}) + {3})",
+    # ``g * a + (x - mean) * b + k``: batch norm's input gradient from its per-channel coefficients
+    "norm_input_grad": "((({0} * {1}) + (({2} - {3}) * {4})) + {5})",
+}
+#: Operand count of each instruction in ``_FLOAT_NARY``.
+NARY_ARITY = {op: template.count("{") for op, template in _FLOAT_NARY.items()}
 _COMPARE: dict[str, str] = {
     "eq": "==",
     "ne": "!=",
@@ -492,6 +505,11 @@ class CEmitter:
         args = [self.convert(x, dt, compute) for x, dt in operands]
         if op in ("cast", "copy"):
             return args[0]
+        if op in _FLOAT_NARY:
+            if compute.kind != "f" or len(args) != NARY_ARITY[op]:
+                raise BackendError(f"elementwise {op!r} takes {NARY_ARITY[op]} float operands, got "
+                                   f"{len(args)} of {compute}")
+            return _FLOAT_NARY[op].format(*args)
         if len(args) == 1:
             return self._unary(op, args[0], compute)
         return self._binary(op, args[0], args[1], compute)

@@ -642,7 +642,8 @@ class LazyEngine:
                    running_var: Any = None, momentum: float = 0.1) -> tuple:
         """Two kernels (``row_kernels.BATCH_NORM_ROW_MOMENTS``, then ``batch_norm_stats``, which also updates
         the running statistics in place where they are contiguous and of ``x``'s dtype) and ``y = (x - mean) *
-        scale + bias`` left pending, to be computed by the kernel that reads it (a ReLU's, a convolution's
+        scale + bias`` left pending as one instruction (``norm_affine``), to be computed by the kernel that reads
+        it (a ReLU's, a convolution's
         input copy); the generic default where ``_batch_norm_layout`` refuses."""
         layout = self._batch_norm_layout(x, weight, bias)
         if layout is None or not fusion.is_enabled():
@@ -671,15 +672,15 @@ class LazyEngine:
         if not in_kernel:
             self._update_running(running_mean, running_var, mean, var, momentum, unbias)
         view = (1, c) + (1,) * (len(x.shape) - 2)
-        y = self.mul(self.sub(xr, self.reshape(mean, view)), self.reshape(scale, view))
-        if bias is not None:
-            y = self.add(y, self.reshape(bias, view))
+        per_channel = [self.reshape(t, view) for t in ((mean, scale) if bias is None else (mean, scale, bias))]
+        y = self._node("norm_scale" if bias is None else "norm_affine", (xr, *per_channel), dtype)
         return y, mean, var, rstd
 
     def batch_norm_backward(self, g: Any, x: Any, mean: Any, rstd: Any, weight: Any, need_x: bool, need_w: bool,
                             need_b: bool) -> tuple:
         """Two kernels (``BATCH_NORM_ROW_GRAD_SUMS``, then ``batch_norm_grads``: ``gw``, ``gb`` and the input
-        gradient's per-channel coefficients) and ``gx = g * a + (x - mean) * b + c`` left pending; the generic
+        gradient's per-channel coefficients) and ``gx = g * a + (x - mean) * b + c`` left pending as one
+        instruction (``norm_input_grad``); the generic
         default where ``_batch_norm_layout`` refuses."""
         layout = self._batch_norm_layout(x, mean, rstd, weight)
         if layout is None or g.dtype != x.dtype or tuple(g.shape) != tuple(x.shape) or not fusion.is_enabled():
@@ -699,7 +700,7 @@ class LazyEngine:
         if need_x:
             view = (1, c) + (1,) * (len(x.shape) - 2)
             a, b, k, mean = (self.reshape(t, view) for t in (a, b, k, mean))
-            gx = self.add(self.add(self.mul(gr, a), self.mul(self.sub(xr, mean), b)), k)
+            gx = self._node("norm_input_grad", (gr, a, xr, mean, b, k), dtype)
         return gx, gw if need_w else None, gb if need_b else None
 
     def gelu_exact(self, x: Any, grad: bool = True) -> tuple[Any, None]:

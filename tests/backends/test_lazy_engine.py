@@ -12,6 +12,7 @@ import pytest
 
 from flowgraph.backends import fusion, get_backend
 from flowgraph.backends.lazy import BROADCAST_RECOMPUTE_NODES, LazyEngine, flatten
+from flowgraph.errors import BackendError
 
 F32 = np.float32
 
@@ -313,3 +314,47 @@ def test_too_many_distinct_leaves_run_the_tree_first(be):
     t = be.add(s, arrays[fusion.MAX_LEAVES])
     assert s.lazy is None and t.lazy.leaves == 2
     np.testing.assert_allclose(host(be, t), np.full(3, sum(range(fusion.MAX_LEAVES + 1)), F32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batch_norm_output_and_input_gradient_are_one_pending_instruction_each(be, dtype):
+    rng = np.random.default_rng(3)
+    n, c, h, w = 2, 3, 4, 5
+    x_h = rng.standard_normal((n, c, h, w)).astype(dtype) * 2 + 1
+    g_h = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt_h, b_h = rng.standard_normal(c).astype(dtype), rng.standard_normal(c).astype(dtype)
+    x, g, wt, b = (be.from_host(a) for a in (x_h, g_h, wt_h, b_h))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+
+    for bias in (b, None):
+        y, mean, _, rstd = be.batch_norm(x, wt, bias, 1e-5)
+        assert y.lazy is not None
+        assert [op for op, _, _ in flatten(y)[0][0]] == ["norm_scale" if bias is None else "norm_affine"]
+        relu = be.maximum(y, 0.0)  # the instruction fuses with what reads it: one kernel
+        assert [op for op, _, _ in flatten(relu)[0][0]][0].startswith("norm_")
+        m = x_h.mean(axis=(0, 2, 3), keepdims=True)
+        xhat = (x_h - m) / np.sqrt(x_h.var(axis=(0, 2, 3), keepdims=True) + 1e-5)
+        expect = xhat * wt_h.reshape(1, c, 1, 1) + (0 if bias is None else b_h.reshape(1, c, 1, 1))
+        np.testing.assert_allclose(host(be, relu), np.maximum(expect, 0), rtol=tol, atol=tol)
+
+    gx, gw, gb = be.batch_norm_backward(g, x, mean, rstd, wt, True, True, True)
+    assert [op for op, _, _ in flatten(gx)[0][0]] == ["norm_input_grad"]
+    count = n * h * w
+    gxhat = g_h * wt_h.reshape(1, c, 1, 1)
+    expect = (gxhat - gxhat.mean(axis=(0, 2, 3), keepdims=True)
+              - xhat * (gxhat * xhat).sum(axis=(0, 2, 3), keepdims=True) / count) / np.sqrt(
+        x_h.var(axis=(0, 2, 3), keepdims=True) + 1e-5)
+    np.testing.assert_allclose(host(be, gx), expect, rtol=10 * tol, atol=10 * tol)
+    np.testing.assert_allclose(host(be, gb), g_h.sum(axis=(0, 2, 3)), rtol=tol, atol=10 * tol)
+    np.testing.assert_allclose(host(be, gw), (g_h * xhat).sum(axis=(0, 2, 3)), rtol=tol, atol=10 * tol)
+
+
+def test_the_normalization_instructions_take_float_operands_only():
+    emitter = fusion.CEmitter()
+    emitter.CTYPES = {np.dtype(np.int32): "int", np.dtype(np.float32): "float"}
+    i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
+    assert emitter.apply("norm_scale", [("x", f32), ("m", f32), ("s", f32)], f32) == "((x - m) * s)"
+    with pytest.raises(BackendError, match="norm_scale.*3 float operands"):
+        emitter.apply("norm_scale", [("x", i32), ("m", i32), ("s", i32)], i32)
+    with pytest.raises(BackendError, match="norm_affine.*4 float operands, got 3"):
+        emitter.apply("norm_affine", [("x", f32), ("m", f32), ("s", f32)], f32)
