@@ -691,3 +691,19 @@ def test_norm_keeps_half_input_dtype(cls: str, args, shape):
         layer.train(training)
         out = layer(fg.randn(*shape).half())
         assert out.dtype == fg.float16, (cls, training, out.dtype)
+
+
+def test_conv_argument_check_is_remembered_per_value_and_still_refuses_bools():
+    # the check's memo is keyed by the value's identity: True (== 1, same hash) is still refused after 1 passed
+    assert conv._ntuple(1, 2, "stride", "conv2d") == (1, 1)
+    assert conv._ntuple((2, 3), 2, "stride", "conv2d") == (2, 3)
+    with pytest.raises(fg.FlowError, match="stride must be an int or a tuple of 2 ints"):
+        conv._ntuple(True, 2, "stride", "conv2d")
+    # the same value under another name or rank is checked again (kernel_size 0 is refused, padding 0 is not)
+    assert conv._ntuple(0, 2, "padding", "conv2d") == (0, 0)
+    with pytest.raises(fg.FlowError, match="kernel_size must be >= 1"):
+        conv._ntuple(0, 2, "kernel_size", "conv2d")
+    assert conv._ntuple(0, 3, "padding", "conv3d") == (0, 0, 0)
+    m = nn.Conv2d(2, 3, 3, stride=(1, 2))
+    x = fg.tensor(np.ones((1, 2, 5, 5), np.float32))
+    assert m(x).shape == m(x).shape == (1, 3, 3, 2)
