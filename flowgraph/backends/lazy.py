@@ -188,6 +188,8 @@ class LazyEngine:
     * ``_as_leaf(x)``: a realized array of the backend as a realized ``_lazy_type`` (itself where it is one).
     * ``_new_lazy(expr, shape, dtype)``: a pending ``_lazy_type``.
     * ``_broadcast_leaf(x, shape, where)``: realized ``x`` viewed with ``shape`` (zero strides).
+    * ``_channel_leaf(v, shape)``: the realized 1-d ``v`` of ``shape[1]`` elements viewed with ``shape``, reading
+      ``v[c]`` at every index ``(n, c, ...)`` (zero strides on every other axis).
     * ``_storage_id(x)``: identity of the allocation a realized ``x`` lives in (views share it).
     * ``_overlaps(a, b)``: whether realized ``a`` may read memory the view ``b`` writes, in another layout.
     * ``_fresh(shape, dtype)``: a new contiguous realized ``_lazy_type`` (uninitialised).
@@ -638,6 +640,15 @@ class LazyEngine:
             cols *= d
         return (shape[0], shape[1], cols) if cols >= self.BATCH_NORM_MIN_COLS else None
 
+    def _per_channel(self, v: Any, shape: tuple) -> Any:
+        """The per-channel values ``v`` (``shape[1]`` of them) as an operand of ``shape``: one zero-stride view
+        (``_channel_leaf``) instead of a reshape to ``(1, C, 1, ...)`` and a broadcast view of that, each an
+        array object and a backend call, for every operand of every normalization step."""
+        v = self._as_leaf(v) if type(v) is not self._lazy_type else self.realize(v)
+        if tuple(v.shape) != (shape[1],):
+            return self.reshape(v, (1, shape[1]) + (1,) * (len(shape) - 2))
+        return self._channel_leaf(v, shape)
+
     def batch_norm(self, x: Any, weight: Any, bias: Any, eps: float, running_mean: Any = None,
                    running_var: Any = None, momentum: float = 0.1) -> tuple:
         """Two kernels (``row_kernels.BATCH_NORM_ROW_MOMENTS``, then ``batch_norm_stats``, which also updates
@@ -671,8 +682,8 @@ class LazyEngine:
         self._launch_rows(lambda: R.batch_norm_stats(*has), ("bn_stats", *has), dtype, c, n, args)
         if not in_kernel:
             self._update_running(running_mean, running_var, mean, var, momentum, unbias)
-        view = (1, c) + (1,) * (len(x.shape) - 2)
-        per_channel = [self.reshape(t, view) for t in ((mean, scale) if bias is None else (mean, scale, bias))]
+        shape = tuple(x.shape)
+        per_channel = [self._per_channel(t, shape) for t in ((mean, scale) if bias is None else (mean, scale, bias))]
         y = self._node("norm_scale" if bias is None else "norm_affine", (xr, *per_channel), dtype)
         return y, mean, var, rstd
 
@@ -698,8 +709,8 @@ class LazyEngine:
                           [n, c, cols, sg, sgc, rstd, *(() if w is None else (w,)), gw, gb, a, b, k])
         gx = None
         if need_x:
-            view = (1, c) + (1,) * (len(x.shape) - 2)
-            a, b, k, mean = (self.reshape(t, view) for t in (a, b, k, mean))
+            shape = tuple(x.shape)
+            a, b, k, mean = (self._per_channel(t, shape) for t in (a, b, k, mean))
             gx = self._node("norm_input_grad", (gr, a, xr, mean, b, k), dtype)
         return gx, gw if need_w else None, gb if need_b else None
 

@@ -237,6 +237,12 @@ class CupyBackend(LazyEngine, ArrayBackend):
         return LazyArray(None, tuple(shape), x.dtype, view)
 
     @staticmethod
+    def _channel_leaf(v: LazyArray, shape: Shape) -> LazyArray:
+        value = v.value
+        strides = (0, value.strides[0]) + (0,) * (len(shape) - 2)
+        return LazyArray(None, shape, v.dtype, cupy.ndarray(shape, value.dtype, value.data, strides))
+
+    @staticmethod
     def _storage_id(x: LazyArray) -> int:
         return id(x.value.data.mem)
 

@@ -258,6 +258,9 @@ class OpenCLBackend(LazyEngine, Backend):
     def _broadcast_leaf(self, x: CLArray, shape: Shape, where: str) -> CLArray:
         return self._expand_view(x, shape, where)
 
+    def _channel_leaf(self, v: CLArray, shape: Shape) -> CLArray:
+        return CLArray(self, v.buffer, shape, (0, v.strides[0]) + (0,) * (len(shape) - 2), v.offset, v.dtype)
+
     @staticmethod
     def _storage_id(x: CLArray) -> int:
         return id(x.buffer)
