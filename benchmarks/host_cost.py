@@ -4,6 +4,7 @@ C calls (builtins, extension methods), flowgraph against torch in the same proce
     python -m benchmarks.host_cost                                 # cpu, the seven models, scale 0.25
     python -m benchmarks.host_cost --device opencl:0 --by-function 25 --models gated_routing
     python -m benchmarks.host_cost --device cuda --scale 1.0      # on an NVIDIA GPU
+    python -m benchmarks.host_cost --device opencl:0 --by-backend-call 20 --models convnet --no-torch
 
 Why counts: an eager step on an accelerator is bound by the host (docs/benchmark.md), and the host's speed
 moves a timed step by 1.5x within one process on a shared machine, flowgraph's more than torch's (its step is
@@ -43,17 +44,34 @@ def _where(code: Any) -> str:
     return f"{name}:{code.co_name}"
 
 
-def count(fn: Callable[[], Any], by_function: bool = False) -> tuple[int, int, int, collections.Counter]:
-    """``(bytecodes, python_calls, c_calls, per_function_bytecodes)`` of one call of ``fn``."""
+def backend_call(frame: Any) -> str:
+    """Where a bytecode executing in ``frame`` is charged by ``--by-backend-call``: ``backend:NAME`` for the
+    outermost flowgraph backend method on the stack (everything a backend call runs, its lazy engine and
+    kernel launches included, is that call's), else the function itself (``_where``)."""
+    outer = None
+    f = frame
+    while f is not None:
+        if "/flowgraph/backends/" in f.f_code.co_filename:
+            outer = f
+        f = f.f_back
+    return _where(frame.f_code) if outer is None else f"backend:{outer.f_code.co_name}"
+
+
+def count(fn: Callable[[], Any], by_function: bool = False,
+          by_backend_call: bool = False) -> tuple[int, int, int, collections.Counter]:
+    """``(bytecodes, python_calls, c_calls, per_place_bytecodes)`` of one call of ``fn``: per function with
+    ``by_function``, per outermost backend call (``backend_call``) with ``by_backend_call``."""
     per: collections.Counter = collections.Counter()
     if sys.version_info >= (3, 12):
-        return _count_monitoring(fn, by_function, per)
+        return _count_monitoring(fn, by_function, by_backend_call, per)
     ops, calls = [0], [0, 0]
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         if event == "opcode":
             ops[0] += 1
-            if by_function:
+            if by_backend_call:
+                per[backend_call(frame)] += 1
+            elif by_function:
                 per[_where(frame.f_code)] += 1
         elif event == "call":
             frame.f_trace_opcodes = True
@@ -75,16 +93,20 @@ def count(fn: Callable[[], Any], by_function: bool = False) -> tuple[int, int, i
     return ops[0], calls[0], calls[1], per
 
 
-def _count_monitoring(fn: Callable[[], Any], by_function: bool, per: collections.Counter) -> tuple:
+def _count_monitoring(fn: Callable[[], Any], by_function: bool, by_backend_call: bool,
+                      per: collections.Counter) -> tuple:
     mon = sys.monitoring
     tool = mon.PROFILER_ID
     events = mon.events
     counts = [0, 0, 0]
     python_code = type(_count_monitoring.__code__)
+    getframe = sys._getframe
 
     def instruction(code: Any, offset: int) -> None:
         counts[0] += 1
-        if by_function:
+        if by_backend_call:
+            per[backend_call(getframe(1))] += 1  # the frame executing ``code``
+        elif by_function:
             per[_where(code)] += 1
 
     def start(code: Any, offset: int) -> None:
@@ -174,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.25)
     parser.add_argument("--by-function", type=int, default=0, metavar="N",
                         help="also print the N functions that execute the most bytecodes (flowgraph's step)")
+    parser.add_argument("--by-backend-call", type=int, default=0, metavar="N",
+                        help="also print the N places that execute the most bytecodes, each backend call with "
+                             "everything under it (lazy engine, launches) as one place (flowgraph's step)")
     parser.add_argument("--no-torch", action="store_true", help="count flowgraph only")
     args = parser.parse_args(argv)
 
@@ -185,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':18s} {'fg bytecodes':>12s} {'py calls':>9s} {'C calls':>8s} | {'torch bytecodes':>15s} "
           f"{'py calls':>9s} {'C calls':>8s} | {'bytecodes fg/torch':>18s}")
     for name in [m for m in args.models.split(",") if m]:
-        ops, py, c, per = count(flowgraph_step(name, args.scale, args.device), args.by_function > 0)
+        ops, py, c, per = count(flowgraph_step(name, args.scale, args.device), args.by_function > 0,
+                                args.by_backend_call > 0)
         tstep = None if args.no_torch else torch_step(name, args.scale, args.device)
         if tstep is not None:
             t_ops, t_py, t_c, _ = count(tstep)
@@ -194,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ratio, torch_cols = f"{'-':>18s}", f"{'-':>15s} {'-':>9s} {'-':>8s}"
         print(f"{name:18s} {ops:12d} {py:9d} {c:8d} | {torch_cols} | {ratio}", flush=True)
-        for where, n in per.most_common(args.by_function):
+        if args.by_backend_call:
+            inside = sum(n for where, n in per.items() if where.startswith("backend:"))
+            print(f"    {inside:9d}  inside backend calls ({100 * inside / max(ops, 1):.0f}%)")
+        for where, n in per.most_common(max(args.by_function, args.by_backend_call)):
             print(f"    {n:9d}  {where}")
     return 0
 

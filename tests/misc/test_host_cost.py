@@ -29,3 +29,29 @@ def test_more_work_counts_more_bytecodes():
 
     small, large = count(loop(10))[0], count(loop(100))[0]
     assert large > 5 * small
+
+
+def test_by_backend_call_charges_a_backend_method_with_everything_under_it():
+    import numpy as np
+
+    import flowgraph as fg
+
+    be = fg.get_backend("cpu")
+    x, w = np.ones((4, 8), np.float32), np.ones(8, np.float32)
+
+    def step():
+        total = 0
+        for _ in range(2):
+            total += 1
+        be.layer_norm(x, w, w, 1e-5)  # a Python method of the NumPy backend, calling helpers of its own
+        return total
+
+    ops, _, _, per = count(step, by_backend_call=True)
+    assert sum(per.values()) == ops
+    assert per["backend:layer_norm"] > 0 and not any(k.startswith("backend:") and k != "backend:layer_norm"
+                                                       for k in per)
+    assert any(k.endswith(":step") for k in per)  # the caller's own bytecodes stay its own
+    # everything the call ran (the backend's helpers and NumPy's Python wrappers) is the call's
+    by_function = count(step, by_function=True)[3]
+    own = sum(n for k, n in by_function.items() if k.endswith(":step"))
+    assert per["backend:layer_norm"] == ops - own and own == sum(n for k, n in per.items() if k.endswith(":step"))
