@@ -83,7 +83,7 @@ if has kernels; then  # cuDNN attention against torch's, kernel launches per ste
 fi
 has replay && timeout 120 python3 -m benchmarks.jit_replay --models "${REPLAY_MODELS:-gated_routing,mlp,convnet}" \
   > "$OUT/jit_replay_cuda.txt" 2>&1
-has hostcost && timeout 180 python3 -m benchmarks.host_cost --device cuda --scale 1.0 \
+has hostcost && timeout 180 python3 -m benchmarks.host_cost --device cuda --scale 1.0 --by-backend-call 15 \
   > "$OUT/host_cost_cuda.txt" 2>&1  # bytecodes and calls of one eager step, flowgraph and torch (deterministic)
 has profile && timeout 60 python3 -m benchmarks.gpu_profile --models "${PROFILE_MODELS:-mlp}" --steps 3 \
   > "$OUT/profile_cuda.txt" 2>&1
