@@ -240,20 +240,20 @@ class LazyEngine:
         found += refs
 
     def _register_reads(self, out: Any, inputs: Sequence[Any]) -> None:
-        """Record that pending ``out`` reads ``inputs``: under their allocations, or as a consumer of pending ones."""
-        ref = None
+        """Record that pending ``out`` reads ``inputs``: under their allocations, or as a consumer of pending ones
+        (``inputs`` holds at least one array: a node of scalars alone is never built)."""
+        ref = _ref(out)
+        readers = self._readers
         for x in inputs:
             if type(x) is Scalar:
                 continue
-            if ref is None:
-                ref = _ref(out)
             if x.lazy is None:
                 storage = self._storage_id(x)
-                found = self._readers.get(storage)
-                if found is None or len(found) >= PRUNE_READERS:
-                    self._add_readers(storage, [ref])
-                else:
+                found = readers.get(storage)
+                if found is not None and len(found) < PRUNE_READERS:
                     found.append(ref)  # the common case inline: no pruning due
+                else:
+                    self._add_readers(storage, [ref])
             elif x.consumers is None:
                 x.consumers = [ref]
             else:
@@ -519,7 +519,7 @@ class LazyEngine:
         if prepared is None:
             shape, prepared = self._broadcast_operands(op, inputs)
         expr = Expr(op, prepared, dtype)
-        if expr.too_big():
+        if (expr.nodes > fusion.MAX_NODES or len(expr.leaf_ids) > fusion.MAX_LEAVES) and expr.too_big():
             for x in prepared:
                 if type(x) is lazy_type and x.lazy is not None:
                     self.realize(x)
@@ -760,7 +760,8 @@ class LazyEngine:
                 f"{op}: needs at least one operand that is {self._array_name}, got {type(a).__name__} and "
                 f"{type(b).__name__}"
             )
-        return self._node(op, (a, b), self._result_dtype(op, dtype))
+        found = self._result_dtypes.get((op, dtype))
+        return self._node(op, (a, b), found if found is not None else self._result_dtype(op, dtype))
 
     def _where(self, cond: Any, a: Any, b: Any) -> Any:
         """A pending ``where(cond, a, b)``."""
