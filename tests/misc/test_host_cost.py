@@ -51,7 +51,9 @@ def test_by_backend_call_charges_a_backend_method_with_everything_under_it():
     assert per["backend:layer_norm"] > 0 and not any(k.startswith("backend:") and k != "backend:layer_norm"
                                                        for k in per)
     assert any(k.endswith(":step") for k in per)  # the caller's own bytecodes stay its own
-    # everything the call ran (the backend's helpers and NumPy's Python wrappers) is the call's
+    # everything the call ran (the backend's helpers and NumPy's Python wrappers) is the call's: what is left
+    # outside is the caller's own code (and on 3.12 the counter's own lines), as counted per function
     by_function = count(step, by_function=True)[3]
-    own = sum(n for k, n in by_function.items() if k.endswith(":step"))
-    assert per["backend:layer_norm"] == ops - own and own == sum(n for k, n in per.items() if k.endswith(":step"))
+    outside = {k: n for k, n in per.items() if not k.startswith("backend:")}
+    assert all(k.endswith(":step") or "host_cost.py:" in k for k in outside)
+    assert all(by_function[k] == n for k, n in outside.items())
