@@ -654,8 +654,7 @@ class LazyEngine:
         """Two kernels (``row_kernels.BATCH_NORM_ROW_MOMENTS``, then ``batch_norm_stats``, which also updates
         the running statistics in place where they are contiguous and of ``x``'s dtype) and ``y = (x - mean) *
         scale + bias`` left pending as one instruction (``norm_affine``), to be computed by the kernel that reads
-        it (a ReLU's, a convolution's
-        input copy); the generic default where ``_batch_norm_layout`` refuses."""
+        it (a ReLU's, a convolution's input copy); the generic default where ``_batch_norm_layout`` refuses."""
         layout = self._batch_norm_layout(x, weight, bias)
         if layout is None or not fusion.is_enabled():
             return super().batch_norm(x, weight, bias, eps, running_mean, running_var, momentum)
@@ -691,8 +690,7 @@ class LazyEngine:
                             need_b: bool) -> tuple:
         """Two kernels (``BATCH_NORM_ROW_GRAD_SUMS``, then ``batch_norm_grads``: ``gw``, ``gb`` and the input
         gradient's per-channel coefficients) and ``gx = g * a + (x - mean) * b + c`` left pending as one
-        instruction (``norm_input_grad``); the generic
-        default where ``_batch_norm_layout`` refuses."""
+        instruction (``norm_input_grad``); the generic default where ``_batch_norm_layout`` refuses."""
         layout = self._batch_norm_layout(x, mean, rstd, weight)
         if layout is None or g.dtype != x.dtype or tuple(g.shape) != tuple(x.shape) or not fusion.is_enabled():
             return super().batch_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
