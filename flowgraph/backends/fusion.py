@@ -443,8 +443,6 @@ _FLOAT_NARY: dict[str, str] = {
     # ``g * a + (x - mean) * b + k``: batch norm's input gradient from its per-channel coefficients
     "norm_input_grad": "((({0} * {1}) + (({2} - {3}) * {4})) + {5})",
 }
-#: Operand count of each instruction in ``_FLOAT_NARY``.
-NARY_ARITY = {op: template.count("{") for op, template in _FLOAT_NARY.items()}
 _COMPARE: dict[str, str] = {
     "eq": "==",
     "ne": "!=",
@@ -505,11 +503,12 @@ class CEmitter:
         args = [self.convert(x, dt, compute) for x, dt in operands]
         if op in ("cast", "copy"):
             return args[0]
-        if op in _FLOAT_NARY:
-            if compute.kind != "f" or len(args) != NARY_ARITY[op]:
-                raise BackendError(f"elementwise {op!r} takes {NARY_ARITY[op]} float operands, got "
-                                   f"{len(args)} of {compute}")
-            return _FLOAT_NARY[op].format(*args)
+        template = _FLOAT_NARY.get(op)
+        if template is not None:
+            arity = template.count("{")
+            if compute.kind != "f" or len(args) != arity:
+                raise BackendError(f"elementwise {op!r} takes {arity} float operands, got {len(args)} of {compute}")
+            return template.format(*args)
         if len(args) == 1:
             return self._unary(op, args[0], compute)
         return self._binary(op, args[0], args[1], compute)

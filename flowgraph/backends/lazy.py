@@ -519,7 +519,7 @@ class LazyEngine:
         if prepared is None:
             shape, prepared = self._broadcast_operands(op, inputs)
         expr = Expr(op, prepared, dtype)
-        if (expr.nodes > fusion.MAX_NODES or len(expr.leaf_ids) > fusion.MAX_LEAVES) and expr.too_big():
+        if expr.too_big():
             for x in prepared:
                 if type(x) is lazy_type and x.lazy is not None:
                     self.realize(x)
@@ -758,8 +758,7 @@ class LazyEngine:
                 f"{op}: needs at least one operand that is {self._array_name}, got {type(a).__name__} and "
                 f"{type(b).__name__}"
             )
-        found = self._result_dtypes.get((op, dtype))
-        return self._node(op, (a, b), found if found is not None else self._result_dtype(op, dtype))
+        return self._node(op, (a, b), self._result_dtype(op, dtype))
 
     def _where(self, cond: Any, a: Any, b: Any) -> Any:
         """A pending ``where(cond, a, b)``."""
