@@ -193,6 +193,43 @@ def test_cell_matches_torch(device, cid, cls, kwargs, with_hx, batch):
                                    err_msg=name)
 
 
+@pytest.mark.parametrize("accumulates", [False, True], ids=["sums-added", "sums-accumulated"])
+def test_gru_cell_unrolled_bias_gradients_match_torch_and_accumulate_in_place(device, monkeypatch, accumulates):
+    """A GRUCell applied at every step of a sequence: its biases' gradients are batch sums of the fused cell's
+    gate gradients, one pair a step. Where the backend adds into a running sum in its kernel
+    (``accumulates_in_place``) they go back deferred and the engine adds them in place
+    (``Backend.bias_grad_accumulate``: no separate reduce and add per step); elsewhere they are summed and
+    added. Both paths against torch, parameters and input gradients included."""
+    bk = fg.get_backend(device)
+    monkeypatch.setattr(bk, "accumulates_in_place", accumulates)
+    calls = [0]
+    original = bk.bias_grad_accumulate
+
+    def counted(dst, g):
+        calls[0] += 1
+        return original(dst, g)
+
+    monkeypatch.setattr(bk, "bias_grad_accumulate", counted)
+    torch.manual_seed(0)
+    t_cell = torch.nn.GRUCell(IN, HID)
+    cell = nn.GRUCell(IN, HID).to(device)
+    _load_from_torch(cell, t_cell)
+    steps = 6
+    xs = np.random.default_rng(5).standard_normal((steps, 3, IN)).astype(np.float32)
+    fx, tx = fg.tensor(xs, device=device, requires_grad=True), torch.tensor(xs, requires_grad=True)
+    fh, th = None, None
+    for t in range(steps):
+        fh, th = cell(fx[t], fh), t_cell(tx[t], th)
+    (fh * fh).sum().backward()
+    (th * th).sum().backward()
+    for name, p in t_cell.named_parameters():
+        np.testing.assert_allclose(_np(cell.get_parameter(name).grad), p.grad.numpy(), rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+    np.testing.assert_allclose(_np(fx.grad), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+    # the first two contributions of each bias start the engine's own sum; every later one is added into it
+    assert calls[0] == (2 * (steps - 2) if accumulates else 0)
+
+
 @pytest.mark.parametrize("cls, kwargs", [("RNN", {"num_layers": 2, "bidirectional": True}),
                                          ("LSTM", {"num_layers": 2, "proj_size": 2, "bidirectional": True}),
                                          ("GRU", {"bias": False}), ("RNNCell", {}), ("LSTMCell", {}),

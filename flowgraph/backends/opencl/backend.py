@@ -130,6 +130,7 @@ class OpenCLBackend(LazyEngine, Backend):
         self._peak = 0
         self._kernels: dict[tuple, tuple[Any, K.KernelSource]] = {}
         self._init_lazy()
+        self._ones: dict[np.dtype, Any] = {}  # bias_grad_accumulate's realized scalar one, per dtype
         self._seed = 0
         self._counter = 0
 
@@ -996,11 +997,14 @@ class OpenCLBackend(LazyEngine, Backend):
         return super().matmul_accumulate(dst, a, b)
 
     def bias_grad_accumulate(self, dst: Array, g: Array) -> Array:
-        """``Backend.bias_grad_accumulate``: ``dst += ones(1, rows) @ g`` in the GEMM kernel (a broadcast
-        scalar one, no buffer); the generic default where ``_gemm_accumulate`` does not take it."""
+        """``Backend.bias_grad_accumulate``: ``dst += ones(1, rows) @ g`` in the GEMM kernel (the ones a
+        zero-stride view of one scalar kept per dtype); the generic default where ``_gemm_accumulate`` does not
+        take it."""
         g = self._own(g, "bias_grad_accumulate")
         if g.ndim == 2 and g.dtype.kind == "f":
-            one = self.realize(self.full((), 1, g.dtype))
+            one = self._ones.get(g.dtype)
+            if one is None:  # made once per dtype: a fill kernel per call was a launch per bias a step
+                one = self._ones[g.dtype] = self.realize(self.full((), 1, g.dtype))
             ones = self._view(one, (1, g.shape[0]), (0, 0), one.offset)
             if self._gemm_accumulate(dst, ones, g):
                 return dst
