@@ -1,9 +1,11 @@
-"""Host overhead per op: a chain of tiny ops, forward + backward, flowgraph vs raw NumPy vs torch CPU.
+"""Host overhead per op: a chain of tiny ops, forward + backward, flowgraph vs raw NumPy vs torch.
 
 A chain of ``--ops`` elementwise ops on ``--size``-element float32 tensors, alternating add/mul/sub/mul with a
 parameter that requires grad, then ``sum().backward()``. Raw NumPy runs the same chain forward only, without
-autograd: the floor no framework can beat. torch runs forward + backward with ``torch.set_num_threads`` set to
-the same thread count. Prints microseconds per op (median of ``--repeats``) and the flowgraph/torch ratio.
+autograd: the floor no framework can beat. torch runs forward + backward on the same kind of device (CUDA for
+``--device cuda``, the CPU otherwise, with ``torch.set_num_threads`` set to the same thread count; on CUDA
+torch's CPU figure is printed too, for reference). Prints microseconds per op (median of ``--repeats``) and the
+flowgraph/torch ratio.
 
     python benchmarks/overhead.py                # cpu (eager and fg.jit columns)
     python benchmarks/overhead.py --device opencl:0 --ops 1000 --repeats 7
@@ -84,12 +86,25 @@ def _chain_flowgraph_jit(n_ops: int, size: int, device: str):
     return run
 
 
-def _chain_torch(n_ops: int, size: int, threads: int):
+def _torch_device(device: str) -> str:
+    """The device torch runs the chain on: CUDA for a flowgraph CUDA device (the goal compares the two
+    frameworks on one GPU), the CPU otherwise (torch has no OpenCL)."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("overhead.py: --device cuda compares against torch on CUDA, and this torch has no "
+                             "CUDA; pass --torch-device cpu for the CPU figure")
+        return "cuda"
+    return "cpu"
+
+
+def _chain_torch(n_ops: int, size: int, threads: int, device: str = "cpu"):
     import torch
 
     torch.set_num_threads(threads)
-    x = torch.tensor(np.random.default_rng(0).standard_normal(size).astype(np.float32))
-    w = torch.full((size,), 0.999, dtype=torch.float32, requires_grad=True)
+    x = torch.tensor(np.random.default_rng(0).standard_normal(size).astype(np.float32), device=device)
+    w = torch.full((size,), 0.999, dtype=torch.float32, device=device, requires_grad=True)
 
     def run() -> None:
         w.grad = None
@@ -129,6 +144,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9, help="timed runs; the median is reported")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: CPU count)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    parser.add_argument("--torch-device", default=None,
+                        help="where torch runs the chain (default: cuda for --device cuda, else cpu); with "
+                             "--device cuda the CPU figure is also printed, for reference")
     parser.add_argument("--profile", action="store_true", help="cProfile the flowgraph chain instead")
     parser.add_argument("--clock", choices=["wall", "process"], default="wall",
                         help="wall time, or this process's CPU time (steadier on a busy machine)")
@@ -153,8 +171,11 @@ def main() -> None:
 
     runs = {"numpy": _chain_numpy(args.ops, args.size), "flowgraph": fg_run,
             "flowgraph_jit": _chain_flowgraph_jit(args.ops, args.size, args.device)}
+    torch_device = args.torch_device or _torch_device(args.device)
     if not args.no_torch:
-        runs["torch"] = _chain_torch(args.ops, args.size, threads)
+        runs["torch"] = _chain_torch(args.ops, args.size, threads, torch_device)
+        if torch_device != "cpu":
+            runs["torch_cpu"] = _chain_torch(args.ops, args.size, threads, "cpu")
     med, ratios = _interleaved_us_per_op(runs, args.ops, args.repeats)
     print(f"chain of {args.ops} ops on {args.size} float32 elements, median of {args.repeats} interleaved rounds, "
           f"{threads} torch threads, {args.clock} clock")
@@ -162,7 +183,9 @@ def main() -> None:
     print(f"  flowgraph {args.device:<8} fwd+bwd : {med['flowgraph']:7.2f} us/op")
     print(f"  flowgraph {args.device:<8} fg.jit  : {med['flowgraph_jit']:7.2f} us/op")
     if ratios:
-        print(f"  torch cpu fwd+bwd          : {med['torch']:7.2f} us/op")
+        if "torch_cpu" in med:
+            print(f"  torch cpu fwd+bwd (reference): {med['torch_cpu']:7.2f} us/op")
+        print(f"  torch {torch_device:<4} fwd+bwd         : {med['torch']:7.2f} us/op")
         print(f"  ratio fg.jit/torch         : {med['flowgraph_jit'] / med['torch']:7.2f}  (goal <= 0.6)")
         print(f"  ratio flowgraph/torch      : {statistics.median(ratios):7.2f}  (median of per-round ratios; "
               f"goal <= 1.0)")
