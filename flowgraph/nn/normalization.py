@@ -138,7 +138,7 @@ def _layer_norm(x: Tensor, shape: tuple[int, ...], eps: float, weight: Tensor | 
     y, mean, rstd = bk.layer_norm(_flat(x, bk, d.dtype, (rows, cols)), _flat(weight, bk, d.dtype, (cols,)),
                                   _flat(bias, bk, d.dtype, (cols,)), eps,
                                   None if residual is None else _flat(residual, bk, d.dtype, (rows, cols)))
-    out = _wrap(bk.reshape(y, x_shape), bk)
+    out = _wrap(_shaped(bk, y, x_shape), bk)
     if _needs_grad(x, weight, bias, residual):
         need_r = residual is not None and residual.requires_grad
         has_w = weight is not None
@@ -159,6 +159,12 @@ def _flat(t: Tensor | None, backend, dtype, size: tuple[int, ...]):
     # kernels compute a pending input themselves (``LazyEngine._row_input``: the forward's input, a linear
     # layer's bias and activation; ``LazyEngine._pending_pair_sum``: the backward's sum of two gradients)
     return data if tuple(data.shape) == size else backend.reshape(data, size)
+
+
+def _shaped(backend, a, shape: tuple[int, ...]):
+    """The backend array ``a`` with ``shape``: itself where it has it already (a 2-d input's rows, the common
+    case), so no view is made on every call."""
+    return a if tuple(a.shape) == shape else backend.reshape(a, shape)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -182,11 +188,11 @@ def _layer_norm_backward(x_shape: tuple, shape: tuple, eps: float, need_x: bool,
         gbk = g._backend
         dtype = x._data.dtype
         gx, gw, gb = gbk.layer_norm_backward(
-            _flat(g, gbk, dtype, (rows, cols)), gbk.reshape(x._data, (rows, cols)), mean._data, rstd._data,
+            _flat(g, gbk, dtype, (rows, cols)), _shaped(gbk, x._data, (rows, cols)), mean._data, rstd._data,
             _flat(weight, gbk, dtype, (cols,)), need_x, need_w, need_b)
-        return (None if gx is None else _wrap(gbk.reshape(gx, x_shape), gbk),
-                None if gw is None else _wrap(gbk.reshape(gw, shape), gbk),
-                None if gb is None else _wrap(gbk.reshape(gb, shape), gbk), gr)
+        return (None if gx is None else _wrap(_shaped(gbk, gx, x_shape), gbk),
+                None if gw is None else _wrap(_shaped(gbk, gw, shape), gbk),
+                None if gb is None else _wrap(_shaped(gbk, gb, shape), gbk), gr)
 
     return bw
 
