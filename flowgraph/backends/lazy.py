@@ -107,27 +107,36 @@ def flatten(root: Any, nodes: list | None = None) -> tuple[tuple, list[Any], lis
     memo: dict[int, int] = {}
 
     def visit(x: Any) -> int:
-        if type(x) is Scalar:
-            scalars.append(x)
-            return -len(scalars)  # scalars: -1, -2, ...
+        """Append the pending ``x`` (not visited yet) after its inputs; its value index. Scalar and leaf inputs
+        are handled in the loop (no call each): scalars -1, -2, ..., leaves 1001, 1002, ..., values 0, 1, ..."""
         expr = x.lazy
-        if expr is None:
-            ref = leaf_ref.get(id(x))
-            if ref is None:
-                leaves.append(x)
-                ref = leaf_ref[id(x)] = 1000 + len(leaves)  # leaves: 1001, 1002, ...
-            return ref
-        ref = memo.get(id(x))
-        if ref is None:
-            refs = tuple([visit(i) for i in expr.inputs])
-            code.append((expr.op, expr.dtype, refs))
-            ref = memo[id(x)] = len(code) - 1  # values: 0, 1, ...
-            if nodes is not None:
-                nodes.append(x)
+        refs = []
+        for i in expr.inputs:
+            if type(i) is Scalar:
+                scalars.append(i)
+                refs.append(-len(scalars))
+            elif i.lazy is None:
+                ref = leaf_ref.get(id(i))
+                if ref is None:
+                    leaves.append(i)
+                    ref = leaf_ref[id(i)] = 1000 + len(leaves)
+                refs.append(ref)
+            else:
+                ref = memo.get(id(i))
+                refs.append(visit(i) if ref is None else ref)
+        code.append((expr.op, expr.dtype, tuple(refs)))
+        ref = memo[id(x)] = len(code) - 1
+        if nodes is not None:
+            nodes.append(x)
         return ref
 
     try:
-        visit(root)
+        if type(root) is Scalar:
+            scalars.append(root)
+        elif root.lazy is None:
+            leaves.append(root)
+        else:
+            visit(root)
     finally:
         # A nested function that calls itself is a reference cycle (function -> closure cell -> function)
         # holding every list it closes over: every array the walk saw would stay alive until the cyclic GC.
