@@ -158,7 +158,7 @@ def _flat(t: Tensor | None, backend, dtype, size: tuple[int, ...]):
     # no reshape when the shape is already right: a device reshape realizes a pending value, and the
     # kernels compute a pending input themselves (``LazyEngine._row_input``: the forward's input, a linear
     # layer's bias and activation; ``LazyEngine._pending_pair_sum``: the backward's sum of two gradients)
-    return data if tuple(data.shape) == size else backend.reshape(data, size)
+    return _shaped(backend, data, size)
 
 
 def _shaped(backend, a, shape: tuple[int, ...]):

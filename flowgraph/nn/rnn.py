@@ -216,7 +216,7 @@ def _gru_pointwise_backward(hidden: int, needs: tuple, needs_b: tuple, which: tu
                                                                   hp._data, None if bp is None else bp._data))
             # The biases' gradients are the batch sums of gx / gp. Where the backend adds into a running sum in
             # its kernel they go back deferred (as ``linear``'s): a bias shared by every step of the unrolled
-            # sequence then costs one column-sum kernel a step and no separate add.
+            # sequence then costs one column-sum GEMM a step (``bias_grad_accumulate``) and no separate add.
             if bk.accumulates_in_place:
                 gb = tuple(ColumnSumGrad(bk, gs[k]._data) if needs_b[k] else None for k in range(2))
             else:
