@@ -79,6 +79,16 @@ def _linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
                    _LINEAR_ROWS_BACKWARD[need_x, need_w, need_b])
 
 
+def _bias_gradient(bk, gd):
+    """A bias's gradient, the column sums of the 2-d backend array ``gd``: deferred (``ColumnSumGrad``, added by
+    the engine into its running sum in the kernel) where the backend accumulates in place and ``gd`` is
+    realized; computed (``Backend.bias_grad``) otherwise. A pending ``gd`` is summed eagerly: its kernel computes
+    ``gd`` itself (the activation's backward) for the GEMMs that read it next."""
+    if bk.accumulates_in_place and not bk.is_pending(gd):
+        return ColumnSumGrad(bk, gd)
+    return _wrap(bk.bias_grad(gd), bk)
+
+
 def _linear_rows_backward(need_x: bool, need_w: bool, need_b: bool):
     """``_linear_rows``'s backward for the inputs that need a gradient. The eight of them are built once
     (``_LINEAR_ROWS_BACKWARD``): a closure made per call is a function, a tuple and a cell per flag the cyclic
@@ -100,17 +110,13 @@ def _linear_rows_backward(need_x: bool, need_w: bool, need_b: bool):
             gd = bk.reshape(gd, (-1, shape[-1]))
         # Where the backend adds into a sum in its kernel, the parameters' gradients go back deferred: the
         # engine adds them into the running sum of a weight shared by the steps of a loop (one GEMM a step, no
-        # add). The bias gradient of a pending g is computed first, eagerly: its kernel computes g (the
-        # activation's backward) for the GEMMs.
-        deferred = bk.accumulates_in_place
-        gb = None
-        if need_b:
-            gb = ColumnSumGrad(bk, gd) if deferred and not bk.is_pending(gd) else _wrap(bk.bias_grad(gd), bk)
+        # add). The bias first (``_bias_gradient``): a pending g is computed by its kernel for the GEMMs.
+        gb = _bias_gradient(bk, gd) if need_b else None
         gw = None
         if need_w:
             gt = bk.permute(gd, (1, 0))
             xd = x._data if x.ndim == 2 else bk.reshape(x._data, (-1, x.shape[-1]))
-            gw = MatmulGrad(bk, gt, xd) if deferred else _wrap(bk.matmul(gt, xd), bk)
+            gw = MatmulGrad(bk, gt, xd) if bk.accumulates_in_place else _wrap(bk.matmul(gt, xd), bk)
         gx = None
         if need_x:
             gx = bk.matmul(gd, weight._data)

@@ -21,14 +21,13 @@ import warnings
 from collections.abc import Sequence
 
 from ..autograd.grad_mode import STATE, no_grad
-from ..autograd.node import ColumnSumGrad
 from ..errors import FlowError, ShapeError
 from ..tensor import Tensor, cat, empty, stack, zeros
 from ..tensor.shape import split_views
 from ..tensor.tensor import _record, _wrap
 from . import init
 from .dropout import dropout as _dropout
-from .linear import linear
+from .linear import _bias_gradient, linear
 from .module import Module, Parameter
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
@@ -214,13 +213,10 @@ def _gru_pointwise_backward(hidden: int, needs: tuple, needs_b: tuple, which: tu
             bk = grad._backend
             gs = tuple(_wrap(a, bk) for a in bk.gru_cell_backward(grad._data, rz_t._data, n_t._data, h._data,
                                                                   hp._data, None if bp is None else bp._data))
-            # The biases' gradients are the batch sums of gx / gp. Where the backend adds into a running sum in
-            # its kernel they go back deferred (as ``linear``'s): a bias shared by every step of the unrolled
-            # sequence then costs one column-sum GEMM a step (``bias_grad_accumulate``) and no separate add.
-            if bk.accumulates_in_place:
-                gb = tuple(ColumnSumGrad(bk, gs[k]._data) if needs_b[k] else None for k in range(2))
-            else:
-                gb = tuple(_wrap(bk.bias_grad(gs[k]._data), bk) if needs_b[k] else None for k in range(2))
+            # The biases' gradients are the batch sums of gx / gp, deferred where the backend accumulates in
+            # place (as a linear layer's): a bias shared by every step of the unrolled sequence then costs one
+            # column-sum GEMM a step (``bias_grad_accumulate``) and no separate add.
+            gb = tuple(_bias_gradient(bk, gs[k]._data) if needs_b[k] else None for k in range(2))
         return (*(gs[k] if which[k] else None for k in range(3)), *gb)
 
     return bw
