@@ -618,7 +618,7 @@ class NumpyBackend(ArrayBackend):
 
     def batch_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
                    running_mean: Array | None = None, running_var: Array | None = None,
-                   momentum: float = 0.1) -> tuple:
+                   momentum: float = 0.1, batches: Array | None = None) -> tuple:
         """``Backend.batch_norm`` in four passes over ``x``: per-channel sums as BLAS matrix-vector products on
         a ``(B, C, M)`` view (``_channel_blocks``: a batch-last convolution's output is one block per channel,
         ``B = 1``), the variance as ``np.vecdot`` of the centred copy, which is then scaled and shifted in place
@@ -628,7 +628,7 @@ class NumpyBackend(ArrayBackend):
         blocks = (self._channel_blocks(x) if _float_ndarrays(x, *(t for t in (weight, bias) if t is not None))
                   and x.dtype in (np.float32, np.float64) and x.size else None)
         if blocks is None:
-            return super().batch_norm(x, weight, bias, eps, running_mean, running_var, momentum)
+            return super().batch_norm(x, weight, bias, eps, running_mean, running_var, momentum, batches)
         v, frame = blocks
         count = v.shape[0] * v.shape[2]
         mean = self._channel_sums(v)
@@ -643,6 +643,7 @@ class NumpyBackend(ArrayBackend):
         if bias is not None:
             y += bias[:, None]
         self._update_running(running_mean, running_var, mean, var, momentum, count / max(count - 1, 1))
+        self._count_batch(batches)
         return self._from_channel_blocks(y, x, frame), mean, var, rstd
 
     def batch_norm_backward(self, g: Array, x: Array, mean: Array, rstd: Array, weight: Array | None,

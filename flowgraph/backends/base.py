@@ -392,16 +392,17 @@ class Backend:
 
     def batch_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
                    running_mean: Array | None = None, running_var: Array | None = None,
-                   momentum: float = 0.1) -> tuple:
+                   momentum: float = 0.1, batches: Array | None = None) -> tuple:
         """Batch norm in training over ``x`` ``(N, C, *S)``: ``(y, mean, var, rstd)`` with ``y = (x - mean) *
         rstd * weight + bias`` per channel (``weight``/``bias`` ``(C,)`` in ``x``'s dtype, or None), the batch
         ``mean``, biased ``var`` and ``rstd = 1 / sqrt(var + eps)``, each ``(C,)``.
 
         ``running_mean``/``running_var`` (``(C,)``, or None) are updated in place as PyTorch does:
-        ``r = (1 - momentum) * r + momentum * stat``, the variance unbiased (``count / (count - 1)``). Generic
-        default: ``standardize`` over ``(0, 2, ...)`` and one ``assign`` per running buffer; CUDA and OpenCL
-        run two kernels (rows' moments, then channels' statistics and the running update) and leave ``y``
-        pending, to be computed by whatever reads it.
+        ``r = (1 - momentum) * r + momentum * stat``, the variance unbiased (``count / (count - 1)``), and
+        ``batches`` (the layer's ``num_batches_tracked``, a 0-d int64 array, or None) is incremented, by
+        ``assign`` (``_count_batch``). Generic default: ``standardize`` over ``(0, 2, ...)`` and one ``assign``
+        per buffer; CUDA and OpenCL run two kernels (rows' moments, then channels' statistics, the running
+        update and the count) and leave ``y`` pending, to be computed by whatever reads it.
         """
         c = x.shape[1]
         view = (1, c) + (1,) * (len(x.shape) - 2)
@@ -411,7 +412,13 @@ class Backend:
         mean, var, rstd = (self.reshape(t, (c,)) for t in (mean, var, rstd))
         count = math.prod(x.shape[a] for a in axes)
         self._update_running(running_mean, running_var, mean, var, momentum, count / max(count - 1, 1))
+        self._count_batch(batches)
         return y, mean, var, rstd
+
+    def _count_batch(self, batches: Array | None) -> None:
+        """``batch_norm``'s batch count (when given) incremented by one with ``assign``."""
+        if batches is not None:
+            self.assign(batches, self.add(batches, 1))
 
     def running_average(self, run: Array, stat: Array, momentum: float, scale: float = 1.0) -> Array:
         """``(1 - momentum) * run + momentum * scale * stat`` in ``run``'s dtype (``stat`` of ``run``'s shape):

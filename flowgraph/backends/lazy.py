@@ -42,6 +42,7 @@ from .fusion import Expr, Scalar, linearize, result_dtype
 #: Python and NumPy scalar types a primitive takes in place of an array.
 SCALAR_TYPES = (bool, int, float, np.generic)
 _BOOL = np.dtype(bool)
+_I64 = np.dtype(np.int64)
 
 #: A pending input broadcast to a larger shape is re-expressed over broadcast views of its leaves (recomputed
 #: per output element, no kernel of its own) up to this many nodes; a larger one is realized first.
@@ -527,10 +528,16 @@ class LazyEngine:
             shape, prepared = a.shape, (a,)
         if prepared is None:
             shape, prepared = self._broadcast_operands(op, inputs)
+        return self._node_shaped(op, prepared, dtype, shape)
+
+    def _node_shaped(self, op: str, prepared: Sequence[Any], dtype: np.dtype, shape: tuple) -> Any:
+        """``_node`` for ``prepared`` operands: each a ``_lazy_type`` of ``shape`` (the result's) or a
+        :class:`Scalar`, an operand given twice the same object (the normalization instructions, whose
+        per-channel operands are broadcast views already, come here straight)."""
         expr = Expr(op, prepared, dtype)
         if expr.too_big():
             for x in prepared:
-                if type(x) is lazy_type and x.lazy is not None:
+                if type(x) is self._lazy_type and x.lazy is not None:
                     self.realize(x)
             expr = Expr(op, prepared, dtype)
         out = self._new_lazy(expr, shape, dtype)
@@ -650,23 +657,25 @@ class LazyEngine:
         return (shape[0], shape[1], cols) if cols >= self.BATCH_NORM_MIN_COLS else None
 
     def _per_channel(self, v: Any, shape: tuple) -> Any:
-        """The per-channel values ``v`` (``shape[1]`` of them) as an operand of ``shape``: one zero-stride view
-        (``_channel_leaf``) instead of a reshape to ``(1, C, 1, ...)`` and a broadcast view of that, each an
+        """The per-channel values ``v`` (``shape[1]`` of them) as a realized operand of ``shape``: one zero-stride
+        view (``_channel_leaf``) instead of a reshape to ``(1, C, 1, ...)`` and a broadcast view of that, each an
         array object and a backend call, for every operand of every normalization step."""
         v = self._as_leaf(v) if type(v) is not self._lazy_type else self.realize(v)
-        if tuple(v.shape) != (shape[1],):
-            return self.reshape(v, (1, shape[1]) + (1,) * (len(shape) - 2))
+        if tuple(v.shape) != (shape[1],):  # C values in another shape: viewed as (1, C, 1, ...), broadcast
+            view = self._as_leaf(self.reshape(v, (1, shape[1]) + (1,) * (len(shape) - 2)))
+            return self._broadcast_leaf(view, shape, "batch_norm")
         return self._channel_leaf(v, shape)
 
     def batch_norm(self, x: Any, weight: Any, bias: Any, eps: float, running_mean: Any = None,
-                   running_var: Any = None, momentum: float = 0.1) -> tuple:
+                   running_var: Any = None, momentum: float = 0.1, batches: Any = None) -> tuple:
         """Two kernels (``row_kernels.BATCH_NORM_ROW_MOMENTS``, then ``batch_norm_stats``, which also updates
-        the running statistics in place where they are contiguous and of ``x``'s dtype) and ``y = (x - mean) *
-        scale + bias`` left pending as one instruction (``norm_affine``), to be computed by the kernel that reads
-        it (a ReLU's, a convolution's input copy); the generic default where ``_batch_norm_layout`` refuses."""
+        the running statistics in place where they are contiguous and of ``x``'s dtype, and then counts the
+        batch in an int64 ``batches``: no launch of its own for either) and ``y = (x - mean) * scale + bias``
+        left pending as one instruction (``norm_affine``), to be computed by the kernel that reads it (a
+        ReLU's, a convolution's input copy); the generic default where ``_batch_norm_layout`` refuses."""
         layout = self._batch_norm_layout(x, weight, bias)
         if layout is None or not fusion.is_enabled():
-            return super().batch_norm(x, weight, bias, eps, running_mean, running_var, momentum)
+            return super().batch_norm(x, weight, bias, eps, running_mean, running_var, momentum, batches)
         n, c, cols = layout
         dtype = x.dtype
         xr = self._row_operand(x, "batch_norm")
@@ -681,18 +690,24 @@ class LazyEngine:
         count = n * cols
         unbias = count / max(count - 1, 1)
         args: list[Any] = [n, c, cols, row_mean, row_m2, *(() if w is None else (w,))]
+        counted = in_kernel and batches is not None and batches.dtype == _I64
         if in_kernel:
+            if counted:
+                runs.append(self._row_operand(batches, "batch_norm"))
             for r in runs:
                 self._flush_readers(self._storage_id(self._as_leaf(r)))
             args += runs
         args += [mean, var, rstd, scale, float(eps), float(momentum), float(unbias)]
-        has = (w is not None, in_kernel)
+        has = (w is not None, in_kernel, counted)
         self._launch_rows(lambda: R.batch_norm_stats(*has), ("bn_stats", *has), dtype, c, n, args)
         if not in_kernel:
             self._update_running(running_mean, running_var, mean, var, momentum, unbias)
+        if not counted:
+            self._count_batch(batches)
         shape = tuple(x.shape)
         per_channel = [self._per_channel(t, shape) for t in ((mean, scale) if bias is None else (mean, scale, bias))]
-        y = self._node("norm_scale" if bias is None else "norm_affine", (xr, *per_channel), dtype)
+        y = self._node_shaped("norm_scale" if bias is None else "norm_affine", (self._as_leaf(xr), *per_channel),
+                              dtype, shape)
         return y, mean, var, rstd
 
     def batch_norm_backward(self, g: Any, x: Any, mean: Any, rstd: Any, weight: Any, need_x: bool, need_w: bool,
@@ -718,7 +733,8 @@ class LazyEngine:
         if need_x:
             shape = tuple(x.shape)
             a, b, k, mean = (self._per_channel(t, shape) for t in (a, b, k, mean))
-            gx = self._node("norm_input_grad", (gr, a, xr, mean, b, k), dtype)
+            gx = self._node_shaped("norm_input_grad", (self._as_leaf(gr), a, self._as_leaf(xr), mean, b, k), dtype,
+                                   shape)
         return gx, gw if need_w else None, gb if need_b else None
 
     def gelu_exact(self, x: Any, grad: bool = True) -> tuple[Any, None]:

@@ -118,6 +118,7 @@ _C_PARAM = {
     "in": "FG_GLOBAL const T* FG_RESTRICT {n}",
     "out": "FG_GLOBAL T* FG_RESTRICT {n}",
     "index": "FG_GLOBAL const FG_LONG* FG_RESTRICT {n}",
+    "count": "FG_GLOBAL FG_LONG* FG_RESTRICT {n}",
     "f32": "FG_GLOBAL const float* FG_RESTRICT {n}",
 }
 
@@ -283,20 +284,25 @@ BATCH_NORM_ROW_MOMENTS = RowKernel("fg_batch_norm_row_moments", [
 """)
 
 
-def batch_norm_stats(has_w: bool, has_running: bool) -> RowKernel:
+def batch_norm_stats(has_w: bool, has_running: bool, counts: bool = False) -> RowKernel:
     """Per channel (one work-group each, over its ``n`` rows): the mean, the biased variance, ``rstd = 1 /
     sqrt(var + eps)`` and ``scale = rstd * w`` (``rstd`` without a weight); with ``has_running`` the running
     statistics are updated in place as PyTorch does, ``r = (1 - momentum) * r + momentum * stat`` (the
-    variance's unbiased by ``unbias = count / (count - 1)``)."""
+    variance's unbiased by ``unbias = count / (count - 1)``), and with ``counts`` (``has_running`` too) the
+    layer's batch count, an int64 buffer, is incremented by channel 0's first work-item."""
     params = [("long", "n"), ("long", "channels"), ("long", "cols")]
     params += _buffers(("in", "rmean"), ("in", "rm2"))
     params += _buffers(("in", "w")) if has_w else []
     params += _buffers(("out", "run_mean"), ("out", "run_var")) if has_running else []
+    params += _buffers(("count", "batches")) if counts else []
     params += _buffers(("out", "mean_out"), ("out", "var_out"), ("out", "rstd_out"), ("out", "scale_out"))
     params += [("scalar", "eps"), ("scalar", "momentum"), ("scalar", "unbias")]
     running = """
     run_mean[run_mean_off + c] = ((T)1 - momentum) * run_mean[run_mean_off + c] + momentum * mean;
     run_var[run_var_off + c] = ((T)1 - momentum) * run_var[run_var_off + c] + momentum * (var * unbias);"""
+    if counts:
+        running += """
+    if (c == 0) batches[batches_off] += 1;"""
     body = f"""
   FG_LOCAL T scratch[FG_MAX_GROUP];
   FG_LONG c = FG_GID;
@@ -318,7 +324,8 @@ def batch_norm_stats(has_w: bool, has_running: bool) -> RowKernel:
     scale_out[scale_out_off + c] = rstd{" * w[w_off + c]" if has_w else ""};{running if has_running else ""}
   }}
 """
-    return RowKernel("fg_batch_norm_stats" + "_w" * has_w + "_running" * has_running, params, body)
+    return RowKernel("fg_batch_norm_stats" + "_w" * has_w + "_running" * has_running + "_count" * counts, params,
+                     body)
 
 
 BATCH_NORM_ROW_GRAD_SUMS = RowKernel("fg_batch_norm_row_grad_sums", [

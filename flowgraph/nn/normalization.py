@@ -212,11 +212,12 @@ def layer_norm_residual(input: Tensor, module: LayerNorm, residual: Tensor) -> T
 
 def _batch_norm_train(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
                       running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
-                      count: int) -> Tensor:
+                      count: int, batches: Tensor | None = None) -> Tensor:
     """Batch norm with the batch's statistics as one graph node on ``Backend.batch_norm`` (two kernels on CUDA
-    and OpenCL, the output left pending), which also updates the running buffers in place; backward on
-    ``Backend.batch_norm_backward`` from the saved input, mean and rstd (PyTorch's), or the composed formula,
-    differentiable again, under ``create_graph``."""
+    and OpenCL, the output left pending), which also updates the running buffers in place and counts the batch
+    in ``batches`` (a layer's ``num_batches_tracked``, a plain buffer: ``_NormBase._batch_counter``); backward
+    on ``Backend.batch_norm_backward`` from the saved input, mean and rstd (PyTorch's), or the composed
+    formula, differentiable again, under ``create_graph``."""
     bk = x._backend
     d = x._data
     wd, bd = (None if t is None else (t._data if t.dtype == x.dtype else bk.cast(t._data, d.dtype))
@@ -226,7 +227,10 @@ def _batch_norm_train(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps
     direct = [r is not None and r._view is None and not r.requires_grad and r._backend is bk
               for r in (running_mean, running_var)]
     y, mean, var, rstd = bk.batch_norm(d, wd, bd, eps, running_mean._data if direct[0] else None,
-                                       running_var._data if direct[1] else None, momentum)
+                                       running_var._data if direct[1] else None, momentum,
+                                       None if batches is None else batches._data)
+    if batches is not None:
+        batches._bump_version()
     unbias = count / max(count - 1, 1)
     for run, ok, stat, k in ((running_mean, direct[0], mean, 1.0), (running_var, direct[1], var, unbias)):
         if run is None:
@@ -319,6 +323,14 @@ def batch_norm(
     running buffers are updated in place (``running = (1 - momentum) * running + momentum * batch``, the
     variance unbiased). Otherwise the running statistics are used.
     """
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def _batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None,
+                bias: Tensor | None, training: bool, momentum: float, eps: float,
+                batches: Tensor | None = None) -> Tensor:
+    """``batch_norm``, and in training the batch counted in ``batches`` (the layers' path: see
+    ``_NormBase._batch_counter``)."""
     if input.ndim < 2:
         raise ShapeError(f"batch_norm: expected an input of at least 2 dims (N, C, ...), got shape {input.shape}")
     nd = input.ndim
@@ -340,7 +352,8 @@ def batch_norm(
             )
         if not training:
             running_mean = running_var = None
-        return _batch_norm_train(input, weight, bias, eps, running_mean, running_var, momentum, count)
+            batches = None
+        return _batch_norm_train(input, weight, bias, eps, running_mean, running_var, momentum, count, batches)
     w = None if weight is None else _channel_view(weight, nd)
     b = None if bias is None else _channel_view(bias, nd)
     scale = _channel_view((running_var.detach() + eps).rsqrt(), nd)
@@ -513,6 +526,19 @@ class _NormBase(Module):
             want = " or ".join(f"{d}-d" for d in self._expected)
             raise ShapeError(f"{type(self).__name__}: expected a {want} input, got shape {input.shape}")
 
+    def _batch_counter(self, input: Tensor) -> Tensor | None:
+        """``num_batches_tracked`` where the forward counts the batch in the backend call that updates the
+        running statistics (``Backend.batch_norm``'s ``batches``; on CUDA and OpenCL its statistics kernel, no
+        launch of its own): in training with a fixed ``momentum``, a plain buffer (no view, no autograd) on
+        ``input``'s backend, a lazy one (CUDA, OpenCL: the write lands in the buffer itself). None where
+        ``_factor`` counts it (a cumulative average reads the count back)."""
+        count = self.num_batches_tracked
+        if (count is None or not self.training or not self.track_running_stats or self.momentum is None
+                or count._view is not None or count.requires_grad or count._backend is not input._backend
+                or not count._backend.defers_elementwise):
+            return None
+        return count
+
     def _factor(self) -> float:
         """The running-average factor for this step (``momentum``, or ``1/n`` for a cumulative average)."""
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -532,10 +558,11 @@ class _NormBase(Module):
 class _BatchNorm(_NormBase):
     def forward(self, input: Tensor) -> Tensor:
         self._check_input(input)
-        factor = self._factor()
+        batches = self._batch_counter(input)
+        factor = self._factor() if batches is None else self.momentum
         use_batch = self.training or (self.running_mean is None and self.running_var is None)
         keep = not self.training or self.track_running_stats
-        return batch_norm(
+        return _batch_norm(
             input,
             self.running_mean if keep else None,
             self.running_var if keep else None,
@@ -544,6 +571,7 @@ class _BatchNorm(_NormBase):
             use_batch,
             factor,
             self.eps,
+            batches,
         )
 
 

@@ -546,6 +546,53 @@ def test_batchnorm_counts_batches_and_eval_uses_running_stats(device: str):
     assert int(bn.num_batches_tracked.item()) == 4  # eval does not count
 
 
+@pytest.mark.parametrize("spatial", [(5, 6), (1, 2)], ids=["statistics-kernel", "generic"])
+def test_batchnorm2d_counts_batches_in_its_statistics_call_like_torch(device: str, spatial: tuple):
+    """On CUDA and OpenCL a layer with a fixed momentum counts its batches in the backend call that updates the
+    running statistics: for rows long enough for their kernels, inside the statistics kernel (no write of its
+    own: ``_count_batch`` never gets the counter), else by ``_count_batch``; on NumPy the layer counts. Values,
+    running statistics and counts as torch's, the counter's version bumped once a step."""
+    rng = np.random.default_rng(3)
+    ref = torch.nn.BatchNorm2d(3, momentum=0.3)
+    bn = nn.BatchNorm2d(3, momentum=0.3).to(device)
+    count = bn.num_batches_tracked
+    bk, version = count._backend, count._version
+    given: list[bool] = []
+    original = bk._count_batch
+    bk._count_batch = lambda b: (given.append(b is not None), original(b))[1]
+    try:
+        for _ in range(3):
+            x = rng.standard_normal((4, 3, *spatial)).astype(np.float32)
+            np.testing.assert_allclose(host(bn(fg.tensor(x, device=device))), ref(torch.from_numpy(x)).detach(),
+                                       rtol=1e-5, atol=1e-5)
+    finally:
+        del bk._count_batch
+    assert int(count.item()) == 3 == int(ref.num_batches_tracked)
+    assert count._version == version + 3
+    np.testing.assert_allclose(host(bn.running_mean), ref.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(host(bn.running_var), ref.running_var.numpy(), rtol=1e-5, atol=1e-6)
+    # the layer hands the counter to a lazy backend, whose statistics kernel counts where the rows are long
+    assert given.count(True) == (3 if bk.defers_elementwise and spatial == (1, 2) else 0), given
+    bn.eval()
+    bn(fg.tensor(rng.standard_normal((4, 3, *spatial)).astype(np.float32), device=device))
+    assert int(count.item()) == 3  # eval does not count
+
+
+def test_batchnorm2d_counts_batches_once_per_jitted_step(device: str):
+    """Under ``fg.jit`` the count rises by one at every call, eager, recorded and replayed alike (on CUDA and
+    OpenCL the statistics kernel that counts is part of the replay)."""
+    bn = nn.BatchNorm2d(3).to(device)
+    x = fg.tensor(np.random.default_rng(4).standard_normal((4, 3, 5, 6)).astype(np.float32), device=device)
+
+    @fg.jit
+    def step(x):
+        return bn(x).sum()
+
+    for k in range(1, 6):
+        step(x).item()
+        assert int(bn.num_batches_tracked.item()) == k
+
+
 def test_batchnorm_state_dict_keys_like_torch():
     assert list(nn.BatchNorm2d(3).state_dict()) == list(torch.nn.BatchNorm2d(3).state_dict())
     assert list(nn.BatchNorm2d(3, track_running_stats=False).state_dict()) == ["weight", "bias"]

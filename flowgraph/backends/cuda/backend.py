@@ -18,6 +18,7 @@ only what CuPy does differently or better:
 from __future__ import annotations
 
 import math
+import operator
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -51,7 +52,7 @@ from ..lazy import SCALAR_TYPES, LazyArrayBase, LazyEngine, flatten
 from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
-from .launch import ARRAY, PackedLaunch
+from .launch import ARRAY, LAZY, PackedLaunch
 
 #: Sums of pending float32/float64 expressions run on this backend's own reduction kernel
 #: (``kernels.rsum_source``); False (environment ``FLOWGRAPH_CUDA_OWN_REDUCTIONS=0``) sends them through
@@ -60,6 +61,11 @@ OWN_REDUCTIONS = os.environ.get("FLOWGRAPH_CUDA_OWN_REDUCTIONS", "1") != "0"
 
 _BOOL = np.dtype(bool)
 _I64 = np.dtype(np.int64)
+# C-level field reads for the launch paths' per-operand lists (a comprehension is a Python step per item)
+_value = operator.attrgetter("value")
+_strides = operator.attrgetter("strides")
+_get_device = cupy.cuda.runtime.getDevice
+_deref = weakref.ref.__call__
 #: Launch plans (``_ew_plan``, ``_sum_plan``) a backend keeps before it starts again.
 PLAN_MEMO = 8192
 
@@ -198,7 +204,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         return _device_count() > 0
 
     def _use(self) -> None:
-        if cupy.cuda.runtime.getDevice() != self.index:
+        if _get_device() != self.index:
             self._device.use()
 
     # ----------------------------------------------------------------- the lazy engine's hooks
@@ -346,14 +352,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
         stats = self.stats
         stats["fused_launches"] += 1
         stats["fused_ops"] += len(key[0])
-        values = [leaf.value for leaf in leaves]
-        written = [x.value for x in extras]
-        pkey = (key, dtype, dst.shape, dst.strides, *[v.strides for v in values], outputs)
+        values = list(map(_value, leaves))
+        written = list(map(_value, extras)) if extras else []
+        pkey = (key, dtype, dst.shape, dst.strides, *map(_strides, values), outputs)
         plan = self._ew_plans.get(pkey)
         if plan is None:
             plan = self._ew_plan(pkey, root, dst, values, outputs, written)
         if plan is not False:
-            plan.launch([dst, *values, *written, *[sc.value for sc in scalars]])
+            plan.launch_split((dst, *values, *written), map(_value, scalars))
             return
         kernel = self._kernel(root, (key, dtype, outputs), dtype, outputs)
         # An input in the output's own layout: pass the output itself so CuPy does not copy it first.
@@ -649,14 +655,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
         (``_sum_plan``).
         """
         key_struct, leaves, scalars = flat
-        values = [leaf.value for leaf in leaves]
-        pkey = (key_struct, out_dtype, a.shape, axes, keepdims, *[v.strides for v in values])
+        values = list(map(_value, leaves))
+        pkey = (key_struct, out_dtype, a.shape, axes, keepdims, *map(_strides, values))
         plan = self._sum_plans.get(pkey)
         if plan is None:
             plan = self._sum_plan(pkey, a, values)
         launch, size, transports, parts, n_out, out_shape = plan
         out = cupy.ndarray(size, out_dtype)
-        launch.launch([out, *values, *[t(sc.value) for t, sc in zip(transports, scalars)]])
+        launch.launch_split((out, *values), [t(sc.value) for t, sc in zip(transports, scalars)] if scalars else ())
         stats = self.stats
         stats["fused_launches"] += 1
         stats["fused_ops"] += len(key_struct[0]) + 1
@@ -910,7 +916,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
         arrays = [self._arr(x) for x in (*params, *ms, *vs)]
         ids = tuple(map(id, arrays))
         static = self._adam_static.get(ids)
-        if static is None or any(r() is not a for r, a in zip(static.refs, arrays)):
+        # the arrays still the ones checked (their weak references' referents, compared in C calls)
+        if static is None or static.refs is None or not all(map(operator.is_, map(_deref, static.refs), arrays)):
             n = len(params)
             triples = []
             for p, m, v in zip(arrays[:n], arrays[n:2 * n], arrays[2 * n:]):
@@ -1007,17 +1014,24 @@ class CupyBackend(LazyEngine, ArrayBackend):
         """Run a shared row kernel with ``groups`` thread blocks, each sized for ``width`` elements (the lazy
         engine's hook): ``args`` in the kernel's parameter order, an array (realized, row-major) standing for its
         buffer and offset, an ``int`` for a ``long``, a ``float`` for a ``T`` scalar."""
-        kernel = self._row_kernel(spec, dtype, key)
-        flat: list[Any] = []
-        zero = np.int64(0)
-        for a in args:
-            if type(a) is int:
-                flat.append(np.int64(a))
-            elif type(a) is float:
-                flat.append(dtype.type(a))
-            else:
-                flat += [a.value if type(a) is LazyArray else a, zero]
-        self._call(kernel, (groups,), (max(32, R.row_group(width, R.MAX_GROUP)),), flat)
+        pkey = (key, dtype, groups, width, *map(type, args))
+        plan = self._row_launches.get(pkey)
+        if plan is None:
+            # an int is a long, a float a T, an array its buffer (a lazy engine's array: its ``value``) and an
+            # offset, 0 here: written into the plan once
+            params: list[Any] = []
+            for a in args:
+                if type(a) is int:
+                    params.append(_I64)
+                elif type(a) is float:
+                    params.append(dtype)
+                else:
+                    params += [LAZY if type(a) is LazyArray else ARRAY, np.int64(0)]
+            if len(self._row_launches) >= PLAN_MEMO:
+                self._row_launches.clear()
+            plan = self._row_launches[pkey] = PackedLaunch(
+                self._row_kernel(spec, dtype, key), (groups,), (max(32, R.row_group(width, R.MAX_GROUP)),), params)
+        plan.launch(args)
 
     def max_pool_blocks(self, a: Array, kernel: tuple[int, ...]) -> Array:
         """One kernel (the shared ``row_kernels.MAX_POOL_BLOCKS``) for float32/float64 and 1-3 spatial dims;
@@ -1123,10 +1137,13 @@ class CupyBackend(LazyEngine, ArrayBackend):
         """The kernel arguments of a computed input (``LazyEngine._row_input``'s ``flat``): each leaf with
         offset 0 (CuPy's pointer has it) and its two element strides, then the scalars."""
         args: list[Any] = []
+        zero, i64 = np.int64(0), np.int64
         for leaf in flat[1]:
             value = leaf.value
-            args += [value, np.int64(0), *(np.int64(st // value.itemsize) for st in value.strides)]
-        return args + [sc.value for sc in flat[2]]
+            s0, s1 = value.strides  # a computed input is 2-d (``_row_input``)
+            item = value.itemsize
+            args += [value, zero, i64(s0 // item), i64(s1 // item)]
+        return args + list(map(_value, flat[2]))
 
     def layer_norm(self, x: Array, weight: Array | None, bias: Array | None, eps: float,
                    residual: Array | None = None) -> tuple:

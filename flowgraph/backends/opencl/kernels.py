@@ -382,7 +382,7 @@ OPENCL_DIALECT = """
 #define FG_LONG long
 """
 
-_ROW_ARG_DTYPES = {"long": LONG, "scalar": None, "in": None, "out": None, "index": None}
+_ROW_ARG_DTYPES = {"long": LONG, "scalar": None, "in": None, "out": None, "index": None, "count": None}
 
 
 def row_kernel_source(kernel: RowKernel, dtype: np.dtype) -> KernelSource:
