@@ -27,7 +27,9 @@ A backend mixes :class:`LazyEngine` in and supplies only storage and kernels: th
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +64,9 @@ PRUNE_READERS = 64
 #: sooner; docs/cuda.md, "Python's garbage collector and eager steps").
 READER_ENTRIES = 64
 _ref = weakref.ref
+_deref = weakref.ref.__call__
+_is = operator.is_
+_NONES = itertools.repeat(None)
 
 
 class LazyArrayBase:
@@ -89,7 +94,8 @@ class LazyArrayBase:
 
 
 def _alive(refs: list) -> bool:
-    return any(r() is not None for r in refs)
+    """Whether any of the weak references ``refs`` still has its referent (tested in C calls)."""
+    return not all(map(_is, map(_deref, refs), _NONES))
 
 
 def flatten(root: Any, nodes: list | None = None) -> tuple[tuple, list[Any], list[Scalar]]:

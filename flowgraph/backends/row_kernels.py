@@ -33,11 +33,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from .fusion import ADAM_UPDATE
+
+_dtype_of = attrgetter("dtype")
+_shape_of = attrgetter("shape")
 
 #: Work-group (thread-block) size cap of the row kernels and the size of their shared scratch array.
 MAX_GROUP = 256
@@ -721,10 +725,12 @@ def gru_layout(arrays: Sequence, biases: Sequence, backward: bool) -> tuple[int,
     state, two, three = (rows, hidden), (rows, 2 * hidden), (rows, 3 * hidden)
     shapes, results = ([state, two, state, state, three], [three, three, state]) if backward else (
         [three, three, state], [state, two, state])
-    if any(a.dtype != dtype or tuple(a.shape) != s for a, s in zip(arrays, shapes)):
+    # every array's dtype and shape compared in C calls (this runs at every step of an unrolled GRU, twice)
+    if list(map(_dtype_of, arrays)) != [dtype] * len(arrays) or list(map(tuple, map(_shape_of, arrays))) != shapes:
         return None
-    if any(b is not None and (b.dtype != dtype or tuple(b.shape) != (3 * hidden,)) for b in biases):
-        return None
+    for b in biases:
+        if b is not None and (b.dtype != dtype or tuple(b.shape) != (3 * hidden,)):
+            return None
     return rows, hidden, results
 
 

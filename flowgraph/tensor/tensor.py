@@ -271,8 +271,9 @@ class Tensor:
             raise FlowError("only single-element integer tensors can be used as an index")
         return int(self.item())
 
-    def __hash__(self) -> int:
-        return id(self)
+    #: Identity hashing, as torch's tensors (``__eq__`` is elementwise): ``object``'s own C slot, not a Python
+    #: method, since optimizer state, hooks and caches look tensors up in dicts at every step.
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         host = self._backend.to_host(self._data)

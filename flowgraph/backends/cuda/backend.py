@@ -17,6 +17,7 @@ only what CuPy does differently or better:
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import os
@@ -52,7 +53,7 @@ from ..lazy import SCALAR_TYPES, LazyArrayBase, LazyEngine, flatten
 from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
-from .launch import ARRAY, LAZY, PackedLaunch
+from .launch import ARRAY, LAZY, PackedLaunch, picker
 
 #: Sums of pending float32/float64 expressions run on this backend's own reduction kernel
 #: (``kernels.rsum_source``); False (environment ``FLOWGRAPH_CUDA_OWN_REDUCTIONS=0``) sends them through
@@ -66,6 +67,12 @@ _value = operator.attrgetter("value")
 _strides = operator.attrgetter("strides")
 _get_device = cupy.cuda.runtime.getDevice
 _deref = weakref.ref.__call__
+_is = operator.is_
+_NDARRAYS = itertools.repeat(cupy.ndarray)
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
+_pointer = operator.attrgetter("data.ptr")
+_c_contiguous = operator.attrgetter("flags.c_contiguous")
 #: Launch plans (``_ew_plan``, ``_sum_plan``) a backend keeps before it starts again.
 PLAN_MEMO = 8192
 
@@ -82,11 +89,12 @@ def _install_peak_allocator() -> None:
     malloc = pool.malloc
     used = pool.used_bytes
     get_device = cupy.cuda.runtime.getDevice
+    one_device = _device_count() == 1  # then the device is 0: no driver query per allocation
 
     def tracked_malloc(size: int) -> Any:
         mem = malloc(size)
         now = used()
-        dev = get_device()
+        dev = 0 if one_device else get_device()
         if now > _PEAK.get(dev, 0):
             _PEAK[dev] = now
         return mem
@@ -105,6 +113,11 @@ class _AdamSet(NamedTuple):
     layout: tuple  #: ``(pointer, size)`` of each non-empty array: part of the table's cache key
     template: np.ndarray  #: the kernel's table with the gradient pointers left 0
     blocks: int  #: thread blocks of the launch (one per chunk of one tensor)
+    shapes: list  #: each parameter's shape: what its gradient must have
+    dtypes: list  #: the dtype once per parameter: what each gradient must have
+    nonempty: Any  #: an ``itemgetter`` picking the non-empty parameters' gradients (None: all of them)
+    storage_set: frozenset  #: ``storages`` as a set, to intersect with the reader registry
+    arrays: tuple  #: ``(params, ms, vs)``: the arrays the update writes, as lists to hand back
 
 
 class LazyArray(LazyArrayBase):
@@ -154,6 +167,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
             )
         self._device = cupy.cuda.Device(self.index)
         self._device.use()
+        if count == 1:  # nothing else is ever current: the check is skipped (about 200 calls a step)
+            self._use = _one_device
         _install_peak_allocator()
         self._kernels: dict[tuple, Any] = {}
         self._init_lazy()
@@ -204,6 +219,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
         return _device_count() > 0
 
     def _use(self) -> None:
+        """Make this backend's device the current one (every entry point that allocates or launches calls it;
+        with one visible device the instance's own ``_use`` is ``_one_device``, which does nothing)."""
         if _get_device() != self.index:
             self._device.use()
 
@@ -868,9 +885,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                                            maximize, v_maxs)
         static, gs = checked
         dtype = static.dtype
-        operands = [(p, g, (m, v)) for (p, m, v), g in zip(static.triples, gs)]
-        work = [o for o in operands if o[0].size]
-        gptrs = tuple([g.data.ptr for _, g, _ in work])
+        gptrs = tuple(map(_pointer, gs if static.nonempty is None else static.nonempty(gs)))
         key = (dtype, static.layout, gptrs)
         table = self._adam_tables.get(key)
         if table is None:  # new gradient addresses (most steps): the parameters' part of the table is kept
@@ -885,22 +900,21 @@ class CupyBackend(LazyEngine, ArrayBackend):
             table = self._adam_tables[key] = (device, static.blocks, staging)
         if self.capturing and not any(t is table for t in self._graph_tables):
             self._graph_tables.append(table)  # a graph reads it at every replay: never freed
-        readers = self._readers
-        for storage in static.storages:  # pending expressions reading the old values run first
-            if storage in readers:
-                self._flush_readers(storage)
+        for storage in self._readers.keys() & static.storage_set:  # pending readers of the old values run first
+            self._flush_readers(storage)
         t = dtype.type
         rest = [t(x) for x in adam_update_scalars(beta1, beta2, l2, decay, maximize)]
-        if work:
+        if gptrs:
             if device_steps:
                 kernel = self._row_kernel(R.ADAM_MULTI_TABLE_DEVICE, dtype, ("adam_multi_device",))
                 self._call(kernel, (table[1],), (256,),
-                           (table[0], np.int64(len(work)), *(x.reshape(1) for x in steps), *rest))
+                           (table[0], np.int64(len(gptrs)), *(x.reshape(1) for x in steps), *rest))
             else:
                 kernel = self._row_kernel(R.ADAM_MULTI_TABLE, dtype, ("adam_multi",))
                 self._call(kernel, (table[1],), (256,),
-                           (table[0], np.int64(len(work)), t(step_size), t(eps_hat), *rest))
-        return ([o[0] for o in operands], [o[2][0] for o in operands], [o[2][1] for o in operands], None)
+                           (table[0], np.int64(len(gptrs)), t(step_size), t(eps_hat), *rest))
+        ps, ms_out, vs_out = static.arrays
+        return list(ps), list(ms_out), list(vs_out), None
 
     def _adam_checked(self, params: Sequence[Array], grads: Sequence[Array], ms: Sequence[Array],
                       vs: Sequence[Array]) -> tuple[_AdamSet, list] | None:
@@ -913,7 +927,9 @@ class CupyBackend(LazyEngine, ArrayBackend):
         of host time on CUDA.
         """
         self._use()
-        arrays = [self._arr(x) for x in (*params, *ms, *vs)]
+        given = (*params, *ms, *vs)
+        # the steady state: the raw arrays this update wrote at the last step, taken as they are (C calls)
+        arrays = list(given) if all(map(_is, map(type, given), _NDARRAYS)) else [self._arr(x) for x in given]
         ids = tuple(map(id, arrays))
         static = self._adam_static.get(ids)
         # the arrays still the ones checked (their weak references' referents, compared in C calls)
@@ -934,14 +950,23 @@ class CupyBackend(LazyEngine, ArrayBackend):
             entries = [[p.data.ptr, 0, m.data.ptr, v.data.ptr, p.size] for p, m, v in work]
             blocks = [[k, start] for k, (p, _, _) in enumerate(work) for start in range(0, p.size, R.ADAM_CHUNK)]
             template = np.array([w for row in entries + blocks for w in row] or [0], dtype=np.int64)
-            static = _AdamSet(refs, arrays[0].dtype, tuple({id(a.data.mem): None for a in arrays}), tuple(triples),
+            storages = tuple({id(a.data.mem): None for a in arrays})
+            nonempty = [i for i, (p, _, _) in enumerate(triples) if p.size]
+            static = _AdamSet(refs, arrays[0].dtype, storages, tuple(triples),
                               tuple((a.data.ptr, a.size) for p, m, v in work for a in (p, m, v)), template,
-                              len(blocks))
+                              len(blocks), [p.shape for p, _, _ in triples], [arrays[0].dtype] * n,
+                              None if len(nonempty) == n else picker(nonempty), frozenset(storages),
+                              (arrays[:n], arrays[n:2 * n], arrays[2 * n:]))
             if refs is not None:
                 if len(self._adam_static) >= self.ADAM_TABLES:
                     self._adam_static.pop(next(iter(self._adam_static)))
                 self._adam_static[ids] = static
         dtype = static.dtype
+        # the common case checked in C calls: contiguous arrays of the parameters' shapes and dtype
+        gs = list(grads) if all(map(_is, map(type, grads), _NDARRAYS)) else [self._arr(g) for g in grads]
+        if (list(map(_shape, gs)) == static.shapes and list(map(_dtype, gs)) == static.dtypes
+                and all(map(_c_contiguous, gs))):
+            return static, gs
         gs = []
         for (p, _, _), g in zip(static.triples, grads):
             g = self._arr(g)
@@ -1429,10 +1454,11 @@ class CupyBackend(LazyEngine, ArrayBackend):
     GEMM_PLANS = 1024
 
     def _gemm_plan(self, a: Any, b: Any) -> tuple | None:
-        """``(m, n, k, a_ld, a_col_major, b_ld, b_col_major)`` of the 2-d float GEMM ``a @ b`` when both operands
-        are read in place (no staging copy) and the product is not empty: what ``matmul`` and ``_gemm_operand``
-        work out from the shapes and strides, kept per layout so a repeated call (every step of a training loop)
-        only reads its pointers (about 10 us of Python a call on an H200's host). None otherwise."""
+        """``(m, n, run)`` of the 2-d float GEMM ``a @ b`` when both operands are read in place (no staging copy)
+        and the product is not empty: what ``matmul`` and ``_gemm_operand`` work out from the shapes and
+        strides, and the cuBLAS call with it bound (``Cublas.planned_2d``'s ``run``), kept per layout so a
+        repeated call (every step of a training loop) only reads its pointers (about 10 us of Python a call on
+        an H200's host). None otherwise."""
         key = (a.shape, a.strides, b.shape, b.strides, a.dtype)
         plan = self._gemm_plans.get(key, self._gemm_plans)  # the dict itself marks a layout not seen yet
         if plan is not self._gemm_plans:
@@ -1443,7 +1469,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
             (_, a_ld, a_col, _), a_base = self._gemm_operand(a, (), m, k)
             (_, b_ld, b_col, _), b_base = self._gemm_operand(b, (), k, n)
             if a_base is a and b_base is b:
-                plan = (m, n, k, a_ld, a_col, b_ld, b_col)
+                plan = (m, n, self._blas_handle().planned_2d(a.dtype, m, n, k, a_ld, a_col, b_ld, b_col))
         if len(self._gemm_plans) >= self.GEMM_PLANS:
             self._gemm_plans.clear()
         self._gemm_plans[key] = plan
@@ -1451,9 +1477,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
     def _planned_gemm(self, plan: tuple, a: Any, b: Any, out: Any, accumulate: bool) -> None:
         """``out = a @ b`` (``+=`` with ``accumulate``) through the layout ``plan`` of ``_gemm_plan``."""
-        m, n, k, a_ld, a_col, b_ld, b_col = plan
-        self._blas_handle().gemm(a.dtype, m, n, k, (a.data.ptr, a_ld, a_col, 0), (b.data.ptr, b_ld, b_col, 0),
-                                 out.data.ptr, 1, accumulate=accumulate)
+        plan[2](a.data.ptr, b.data.ptr, out.data.ptr, accumulate)
 
     @staticmethod
     def _gemm_operand(x: Any, batch: Shape, rows: int, cols: int) -> tuple[tuple[int, int, bool, int], Any]:
@@ -1596,6 +1620,10 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
     def __repr__(self) -> str:
         return f"<CupyBackend {self.device} ({self.device_name})>"
+
+
+def _one_device() -> None:
+    """``CupyBackend._use`` where the process sees one device, always current."""
 
 
 def _device_count() -> int:

@@ -121,9 +121,10 @@ class Cublas:
         self._stream = -1
         self._one = {F32: ctypes.c_float(1.0), F64: ctypes.c_double(1.0)}
         self._zero = {F32: ctypes.c_float(0.0), F64: ctypes.c_double(0.0)}
+        self._current_stream = cupy.cuda.get_current_stream
 
     def _bind_stream(self) -> None:
-        ptr = self.cupy.cuda.get_current_stream().ptr
+        ptr = self._current_stream().ptr
         if ptr != self._stream:
             # cublasSetStream resets the workspace to the default pool: set ours again after it.
             _check(self.lib.cublasSetStream_v2(self.handle, ptr), "cublasSetStream")
@@ -171,6 +172,36 @@ class Cublas:
             )
         if status:  # the message is formatted only on failure (str(dtype) alone costs microseconds per call)
             _check(status, f"gemm ({dtype}, m={m}, n={n}, k={k}, batch={batch})")
+
+    def planned_2d(self, dtype: np.dtype, m: int, n: int, k: int, lda: int, a_col: bool, ldb: int,
+                   b_col: bool) -> Any:
+        """``run(a_ptr, b_ptr, c_ptr, accumulate)``: ``gemm`` of one 2-d layout (no batch) with everything but
+        the three pointers and beta worked out once: the routine, the operations, the scalars' references and
+        the argument list around the pointers. A training step repeats its few layouts at every call
+        (``CupyBackend._gemm_plan`` keeps the ``run`` per layout): about 90 bytecodes of argument work a GEMM
+        in ``gemm``, a dozen here. A float32 GEMM while TF32 is allowed goes through ``gemm`` (read per call,
+        as there)."""
+        if dtype != F32 and dtype != F64:
+            def general(a_ptr: int, b_ptr: int, c_ptr: int, accumulate: bool) -> None:
+                self.gemm(dtype, m, n, k, (a_ptr, lda, a_col, 0), (b_ptr, ldb, b_col, 0), c_ptr, 1, accumulate)
+            return general
+        fn = self.lib.cublasSgemmStridedBatched if dtype == F32 else self.lib.cublasDgemmStridedBatched
+        one, zero = ctypes.byref(self._one[dtype]), ctypes.byref(self._zero[dtype])
+        head = (self.handle, _OP_T if b_col else _OP_N, _OP_T if a_col else _OP_N, n, m, k, one)
+        tail = (n, m * n, 1)
+        bind, tf32_allowed, exact = self._bind_stream, tf32_matmul_allowed, dtype == F64
+        gemm = self.gemm
+
+        def run(a_ptr: int, b_ptr: int, c_ptr: int, accumulate: bool) -> None:
+            if not exact and tf32_allowed():
+                gemm(dtype, m, n, k, (a_ptr, lda, a_col, 0), (b_ptr, ldb, b_col, 0), c_ptr, 1, accumulate)
+                return
+            bind()
+            status = fn(*head, b_ptr, ldb, 0, a_ptr, lda, 0, one if accumulate else zero, c_ptr, *tail)
+            if status:
+                _check(status, f"gemm ({dtype}, m={m}, n={n}, k={k})")
+
+        return run
 
     def __del__(self) -> None:
         try:

@@ -96,7 +96,7 @@ class PackedLaunch:
         pointer_words = len(kinds[ARRAY]) + len(kinds[LAZY])
         self._pack = struct.Struct("<" + "Q" * pointer_words + "".join(scalar_codes)).pack_into
         self._slots = memoryview(slots).cast("B")
-        self._arrays, self._lazy, self._scalars = (_picker([k for _, k in kinds[kind]])
+        self._arrays, self._lazy, self._scalars = (picker([k for _, k in kinds[kind]])
                                                    for kind in (ARRAY, LAZY, None))
         # the word blocks, the pointer table and the kernel's module live as long as the plan
         self._keep = (constants, slots, pointers, kernel)
@@ -121,7 +121,7 @@ class PackedLaunch:
         _launch_kernel(self._fn, *self._dims, 0, _current_stream().ptr, self._block_ptr, 0)
 
 
-def _picker(positions: Sequence[int]) -> Any:
+def picker(positions: Sequence[int]) -> Any:
     """A C callable taking a sequence to its items at ``positions`` (a sequence in every case: ``itemgetter``
     of one index returns the item itself, so one position is a one-element slice)."""
     if len(positions) == 1:
