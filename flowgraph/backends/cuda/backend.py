@@ -73,6 +73,7 @@ _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 _pointer = operator.attrgetter("data.ptr")
 _c_contiguous = operator.attrgetter("flags.c_contiguous")
+_ZEROS = itertools.repeat(np.int64(0))
 #: Launch plans (``_ew_plan``, ``_sum_plan``) a backend keeps before it starts again.
 PLAN_MEMO = 8192
 
@@ -1101,17 +1102,17 @@ class CupyBackend(LazyEngine, ArrayBackend):
         self._use()
         # a pending sum of two gradient contributions is added (and written out) by the backward kernel itself
         reads, g_sum = self._gradient_reads(arrays[0], backward and rows * hidden > 0)
-        operands = (*reads, *arrays[1:])
-        ops = [cupy.ascontiguousarray(self._arr(a)) for a in (*operands, *(b for b in biases if b is not None))]
-        outs = tuple(cupy.ndarray(s, ops[0].dtype) for s in result_shapes)
+        ops = list(map(self._arr, (*reads, *arrays[1:], *[b for b in biases if b is not None])))
+        if not all(map(_c_contiguous, ops)):
+            ops = [cupy.ascontiguousarray(a) for a in ops]
+        dtype = ops[0].dtype
+        outs = tuple([cupy.ndarray(s, dtype) for s in result_shapes])
         if rows * hidden:
             spec = R.gru_kernel(biases, backward, g_sum is not None)
-            zero = np.int64(0)
-            args = [np.int64(rows * hidden), np.int64(hidden)]
-            for a in ops:
-                args += [a, zero]
+            # each operand's buffer, then its offset (0: CuPy's pointer has it), built in C calls
+            args = [np.int64(rows * hidden), np.int64(hidden), *itertools.chain.from_iterable(zip(ops, _ZEROS))]
             written = outs if g_sum is None else (*outs, g_sum.value)
-            self._call(self._row_kernel(spec, ops[0].dtype, (spec.name,)), (-(-rows * hidden // 256),), (256,),
+            self._call(self._row_kernel(spec, dtype, (spec.name,)), (-(-rows * hidden // 256),), (256,),
                        (*args, *written))
             if g_sum is not None:
                 self._realized_into(arrays[0], g_sum)

@@ -167,6 +167,7 @@ class Cudnn:
         self.cupy = cupy
         self.handle = self.cudnn.create_handle()
         self.plans: dict[tuple, _Plan] = {}
+        self._conv_plans: dict[tuple, _Plan] = {}  # ``conv``'s plans by the call's own sizes
         # One workspace for every plan (all run in order on one stream), grown to the largest need. Once a CUDA
         # graph has recorded a plan, a grown-out buffer is kept, not freed: the graph still points at it.
         self._workspace: Any = None
@@ -243,6 +244,27 @@ class Cudnn:
             if biased:
                 out += bias.reshape((1, -1) + (1,) * (out.ndim - 2))
             return out
+        # the built plan by the call's own sizes (a training step's convolutions repeat theirs at every call)
+        try:
+            given = (op, a.shape, b.shape, tuple(out_shape), dtype, stride, padding, dilation, fp32_tf32, biased)
+            plan = self._conv_plans.get(given)
+        except TypeError:  # sizes given as lists: no memo
+            given, plan = None, None
+        if plan is None:
+            plan = self._conv_plan(op, a, b, out_shape, dtype, stride, padding, dilation, fp32_tf32, biased)
+            if given is not None:
+                if len(self._conv_plans) >= 1024:
+                    self._conv_plans.clear()
+                self._conv_plans[given] = plan
+        pointers = {"a": a.data.ptr, "b": b.data.ptr, "y": out.data.ptr}
+        if biased:
+            pointers["bias"] = bias.data.ptr
+        self._execute(plan, pointers)
+        return out
+
+    def _conv_plan(self, op: str, a: Any, b: Any, out_shape: tuple[int, ...], dtype: np.dtype, stride: Any,
+                   padding: Any, dilation: Any, fp32_tf32: bool, biased: bool) -> _Plan:
+        """The built graph of ``conv``'s problem (a 1-d one as 2-d)."""
         sa, st, pd, dl = self._as_2d(tuple(a.shape), stride, padding, dilation)
         sb = self._as_2d(tuple(b.shape), stride, padding, dilation)[0]
         so = self._as_2d(tuple(out_shape), stride, padding, dilation)[0]
@@ -269,12 +291,7 @@ class Cudnn:
             tensors["y"] = y
             return tensors
 
-        plan = self._build(key, dtype, make, fp32_tf32)
-        pointers = {"a": a.data.ptr, "b": b.data.ptr, "y": out.data.ptr}
-        if biased:
-            pointers["bias"] = bias.data.ptr
-        self._execute(plan, pointers)
-        return out
+        return self._build(key, dtype, make, fp32_tf32)
 
     # ------------------------------------------------------------------ attention
     def _sdpa_key(self, q: Any, k: Any, v: Any, bias: Any, scale: float, causal: bool) -> tuple:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,6 +49,12 @@ _I32 = np.dtype(np.int32)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _F16 = np.dtype(np.float16)
+#: Launch layouts (``_launch_fused``'s plans) a backend keeps before it starts again.
+PLAN_MEMO = 8192
+# C-level field reads for the per-operand work of a launch
+_strides_of = operator.attrgetter("strides")
+_offset_of = operator.attrgetter("offset")
+_add = operator.add
 
 
 def _scalar_args(scalars: Sequence[Scalar]) -> list[Any]:
@@ -128,6 +135,10 @@ class OpenCLBackend(LazyEngine, Backend):
 
         self._pool = MemoryPool(ImmediateAllocator(self.queue))
         self._peak = 0
+        self._alloc_ok = 0  # the largest allocation size checked against the device's limit so far
+        self._gemm_2d: dict[tuple, tuple] = {}  # ``_gemm``'s 2-d kernel per (dtype, accumulate)
+        self._conv_sizes: dict[tuple, list] = {}  # ``_conv_launch``'s integer arguments per layer and pass
+        self._ew_plans: dict[tuple, tuple] = {}  # ``_launch_fused``'s layout work per program and layout
         self._kernels: dict[tuple, tuple[Any, K.KernelSource]] = {}
         self._init_lazy()
         self._ones: dict[np.dtype, Any] = {}  # bias_grad_accumulate's realized scalar one, per dtype
@@ -180,7 +191,9 @@ class OpenCLBackend(LazyEngine, Backend):
         return dtype
 
     def _allocate(self, nbytes: int) -> Any:
-        self._check_alloc(nbytes)
+        if nbytes > self._alloc_ok:  # past every size that passed: ask the device's limit
+            self._check_alloc(nbytes)
+            self._alloc_ok = nbytes
         buffer = self._pool.allocate(max(nbytes, 1))
         active = self._pool.active_bytes
         if active > self._peak:
@@ -206,7 +219,8 @@ class OpenCLBackend(LazyEngine, Backend):
     def empty(self, shape: Shape, dtype: np.dtype) -> CLArray:
         """A new uninitialised contiguous array (a non-protocol helper)."""
         dtype = np.dtype(dtype)
-        return CLArray(self, self._allocate(shape_size(shape) * dtype.itemsize), tuple(shape), None, 0, dtype)
+        shape = tuple(shape)
+        return CLArray(self, self._allocate(math.prod(shape) * dtype.itemsize), shape, None, 0, dtype)
 
     # ----------------------------------------------------------------- kernels
     def _kernel(self, key: tuple, make: Callable[[], K.KernelSource]) -> Any:
@@ -240,6 +254,8 @@ class OpenCLBackend(LazyEngine, Backend):
 
     # ----------------------------------------------------------------- the lazy engine's hooks
     def _own(self, a: Any, where: str) -> CLArray:
+        if type(a) is CLArray and a.backend is self:  # the common case first
+            return a
         if not isinstance(a, CLArray):
             raise BackendError(f"{where}: expected a CLArray on {self.device}, got {type(a).__name__}")
         if a.backend is not self:
@@ -247,6 +263,8 @@ class OpenCLBackend(LazyEngine, Backend):
         return a
 
     def _operand(self, x: Any, where: str) -> CLArray | None:
+        if type(x) is CLArray and x.backend is self:
+            return x
         return self._own(x, where) if isinstance(x, CLArray) else None
 
     @staticmethod
@@ -288,13 +306,27 @@ class OpenCLBackend(LazyEngine, Backend):
             return
         key, leaves, scalars = flat
         written = [out, *leaves, *extras]
-        dims, cstrides = K.collapse(out.shape, [x.strides for x in written])
-        rank, dtype = len(dims), out.dtype
-        baked = tuple(dims) if rank > 1 and n >= BAKE_DIMS_MIN else None
-        offsets = [x.offset for x in written]
-        it = "int" if index_fits_int(n + 1024, dims, cstrides, offsets) else "long"  # + a group's rounding up
-        kernel = self._kernel(("ew", key, dtype, rank, outputs, baked, it),
-                              lambda: K.elementwise_source(linearize(root), rank, dtype, baked, it, outputs))
+        dtype = out.dtype
+        # the layout work (collapsed dims, each operand's furthest element) once per program and layout
+        pkey = (key, dtype, out.shape, *map(_strides_of, written), outputs)
+        plan = self._ew_plans.get(pkey)
+        if plan is None:
+            dims, cstrides = K.collapse(out.shape, [x.strides for x in written])
+            spans = [sum((d - 1) * abs(s) for d, s in zip(dims, st)) for st in cstrides]
+            baked = tuple(dims) if len(dims) > 1 and n >= BAKE_DIMS_MIN else None
+            if len(self._ew_plans) >= PLAN_MEMO:
+                self._ew_plans.clear()
+            plan = self._ew_plans[pkey] = (dims, cstrides, spans, baked, {})
+        dims, cstrides, spans, baked, kernels = plan
+        # 32-bit indices where the work-items (+ a group's rounding up) and every operand's reach fit
+        limit = fusion.INT_INDEX_LIMIT
+        it = "int" if n + 1024 <= limit and max(map(_add, spans, map(_offset_of, written))) <= limit else "long"
+        kernel = kernels.get(it)
+        if kernel is None:
+            rank = len(dims)
+            kernel = kernels[it] = self._kernel(
+                ("ew", key, dtype, rank, outputs, baked, it),
+                lambda: K.elementwise_source(linearize(root), rank, dtype, baked, it, outputs))
         args: list[Any] = [n, *dims]
         for x, x_strides in zip(written, cstrides):
             args += [x.buffer, x.offset, *x_strides]
@@ -556,7 +588,7 @@ class OpenCLBackend(LazyEngine, Backend):
 
     def reshape(self, a: Array, shape: Shape) -> Array:
         a = self.realize(self._own(a, "reshape"))
-        shape = tuple(int(n) for n in shape)
+        shape = tuple(map(int, shape))
         if shape.count(-1) == 1:  # one inferred axis, as NumPy allows
             known = shape_size(tuple(n for n in shape if n != -1))
             if known and a.size % known == 0:
@@ -573,9 +605,12 @@ class OpenCLBackend(LazyEngine, Backend):
     def permute(self, a: Array, axes: Sequence[int]) -> Array:
         a = self.realize(self._own(a, "permute"))
         axes = tuple(axes)
-        if sorted(axes) != list(range(a.ndim)):
-            raise ShapeError(f"permute: axes {axes} are not a permutation of range({a.ndim})")
-        return self._view(a, [a.shape[d] for d in axes], [a.strides[d] for d in axes], a.offset)
+        shape, strides = a.shape, a.strides
+        if axes == (1, 0) and len(shape) == 2:  # a matrix transposed (a linear layer's weight, each call)
+            return CLArray(self, a.buffer, (shape[1], shape[0]), (strides[1], strides[0]), a.offset, a.dtype)
+        if sorted(axes) != list(range(len(shape))):
+            raise ShapeError(f"permute: axes {axes} are not a permutation of range({len(shape)})")
+        return self._view(a, tuple(map(shape.__getitem__, axes)), tuple(map(strides.__getitem__, axes)), a.offset)
 
     def expand(self, a: Array, shape: Shape) -> Array:
         a = self.realize(self._own(a, "expand"))
@@ -642,12 +677,19 @@ class OpenCLBackend(LazyEngine, Backend):
         """``(p, g, state)`` realized (``g`` contiguous, in ``p``'s dtype) for a fused optimizer kernel, or None
         (the generic path runs) unless ``p`` and the state buffers are contiguous float32/float64 arrays of one
         dtype and shape."""
-        p = self.realize(self._own(p, where))
-        state = tuple(self.realize(self._own(x, where)) for x in state)
-        if p.dtype not in (_F32, _F64) or not is_contiguous(p.shape, p.strides) or not all(
-                x.dtype == p.dtype and x.shape == p.shape and is_contiguous(x.shape, x.strides) for x in state):
+        own, realize = self._own, self.realize
+        p = realize(own(p, where))
+        dtype, shape = p.dtype, p.shape
+        if (dtype != _F32 and dtype != _F64) or not is_contiguous(shape, p.strides):
             return None
-        g = self._own(g, where)
+        buffers = []
+        for x in state:  # a plain loop: this runs for every parameter at every step
+            x = realize(own(x, where))
+            if x.dtype != dtype or x.shape != shape or not is_contiguous(shape, x.strides):
+                return None
+            buffers.append(x)
+        state = tuple(buffers)
+        g = own(g, where)
         if g.shape != p.shape:
             return None
         return p, self.contiguous(g if g.dtype == p.dtype else self.cast(g, p.dtype)), state
@@ -796,7 +838,7 @@ class OpenCLBackend(LazyEngine, Backend):
         operands = (*reads, *arrays[1:])
         ops = [self._row_operand(a, spec.name) for a in (*operands, *(b for b in biases if b is not None))]
         dtype = ops[0].dtype
-        outs = tuple(self.empty(s, dtype) for s in result_shapes)
+        outs = tuple([self.empty(s, dtype) for s in result_shapes])
         if rows * hidden:
             k = self._kernel((spec.name, dtype.str), lambda: K.row_kernel_source(spec, dtype))
             args: list[Any] = [rows * hidden, hidden]
@@ -947,6 +989,12 @@ class OpenCLBackend(LazyEngine, Backend):
         b = self.realize(self._own(b, "matmul"))
         if a.dtype != b.dtype:
             raise BackendError(f"matmul: operands have dtypes {a.dtype} and {b.dtype}; cast one first")
+        if len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0]:  # the common case, directly
+            (m, k), n = a.shape, b.shape[1]
+            out = self.empty((m, n), a.dtype)
+            if m and n:
+                self._gemm(a, b, out, (), (m, k, n), False)
+            return out
         if a.ndim == 0 or b.ndim == 0:
             raise ShapeError("matmul: operands must have at least one axis (use mul for scalars)")
         squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
@@ -971,20 +1019,30 @@ class OpenCLBackend(LazyEngine, Backend):
         """``out = a @ b`` (``out += a @ b`` with ``accumulate``) for realized operands broadcast to ``batch``
         and a row-major ``out`` of ``batch + (m, n)`` elements."""
         m, k, n = mkn
+        if not batch:  # a 2-d product (a linear layer's): the kernel and work sizes kept per dtype
+            found = self._gemm_2d.get((a.dtype, accumulate))
+            if found is None:
+                found = self._gemm_2d[(a.dtype, accumulate)] = self._gemm_kernel(a.dtype, 0, accumulate)
+            kernel, threads, tile = found
+            (sa0, sa1), (sb0, sb1) = a.strides, b.strides
+            kernel(self.queue, (-(-n // tile) * threads, -(-m // tile) * threads, 1), (threads, threads, 1), m, n,
+                   k, out.buffer, out.offset, a.buffer, a.offset, sa0, sa1, b.buffer, b.offset, sb0, sb1)
+            return
         nb = len(batch)
         dims, strides = K.collapse(batch, [out.strides[:nb], a.strides[:nb], b.strides[:nb]])
-        rank = len(dims)
-        acc = _INT64 if a.dtype.kind in "biu" else self._accumulator(a.dtype)
-        threads, work = self._matmul_threads, self._matmul_work
-        tile = threads * work
-        kernel = self._kernel(
-            ("matmul", a.dtype.str, rank, threads, work, accumulate),
-            lambda: K.matmul_source(rank, a.dtype, acc, threads, work, accumulate),
-        )
+        kernel, threads, tile = self._gemm_kernel(a.dtype, len(dims), accumulate)
         args = [m, n, k, *dims, out.buffer, out.offset, *strides[0], a.buffer, a.offset, *strides[1],
                 a.strides[-2], a.strides[-1], b.buffer, b.offset, *strides[2], b.strides[-2], b.strides[-1]]
         gsize = (-(-n // tile) * threads, -(-m // tile) * threads, shape_size(dims))
         kernel(self.queue, gsize, (threads, threads, 1), *args)
+
+    def _gemm_kernel(self, dtype: np.dtype, rank: int, accumulate: bool) -> tuple[Any, int, int]:
+        """``(kernel, threads, tile)`` of the GEMM kernel for ``dtype`` over ``rank`` collapsed batch dims."""
+        acc = _INT64 if dtype.kind in "biu" else self._accumulator(dtype)
+        threads, work = self._matmul_threads, self._matmul_work
+        kernel = self._kernel(("matmul", dtype.str, rank, threads, work, accumulate),
+                              lambda: K.matmul_source(rank, dtype, acc, threads, work, accumulate))
+        return kernel, threads, threads * work
 
     accumulates_in_place = True
 
@@ -1013,7 +1071,8 @@ class OpenCLBackend(LazyEngine, Backend):
     def _gemm_accumulate(self, dst: Array, a: Array, b: Array) -> bool:
         """``dst += a @ b`` by the GEMM kernel where ``a``, ``b`` are 2-d float arrays of ``dst``'s dtype and
         ``dst`` is row-major with the product's size (realized first); False (nothing done) otherwise."""
-        a, b, dst = (self._own(x, "matmul_accumulate") for x in (a, b, dst))
+        own = self._own
+        a, b, dst = own(a, "matmul_accumulate"), own(b, "matmul_accumulate"), own(dst, "matmul_accumulate")
         dims = accumulate_dims(dst, a, b) if a.dtype.kind == "f" else None
         if dims is None:
             return False
@@ -1023,7 +1082,7 @@ class OpenCLBackend(LazyEngine, Backend):
         a, b = self.realize(a), self.realize(b)
         self._flush_readers(self._storage_id(dst))  # pending expressions reading the old sum run first
         m, k, n = dims
-        out = self._view(dst, (m, n), contiguous_strides((m, n)), dst.offset)
+        out = dst if dst.shape == (m, n) else self._view(dst, (m, n), contiguous_strides((m, n)), dst.offset)
         self._gemm(a, b, out, (), (m, k, n), True)
         return True
 
@@ -1296,12 +1355,17 @@ class OpenCLBackend(LazyEngine, Backend):
         index_dtype = _I32 if largest <= self.CONV_INT32_LIMIT else _INT64
         kernel, tiles = self._conv_tiles(op, geo.nd, out.dtype, index_dtype, m, n, geo.groups, bias is not None,
                                          channels_inner, row_runs)
-        it = index_dtype.type
-        sizes = [m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g, geo.out_size,
-                 geo.in_size, geo.kernel_size, *geo.spatial, *geo.out, *geo.kernel, *geo.stride, *geo.padding,
-                 *geo.dilation, *extra]
-        args: list[Any] = [it(v) for v in sizes]
-        args += [out.buffer, out.offset, out.size // splits]
+        sizes = (m, n, k, chunk or k, geo, index_dtype, *extra)
+        ints = self._conv_sizes.get(sizes)
+        if ints is None:  # the sizes as the kernel's integers, once per layer and pass
+            it = index_dtype.type
+            ints = [it(v) for v in (m, n, k, chunk or k, geo.groups, geo.c_in, geo.c_out, geo.c_in_g, geo.c_out_g,
+                                    geo.out_size, geo.in_size, geo.kernel_size, *geo.spatial, *geo.out,
+                                    *geo.kernel, *geo.stride, *geo.padding, *geo.dilation, *extra)]
+            if len(self._conv_sizes) >= 1024:
+                self._conv_sizes.clear()
+            self._conv_sizes[sizes] = ints
+        args: list[Any] = [*ints, out.buffer, out.offset, out.size // splits]
         for a in operands:
             args += [a.buffer, a.offset]
         gsize = (-(-n // tiles.tile_n) * tiles.tx, -(-m // tiles.tile_m) * tiles.ty, geo.groups * splits)

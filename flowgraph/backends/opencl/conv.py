@@ -789,7 +789,24 @@ class ConvGeometry(NamedTuple):
     def of(cls, where: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
            padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> ConvGeometry:
         """The geometry of a convolution of an input of ``x_shape`` with a weight of ``w_shape``, or a
-        ShapeError naming what does not fit."""
+        ShapeError naming what does not fit. Remembered per sizes (a training step asks for each layer's at
+        every forward and backward call; a refused one raises again, naming ``where``)."""
+        try:
+            key = (x_shape, w_shape, stride, padding, dilation, groups)
+            found = _GEOMETRIES.get(key)
+        except TypeError:  # a list among the sizes: not a key
+            return cls._checked(where, x_shape, w_shape, stride, padding, dilation, groups)
+        if found is None:
+            found = cls._checked(where, x_shape, w_shape, stride, padding, dilation, groups)
+            if len(_GEOMETRIES) >= 1024:
+                _GEOMETRIES.clear()
+            _GEOMETRIES[key] = found
+        return found
+
+    @classmethod
+    def _checked(cls, where: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
+                 padding: tuple[int, ...], dilation: tuple[int, ...], groups: int) -> ConvGeometry:
+        """``of``'s work: the sizes checked and worked out."""
         nd = len(x_shape) - 2
         if not 1 <= nd <= 3 or len(w_shape) != nd + 2:
             raise ShapeError(f"{where}: input shape {x_shape} and weight shape {w_shape} must be (N, C_in, *S) and "
@@ -822,9 +839,7 @@ class ConvGeometry(NamedTuple):
             raise ShapeError(f"{where}: {name} has shape {tuple(shape)}; this convolution's output is {expected}")
 
 
-def _prod(values: tuple[int, ...]) -> int:
-    """Product of ints (1 for an empty tuple)."""
-    out = 1
-    for v in values:
-        out *= v
-    return out
+_prod = math.prod  # product of ints, 1 for an empty tuple
+
+#: ``ConvGeometry.of``'s answers by sizes.
+_GEOMETRIES: dict[tuple, ConvGeometry] = {}
