@@ -267,9 +267,12 @@ class LazyEngine:
                 storage = self._storage_id(x)
                 found = readers.get(storage)
                 if found is not None and len(found) < PRUNE_READERS:
-                    found.append(ref)  # the common case inline: no pruning due
+                    found.append(ref)  # the common cases inline: no pruning due ...
+                elif found is None and len(readers) <= self._readers_limit:
+                    readers[storage] = [ref]  # ... and a new allocation's first reader, no registry sweep due
                 else:
                     self._add_readers(storage, [ref])
+                    readers = self._readers  # a sweep makes a new registry: the next input registers there
             elif x.consumers is None:
                 x.consumers = [ref]
             else:

@@ -155,6 +155,31 @@ def test_reader_registry_drops_freed_allocations_and_keeps_live_hazards(be, monk
     np.testing.assert_array_equal(host(be, reader), 3 * np.arange(4))
 
 
+def test_a_registry_sweep_while_a_node_registers_keeps_its_other_inputs_hazards(be, monkeypatch):
+    """A pending node whose first input sweeps the reader registry (its allocation is new and the registry over
+    its limit) still registers as a reader of its second input, whose entry the sweep dropped (its earlier
+    readers were freed): a write into that input runs the node first. (The registration used to go into the
+    registry the sweep replaced.)"""
+    from flowgraph.backends.lazy import READER_ENTRIES
+
+    monkeypatch.setattr(be, "_readers", {})
+    monkeypatch.setattr(be, "_readers_limit", READER_ENTRIES)
+    b = be.from_host(np.arange(4, dtype=F32))
+    gone = be.add(b, 1.0)  # b's allocation gets an entry; its only reader is freed at once
+    del gone
+    kept = []  # alive, so no allocation's identity is reused by a later one
+    for i in range(READER_ENTRIES):  # the registry at its limit plus one: entries whose readers are gone
+        tmp = be.from_host(np.full(4, i, F32))
+        kept.append(tmp)
+        be.to_host(be.add(tmp, 1.0))
+    assert len(be._readers) == READER_ENTRIES + 1
+    a = be.from_host(np.full(4, 10.0, F32))
+    out = be.add(a, b)  # registering ``a`` sweeps; ``b``'s entry goes with it
+    assert out.lazy is not None
+    be.assign(b, 0.0)
+    np.testing.assert_array_equal(host(be, out), 10 + np.arange(4))
+
+
 # ---------------------------------------------------------------------- values needed again: extra outputs
 def _count_launches(be, monkeypatch) -> list:
     """Record ``(outputs, number of extras)`` of every fused elementwise launch of ``be`` from now on."""
