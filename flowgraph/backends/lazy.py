@@ -67,6 +67,7 @@ _ref = weakref.ref
 _deref = weakref.ref.__call__
 _is = operator.is_
 _NONES = itertools.repeat(None)
+_dtype_of = operator.attrgetter("dtype")
 
 
 class LazyArrayBase:
@@ -148,7 +149,7 @@ def flatten(root: Any, nodes: list | None = None) -> tuple[tuple, list[Any], lis
         # A nested function that calls itself is a reference cycle (function -> closure cell -> function)
         # holding every list it closes over: every array the walk saw would stay alive until the cyclic GC.
         visit = None
-    key = (tuple(code), tuple([leaf.dtype for leaf in leaves]), tuple([s.dtype for s in scalars]))
+    key = (tuple(code), tuple(map(_dtype_of, leaves)), tuple(map(_dtype_of, scalars)))
     return key, leaves, scalars
 
 
