@@ -742,13 +742,16 @@ def index_fits_int(count: int, dims: Sequence[int], strides: Sequence[Sequence[i
     limit = INT_INDEX_LIMIT
     if count > limit:
         return False
-    for k, st in enumerate(strides):
-        span = offsets[k] if offsets is not None else 0
-        for d, s in zip(dims, st):
-            span += (d - 1) * (s if s >= 0 else -s)
-        if span > limit:
-            return False
-    return True
+    spans = operand_spans(dims, strides)
+    if offsets is not None:
+        spans = [span + offset for span, offset in zip(spans, offsets)]
+    return all(span <= limit for span in spans)
+
+
+def operand_spans(dims: Sequence[int], strides: Sequence[Sequence[int]]) -> list[int]:
+    """Each operand's furthest element from its first: ``(d - 1) * |stride|`` summed over ``dims``, per stride
+    tuple (the figure ``index_fits_int`` compares; a backend keeping a layout keeps these)."""
+    return [sum((d - 1) * abs(s) for d, s in zip(dims, st)) for st in strides]
 
 
 def decompose(index: str, dims: str, coords: str, rank: int, itype: str = "long",

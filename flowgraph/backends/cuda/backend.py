@@ -53,7 +53,7 @@ from ..lazy import SCALAR_TYPES, LazyArrayBase, LazyEngine, flatten
 from . import cudnn as cudnn_lib
 from . import kernels as K
 from .blas import GEMM_TYPES, Cublas
-from .launch import ARRAY, LAZY, PackedLaunch, picker
+from .launch import ARRAY, LAZY, PackedLaunch, picker, pointer_of
 
 #: Sums of pending float32/float64 expressions run on this backend's own reduction kernel
 #: (``kernels.rsum_source``); False (environment ``FLOWGRAPH_CUDA_OWN_REDUCTIONS=0``) sends them through
@@ -71,7 +71,6 @@ _is = operator.is_
 _NDARRAYS = itertools.repeat(cupy.ndarray)
 _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
-_pointer = operator.attrgetter("data.ptr")
 _c_contiguous = operator.attrgetter("flags.c_contiguous")
 _ZEROS = itertools.repeat(np.int64(0))
 #: Launch plans (``_ew_plan``, ``_sum_plan``) a backend keeps before it starts again.
@@ -89,13 +88,12 @@ def _install_peak_allocator() -> None:
     pool = cupy.get_default_memory_pool()
     malloc = pool.malloc
     used = pool.used_bytes
-    get_device = cupy.cuda.runtime.getDevice
     one_device = _device_count() == 1  # then the device is 0: no driver query per allocation
 
     def tracked_malloc(size: int) -> Any:
         mem = malloc(size)
         now = used()
-        dev = 0 if one_device else get_device()
+        dev = 0 if one_device else _get_device()
         if now > _PEAK.get(dev, 0):
             _PEAK[dev] = now
         return mem
@@ -886,7 +884,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                                            maximize, v_maxs)
         static, gs = checked
         dtype = static.dtype
-        gptrs = tuple(map(_pointer, gs if static.nonempty is None else static.nonempty(gs)))
+        gptrs = tuple(map(pointer_of, gs if static.nonempty is None else static.nonempty(gs)))
         key = (dtype, static.layout, gptrs)
         table = self._adam_tables.get(key)
         if table is None:  # new gradient addresses (most steps): the parameters' part of the table is kept

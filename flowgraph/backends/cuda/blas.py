@@ -181,20 +181,20 @@ class Cublas:
         (``CupyBackend._gemm_plan`` keeps the ``run`` per layout): about 90 bytecodes of argument work a GEMM
         in ``gemm``, a dozen here. A float32 GEMM while TF32 is allowed goes through ``gemm`` (read per call,
         as there)."""
+        def general(a_ptr: int, b_ptr: int, c_ptr: int, accumulate: bool) -> None:
+            self.gemm(dtype, m, n, k, (a_ptr, lda, a_col, 0), (b_ptr, ldb, b_col, 0), c_ptr, 1, accumulate)
+
         if dtype != F32 and dtype != F64:
-            def general(a_ptr: int, b_ptr: int, c_ptr: int, accumulate: bool) -> None:
-                self.gemm(dtype, m, n, k, (a_ptr, lda, a_col, 0), (b_ptr, ldb, b_col, 0), c_ptr, 1, accumulate)
             return general
         fn = self.lib.cublasSgemmStridedBatched if dtype == F32 else self.lib.cublasDgemmStridedBatched
         one, zero = ctypes.byref(self._one[dtype]), ctypes.byref(self._zero[dtype])
         head = (self.handle, _OP_T if b_col else _OP_N, _OP_T if a_col else _OP_N, n, m, k, one)
         tail = (n, m * n, 1)
         bind, tf32_allowed, exact = self._bind_stream, tf32_matmul_allowed, dtype == F64
-        gemm = self.gemm
 
         def run(a_ptr: int, b_ptr: int, c_ptr: int, accumulate: bool) -> None:
             if not exact and tf32_allowed():
-                gemm(dtype, m, n, k, (a_ptr, lda, a_col, 0), (b_ptr, ldb, b_col, 0), c_ptr, 1, accumulate)
+                general(a_ptr, b_ptr, c_ptr, accumulate)
                 return
             bind()
             status = fn(*head, b_ptr, ldb, 0, a_ptr, lda, 0, one if accumulate else zero, c_ptr, *tail)

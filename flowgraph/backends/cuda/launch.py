@@ -41,7 +41,8 @@ LAZY = object()
 # ``cupy.cuda.x.y`` chain is a global and two or three attribute reads per call.
 _launch_kernel = cupy.cuda.driver.launchKernel
 _current_stream = cupy.cuda.get_current_stream
-_pointer = attrgetter("data.ptr")
+#: A ``cupy.ndarray``'s device pointer, read in C.
+pointer_of = attrgetter("data.ptr")
 _lazy_pointer = attrgetter("value.data.ptr")
 
 
@@ -109,7 +110,7 @@ class PackedLaunch:
         """Launch on the current stream with ``values`` for the placeholders, in order: a ``cupy.ndarray`` for
         each :data:`ARRAY` slot (its data pointer), an array with one in ``value`` for each :data:`LAZY` slot,
         a scalar for each dtype slot (a NumPy scalar, or a Python number)."""
-        self._pack(self._slots, 0, *map(_pointer, self._arrays(values)), *map(_lazy_pointer, self._lazy(values)),
+        self._pack(self._slots, 0, *map(pointer_of, self._arrays(values)), *map(_lazy_pointer, self._lazy(values)),
                    *self._scalars(values))
         _launch_kernel(self._fn, *self._dims, 0, _current_stream().ptr, self._block_ptr, 0)
 
@@ -117,7 +118,7 @@ class PackedLaunch:
         """``launch`` with the placeholders' values given by kind, for a plan without :data:`LAZY` slots:
         ``arrays`` (``cupy.ndarray`` s, any iterable) for the :data:`ARRAY` slots and ``scalars`` for the dtype
         slots, each in order."""
-        self._pack(self._slots, 0, *map(_pointer, arrays), *scalars)
+        self._pack(self._slots, 0, *map(pointer_of, arrays), *scalars)
         _launch_kernel(self._fn, *self._dims, 0, _current_stream().ptr, self._block_ptr, 0)
 
 

@@ -34,6 +34,7 @@ from ..fusion import (
     is_host_scalar,
     linearize,
     matmul_dims,
+    operand_spans,
     reduction_layout,
 )
 from ..lazy import LazyEngine, flatten
@@ -312,7 +313,7 @@ class OpenCLBackend(LazyEngine, Backend):
         plan = self._ew_plans.get(pkey)
         if plan is None:
             dims, cstrides = K.collapse(out.shape, [x.strides for x in written])
-            spans = [sum((d - 1) * abs(s) for d, s in zip(dims, st)) for st in cstrides]
+            spans = operand_spans(dims, cstrides)
             baked = tuple(dims) if len(dims) > 1 and n >= BAKE_DIMS_MIN else None
             if len(self._ew_plans) >= PLAN_MEMO:
                 self._ew_plans.clear()

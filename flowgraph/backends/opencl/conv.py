@@ -256,7 +256,7 @@ def phase_args(geo: ConvGeometry) -> list[list[int]]:
     for combo in itertools.product(*per_dim):
         if all(c[0] > 0 for c in combo):
             fields = list(zip(*combo))  # U, kc, cb, e, k0, ks, f: one tuple of nd values each
-            phases.append([_prod(fields[0]), _prod(fields[1])] + [v for values in fields for v in values])
+            phases.append([math.prod(fields[0]), math.prod(fields[1])] + [v for values in fields for v in values])
     return phases
 
 
@@ -773,17 +773,17 @@ class ConvGeometry(NamedTuple):
     @property
     def in_size(self) -> int:
         """``prod(S)``."""
-        return _prod(self.spatial)
+        return math.prod(self.spatial)
 
     @property
     def out_size(self) -> int:
         """``prod(out)``."""
-        return _prod(self.out)
+        return math.prod(self.out)
 
     @property
     def kernel_size(self) -> int:
         """``prod(K)``."""
-        return _prod(self.kernel)
+        return math.prod(self.kernel)
 
     @classmethod
     def of(cls, where: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: tuple[int, ...],
@@ -838,8 +838,6 @@ class ConvGeometry(NamedTuple):
         if tuple(shape) != expected:
             raise ShapeError(f"{where}: {name} has shape {tuple(shape)}; this convolution's output is {expected}")
 
-
-_prod = math.prod  # product of ints, 1 for an empty tuple
 
 #: ``ConvGeometry.of``'s answers by sizes.
 _GEOMETRIES: dict[tuple, ConvGeometry] = {}
