@@ -119,6 +119,36 @@ class Expr:
         self.keep = False
         self._node_ids: frozenset | None = None
 
+    @classmethod
+    def over(cls, op: str, a: Any, b: Any, dtype: np.dtype) -> Expr:
+        """``Expr(op, (a, b), dtype)`` for array inputs only (``b`` None for a unary op; no :class:`Scalar`) and
+        a ``np.dtype``: the constructor of the lazy engine's commonest nodes, ``__init__``'s loop unrolled."""
+        self = cls.__new__(cls)
+        self.op = op
+        self.dtype = dtype
+        self.keep = False
+        self._node_ids = None
+        la = a.lazy
+        if b is None:
+            self.inputs = (a,)
+            if la is None:
+                self.nodes, self.path, self.leaf_ids = 1, True, frozenset((id(a),))
+            else:
+                self.nodes, self.path, self.leaf_ids = la.nodes + 1, la.path, la.leaf_ids
+            return self
+        self.inputs = (a, b)
+        lb = b.lazy
+        if la is None:
+            if lb is None:
+                self.nodes, self.path, self.leaf_ids = 1, True, frozenset((id(a), id(b)))
+            else:
+                self.nodes, self.path, self.leaf_ids = lb.nodes + 1, lb.path, lb.leaf_ids | {id(a)}
+        elif lb is None:
+            self.nodes, self.path, self.leaf_ids = la.nodes + 1, la.path, la.leaf_ids | {id(b)}
+        else:  # two pending inputs (or one given twice): not a path
+            self.nodes, self.path, self.leaf_ids = la.nodes + lb.nodes + 1, False, la.leaf_ids | lb.leaf_ids
+        return self
+
     @property
     def leaves(self) -> int:
         """How many distinct realized arrays the tree reads."""

@@ -690,16 +690,7 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
         y, saved = bk.gelu_exact(x, grad)
         out = _wrap(y, bk)
         if grad:
-            def bw(g, xc, *rest):
-                if not STATE.enabled:
-                    gbk = g._backend
-                    saved_d = rest[0]._data if rest else None
-                    return (_wrap(gbk.gelu_exact_backward(g._data, _float_data(xc), saved_d), gbk),)
-                cdf_t = ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5  # create_graph: differentiable in x
-                pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
-                return (g * (cdf_t + xc * pdf),)
-
-            _record(out, "Gelu", (a,), (a,) if saved is None else (a, _wrap(saved, bk)), bw)
+            _record(out, "Gelu", (a,), (a,) if saved is None else (a, _wrap(saved, bk)), _gelu_exact_backward)
         return out
     if approximate != "tanh":
         raise FlowError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -709,6 +700,19 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     if a.requires_grad and STATE.enabled:
         _record(out, "Gelu", (a,), (a, _wrap(th, bk)), _gelu_tanh_backward)
     return out
+
+
+def _gelu_exact_backward(g, xc, *rest):
+    """Exact GELU's backward from its input ``xc`` (and what ``Backend.gelu_exact`` saved, where it saved
+    something); under ``create_graph`` the composed formula, differentiable in ``x``. One function for every
+    call: a closure per call is garbage the cyclic collector tracks."""
+    if not STATE.enabled:
+        gbk = g._backend
+        saved_d = rest[0]._data if rest else None
+        return (_wrap(gbk.gelu_exact_backward(g._data, _float_data(xc), saved_d), gbk),)
+    cdf_t = ((xc * (1.0 / _SQRT_2)).erf() + 1.0) * 0.5
+    pdf = (xc * xc * -0.5).exp() * _INV_SQRT_2PI
+    return (g * (cdf_t + xc * pdf),)
 
 
 def _gelu_tanh_backward(g, xc, th_saved):

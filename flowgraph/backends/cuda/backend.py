@@ -88,16 +88,25 @@ def _install_peak_allocator() -> None:
     pool = cupy.get_default_memory_pool()
     malloc = pool.malloc
     used = pool.used_bytes
-    one_device = _device_count() == 1  # then the device is 0: no driver query per allocation
 
     def tracked_malloc(size: int) -> Any:
         mem = malloc(size)
         now = used()
-        dev = 0 if one_device else _get_device()
+        dev = _get_device()
         if now > _PEAK.get(dev, 0):
             _PEAK[dev] = now
         return mem
 
+    def tracked_malloc_one_device(size: int) -> Any:  # device 0: no driver query, no default per allocation
+        mem = malloc(size)
+        now = used()
+        if now > _PEAK[0]:
+            _PEAK[0] = now
+        return mem
+
+    if _device_count() == 1:
+        _PEAK.setdefault(0, 0)
+        tracked_malloc = tracked_malloc_one_device
     cupy.cuda.set_allocator(tracked_malloc)
     _ALLOCATOR_INSTALLED[0] = True
 
