@@ -53,6 +53,8 @@ BROADCAST_RECOMPUTE_NODES = 8
 #: A row kernel computes a pending input itself (``LazyEngine._row_input``) when its expression reads at most
 #: this many arrays (each one a kernel argument with its offset and strides).
 ROW_INPUT_LEAVES = 8
+#: ... and its program passes ``_row_computable``, remembered per program for up to this many programs.
+ROW_PROGRAMS = 4096
 
 #: Reader lists of an allocation drop the readers that were realized or freed each time they grow by this many.
 PRUNE_READERS = 64
@@ -153,6 +155,13 @@ def flatten(root: Any, nodes: list | None = None) -> tuple[tuple, list[Any], lis
     return key, leaves, scalars
 
 
+def _row_computable(key: tuple, dtype: np.dtype) -> bool:
+    """Whether a row kernel can compute the program ``key`` (``flatten``'s) of result ``dtype`` at each element
+    (``row_kernels.Prologue``): its leaves and scalars of that dtype, its values of it or bool."""
+    return (all(dt == dtype for dt in key[1]) and all(dt == dtype for dt in key[2])
+            and all(dt == dtype or dt == _BOOL for _, dt, _ in key[0]))
+
+
 def extra_outputs(nodes: list[Any]) -> list[tuple[int, Any]]:
     """``(value index, array)`` of the interior values of a tree (``nodes`` from :func:`flatten`) that its
     kernel should also write out, because something needs them again after it ran: values autograd saved for
@@ -234,6 +243,8 @@ class LazyEngine:
         self._readers: dict[int, list[weakref.ref]] = {}
         self._readers_limit = READER_ENTRIES
         self._result_dtypes: dict[tuple[str, np.dtype], np.dtype] = {}
+        #: Per program key (``flatten``'s), whether a row kernel can compute it (``_row_computable``).
+        self._row_programs: dict[tuple, bool] = {}
 
     def is_pending(self, a: Any) -> bool:
         """Whether ``a`` is still a pending expression."""
@@ -377,17 +388,14 @@ class LazyEngine:
         if len(leaves) > ROW_INPUT_LEAVES:
             return None
         dtype, shape = x.dtype, x.shape
-        # The dtypes of the leaves (key[1]), scalars (key[2]) and values (key[0]) in plain loops (no generator
-        # per test). The engine broadcasts leaves to the node's shape: one of another shape is a broadcast view.
-        for dt in key[1]:
-            if dt != dtype:
-                return None
-        for dt in key[2]:
-            if dt != dtype:
-                return None
-        for _, dt, _ in key[0]:
-            if dt != dtype and dt != _BOOL:
-                return None
+        fits = self._row_programs.get(key)
+        if fits is None:
+            if len(self._row_programs) >= ROW_PROGRAMS:
+                self._row_programs.clear()
+            fits = self._row_programs[key] = _row_computable(key, dtype)
+        if not fits:
+            return None
+        # The engine broadcasts leaves to the node's shape: one of another shape is a broadcast view.
         for leaf in leaves:
             if leaf.shape != shape:
                 return None

@@ -531,6 +531,7 @@ def adam_multi_buffers(count: int) -> RowKernel:
     return RowKernel(f"fg_adam_multi{count}", params, "\n".join(lines))
 
 
+@functools.lru_cache(maxsize=512)  # asked at every launch of a row kernel, with a layer's few sizes
 def row_group(cols: int, limit: int) -> int:
     """The power-of-two work-group size for rows of ``cols``: enough to cover a row, at most ``limit``."""
     limit = 1 << (max(1, min(limit, MAX_GROUP)).bit_length() - 1)
@@ -545,6 +546,7 @@ PARAM_SINGLE_PASS_STRIPS = 16
 PARAM_TARGET_GROUPS = 256
 
 
+@functools.lru_cache(maxsize=512)  # asked at every column-sum launch, with a layer's few sizes
 def param_grad_layout(rows: int, cols: int, group_limit: int) -> tuple[int, int, int, int]:
     """``(width, lanes, parts, chunk)`` for :data:`LAYER_NORM_PARAM_GRADS` on a device whose work-groups take at
     most ``group_limit`` (a power of two) items: strips of ``width`` columns, ``lanes`` rows at a time per column

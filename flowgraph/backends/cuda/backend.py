@@ -241,6 +241,12 @@ class CupyBackend(LazyEngine, ArrayBackend):
             return x.value
         return x
 
+    def _dense(self, x: Any) -> Any:
+        """``_arr(x)`` C-contiguous: itself where it is (a flag read, not ``cupy.ascontiguousarray``'s Python),
+        else a contiguous copy."""
+        a = self._arr(x)
+        return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
+
     def native(self, x: Any) -> Any:
         """The ``cupy.ndarray`` holding ``x`` (a pending expression runs first): for code that hands device
         pointers to other libraries (NCCL, DLPack consumers)."""
@@ -1157,7 +1163,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         computed = self._row_input(g, True)
         if computed is None:
             sums = self._strip_launch(R.column_sum, ("column_sum",), dtype, rows, cols, 1,
-                                      [cupy.ascontiguousarray(self._arr(g)), np.int64(0)])
+                                      [self._dense(g), np.int64(0)])
         else:
             flat, g_out = computed
             sums = self._strip_launch(lambda: R.column_sum(self._prologue(g)), ("column_sum", flat[0]), dtype,
@@ -1197,11 +1203,14 @@ class CupyBackend(LazyEngine, ArrayBackend):
         zero = np.int64(0)
         args: list[Any] = [np.int64(cols)]
         if computed is None:
-            args += [cupy.ascontiguousarray(self._arr(x)), zero]
+            args += [self._dense(x), zero]
         else:
             flat, x_out = computed
             args += self._prologue_args(flat)
-        w, b, res = (None if t is None else cupy.ascontiguousarray(self._arr(t)) for t in (weight, bias, residual))
+        dense = self._dense
+        w = None if weight is None else dense(weight)
+        b = None if bias is None else dense(bias)
+        res = None if residual is None else dense(residual)
         y = cupy.ndarray((rows, cols), dtype=dtype)
         mean, rstd = cupy.ndarray((rows,), dtype=dtype), cupy.ndarray((rows,), dtype=dtype)
         if rows and cols:
@@ -1235,8 +1244,9 @@ class CupyBackend(LazyEngine, ArrayBackend):
         dtype = x.dtype
         # a pending sum of two gradient contributions is added (and written out) by the gx kernel itself
         reads, g_sum = self._gradient_reads(g, need_x and rows * cols > 0)
-        gs = [cupy.ascontiguousarray(self._arr(a)) for a in reads]
-        x, mean, rstd = (cupy.ascontiguousarray(self._arr(a)) for a in (x, mean, rstd))
+        dense = self._dense
+        gs = list(map(dense, reads))
+        x, mean, rstd = dense(x), dense(mean), dense(rstd)
         zero = np.int64(0)
         gx = gw = gb = None
         if need_x:
@@ -1247,7 +1257,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
                     args += [a, zero]
                 args += [x, zero, mean, rstd]
                 if weight is not None:
-                    args += [cupy.ascontiguousarray(self._arr(weight)), zero]
+                    args += [dense(weight), zero]
                 paired = g_sum is not None
                 kernel = self._row_kernel(lambda: R.layer_norm_backward(weight is not None, paired), dtype,
                                           ("layer_norm_backward", weight is not None, paired))
