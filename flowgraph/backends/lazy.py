@@ -111,10 +111,11 @@ def flatten(root: Any, nodes: list | None = None) -> tuple[tuple, list[Any], lis
     the pending arrays of the tree in value order (the root last).
     """
     leaves: list[Any] = []
-    leaf_ref: dict[int, int] = {}
     scalars: list[Scalar] = []
     code: list[tuple] = []
-    memo: dict[int, int] = {}
+    # The reference of every array met so far, keyed by the array itself (arrays hash by identity): a leaf's
+    # 1001, 1002, ..., a pending value's index (an array is one or the other for the whole walk).
+    known: dict[Any, int] = {}
 
     def visit(x: Any) -> int:
         """Append the pending ``x`` (not visited yet) after its inputs; its value index. Scalar and leaf inputs
@@ -125,17 +126,17 @@ def flatten(root: Any, nodes: list | None = None) -> tuple[tuple, list[Any], lis
             if type(i) is Scalar:
                 scalars.append(i)
                 refs.append(-len(scalars))
-            elif i.lazy is None:
-                ref = leaf_ref.get(id(i))
-                if ref is None:
+                continue
+            ref = known.get(i)
+            if ref is None:
+                if i.lazy is None:
                     leaves.append(i)
-                    ref = leaf_ref[id(i)] = 1000 + len(leaves)
-                refs.append(ref)
-            else:
-                ref = memo.get(id(i))
-                refs.append(visit(i) if ref is None else ref)
+                    ref = known[i] = 1000 + len(leaves)
+                else:
+                    ref = visit(i)
+            refs.append(ref)
         code.append((expr.op, expr.dtype, tuple(refs)))
-        ref = memo[id(x)] = len(code) - 1
+        ref = known[x] = len(code) - 1
         if nodes is not None:
             nodes.append(x)
         return ref
