@@ -128,6 +128,13 @@ class _AdamSet(NamedTuple):
     arrays: tuple  #: ``(params, ms, vs)``: the arrays the update writes, as lists to hand back
 
 
+def _row_view(a: Any, i: int) -> Any:
+    """Row ``i`` of the C-contiguous 2-d ``cupy.ndarray`` ``a`` as a 1-d view on its memory, made in C (CuPy's
+    integer indexing runs NumPy's Python ``isscalar`` per index)."""
+    n = a.shape[1]
+    return cupy.ndarray((n,), a.dtype, a.data + i * n * a.itemsize)
+
+
 class LazyArray(LazyArrayBase):
     """A CUDA array that may still be a pending fused expression (the lazy engine's array type on CUDA).
 
@@ -1192,12 +1199,12 @@ class CupyBackend(LazyEngine, ArrayBackend):
         by the kernel itself (``LazyEngine._row_input``), which writes it out for the backward: no kernel of
         its own first. A ``residual`` is added by the kernel as it writes ``y``."""
         self._use()
-        if x.dtype not in (K.F32, K.F64) or len(x.shape) != 2 or any(
-                t is not None and t.dtype != x.dtype for t in (weight, bias)) or (
-                residual is not None and (residual.dtype != x.dtype or tuple(residual.shape) != tuple(x.shape))):
+        dtype = x.dtype
+        if dtype not in (K.F32, K.F64) or len(x.shape) != 2 or (weight is not None and weight.dtype != dtype) or (
+                bias is not None and bias.dtype != dtype) or (
+                residual is not None and (residual.dtype != dtype or tuple(residual.shape) != tuple(x.shape))):
             return super().layer_norm(x, weight, bias, eps, residual)
         rows, cols = x.shape
-        dtype = x.dtype
         computed = self._row_input(x, rows * cols > 0)
         pending = x
         zero = np.int64(0)
@@ -1272,8 +1279,8 @@ class CupyBackend(LazyEngine, ArrayBackend):
             else:
                 sums = self._strip_launch(R.LAYER_NORM_PARAM_GRADS, ("layer_norm_param_grads",), dtype, rows, cols,
                                           2, [g, zero, x, zero, mean, rstd])
-            gw = sums[0] if need_w else None
-            gb = sums[1] if need_b else None
+            gw = _row_view(sums, 0) if need_w else None
+            gb = _row_view(sums, 1) if need_b else None
         return gx, gw, gb
 
     # ----------------------------------------------------------------- linear algebra
