@@ -810,9 +810,15 @@ class LazyEngine:
                         f"{op}: operands have dtypes {a.dtype} and {b.dtype}; the backend takes one dtype "
                         "(promote first, e.g. with cast)"
                     )
-                if a.shape == b.shape and fusion._ENABLED[0]:  # the commonest case: two arrays of one shape
-                    found = self._result_dtypes.get((op, dtype))
-                    return self._pending(op, a, b, self._result_dtype(op, dtype) if found is None else found)
+                if fusion._ENABLED[0]:
+                    sa, sb = a.shape, b.shape
+                    if sa != sb and len(sb) < len(sa) and sa[len(sa) - len(sb):] == sb and (
+                            type(b) is not self._lazy_type or b.lazy is None):
+                        b = self._broadcast_leaf(self._as_leaf(b), sa, op)  # a realized row over a's rows: a bias
+                        sb = sa
+                    if sa == sb:  # the commonest case: two arrays of one shape
+                        found = self._result_dtypes.get((op, dtype))
+                        return self._pending(op, a, b, self._result_dtype(op, dtype) if found is None else found)
             else:
                 if op == "pow" and dtype.kind in "iu" and isinstance(b, SCALAR_TYPES) and b < 0:
                     # NumPy's rule, checked where the exponent is at hand (array exponents are not read back).

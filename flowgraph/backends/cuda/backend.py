@@ -17,6 +17,7 @@ only what CuPy does differently or better:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -126,6 +127,25 @@ class _AdamSet(NamedTuple):
     nonempty: Any  #: an ``itemgetter`` picking the non-empty parameters' gradients (None: all of them)
     storage_set: frozenset  #: ``storages`` as a set, to intersect with the reader registry
     arrays: tuple  #: ``(params, ms, vs)``: the arrays the update writes, as lists to hand back
+
+
+@functools.lru_cache(maxsize=1024)
+def _broadcast_strides(src: tuple, strides: tuple, shape: tuple) -> tuple | None:
+    """The strides of an array of shape ``src`` and ``strides`` broadcast to ``shape`` by NumPy's rules (0 along
+    each new or stretched axis), or None where it does not broadcast; remembered (a step broadcasts the same
+    few layouts, a bias over a batch, at every call)."""
+    lead = len(shape) - len(src)
+    if lead < 0:
+        return None
+    out = [0] * lead
+    for n, st, m in zip(src, strides, shape[lead:]):
+        if n == m:
+            out.append(st)
+        elif n == 1:
+            out.append(0)
+        else:
+            return None
+    return tuple(out)
 
 
 def _row_view(a: Any, i: int) -> Any:
@@ -274,11 +294,13 @@ class CupyBackend(LazyEngine, ArrayBackend):
 
     @staticmethod
     def _broadcast_leaf(x: LazyArray, shape: Shape, where: str) -> LazyArray:
-        try:
-            view = cupy.broadcast_to(x.value, shape)
-        except ValueError:
-            raise ShapeError(f"{where}: cannot broadcast shape {x.shape} to {shape} (NumPy rules)") from None
-        return LazyArray(None, tuple(shape), x.dtype, view)
+        value = x.value
+        shape = tuple(shape)
+        strides = _broadcast_strides(value.shape, value.strides, shape)
+        if strides is None:
+            raise ShapeError(f"{where}: cannot broadcast shape {x.shape} to {shape} (NumPy rules)")
+        # the view made in C (``cupy.broadcast_to`` is Python: about 160 bytecodes a call, a bias at every step)
+        return LazyArray(None, shape, x.dtype, cupy.ndarray(shape, value.dtype, value.data, strides))
 
     @staticmethod
     def _channel_leaf(v: LazyArray, shape: Shape) -> LazyArray:
