@@ -217,7 +217,8 @@ class LazyEngine:
     * ``_broadcast_leaf(x, shape, where)``: realized ``x`` viewed with ``shape`` (zero strides).
     * ``_channel_leaf(v, shape)``: the realized 1-d ``v`` of ``shape[1]`` elements viewed with ``shape``, reading
       ``v[c]`` at every index ``(n, c, ...)`` (zero strides on every other axis).
-    * ``_storage_id(x)``: identity of the allocation a realized ``x`` lives in (views share it).
+    * ``_storage_of``: a C callable (an ``operator.attrgetter``) taking a realized ``x`` to the object that is
+      its allocation (views share it); ``_storage_id(x)`` is that object's identity.
     * ``_overlaps(a, b)``: whether realized ``a`` may read memory the view ``b`` writes, in another layout.
     * ``_fresh(shape, dtype)``: a new contiguous realized ``_lazy_type`` (uninitialised).
     * ``_take_storage(x, out)``: pending ``x`` becomes realized, holding ``out``'s storage.
@@ -247,6 +248,10 @@ class LazyEngine:
         #: Per program key (``flatten``'s), whether a row kernel can compute it (``_row_computable``).
         self._row_programs: dict[tuple, bool] = {}
 
+    def _storage_id(self, x: Any) -> int:
+        """Identity of the allocation the realized ``x`` lives in (views share it)."""
+        return id(self._storage_of(x))
+
     def is_pending(self, a: Any) -> bool:
         """Whether ``a`` is still a pending expression."""
         return type(a) is self._lazy_type and a.lazy is not None
@@ -273,11 +278,12 @@ class LazyEngine:
         (``inputs`` holds at least one array: a node of scalars alone is never built)."""
         ref = _ref(out)
         readers = self._readers
+        storage_of = self._storage_of
         for x in inputs:
             if type(x) is Scalar:
                 continue
             if x.lazy is None:
-                storage = self._storage_id(x)
+                storage = id(storage_of(x))
                 found = readers.get(storage)
                 if found is not None and len(found) < PRUNE_READERS:
                     found.append(ref)  # the common cases inline: no pruning due ...

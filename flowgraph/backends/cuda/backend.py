@@ -308,9 +308,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         strides = (0, value.strides[0]) + (0,) * (len(shape) - 2)
         return LazyArray(None, shape, v.dtype, cupy.ndarray(shape, value.dtype, value.data, strides))
 
-    @staticmethod
-    def _storage_id(x: LazyArray) -> int:
-        return id(x.value.data.mem)
+    _storage_of = operator.attrgetter("value.data.mem")
 
     @staticmethod
     def _overlaps(a: LazyArray, b: LazyArray) -> bool:

@@ -281,9 +281,7 @@ class OpenCLBackend(LazyEngine, Backend):
     def _channel_leaf(self, v: CLArray, shape: Shape) -> CLArray:
         return CLArray(self, v.buffer, shape, (0, v.strides[0]) + (0,) * (len(shape) - 2), v.offset, v.dtype)
 
-    @staticmethod
-    def _storage_id(x: CLArray) -> int:
-        return id(x.buffer)
+    _storage_of = operator.attrgetter("buffer")
 
     @staticmethod
     def _overlaps(a: CLArray, b: CLArray) -> bool:
