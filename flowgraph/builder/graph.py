@@ -89,6 +89,8 @@ class Graph(GraphTree, Module):
     def _bind_inputs(self, inputs: tuple, named: dict) -> dict[int, Any]:
         names = self.input_names
         expected = 1 + len(names)
+        if len(inputs) == expected and not named:  # the common call: every input by position (no messages built)
+            return dict(enumerate(inputs))
         where = f"graph {self.label!r}" if self.label else "this graph"
         signature = ", ".join(["x"] + names)
         if not inputs:
