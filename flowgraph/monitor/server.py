@@ -434,7 +434,10 @@ class LiveFeed:
         if self._ticker is None or self._ticker.done():
             loop = asyncio.get_running_loop()
             self.hub.watch(loop, self.wake)
-            self._ticker = loop.create_task(self._tick(), name="flowgraph-monitor-feed")
+            # The version is read here, before the stream reads the hub, not when the task first runs: an
+            # epoch published in between (the training thread holding the GIL while this thread waits) would
+            # otherwise count as seen, and a stream already waiting for it would sleep until the next ping.
+            self._ticker = loop.create_task(self._tick(self.hub.version), name="flowgraph-monitor-feed")
         return reader
 
     def leave(self, reader: _Reader) -> None:
@@ -462,9 +465,10 @@ class LiveFeed:
             self._event = asyncio.Event()
         await self._event.wait()
 
-    async def _tick(self) -> None:
+    async def _tick(self, seen: int) -> None:
+        """Every ``write_interval``: wake the streams when the hub's version moved past ``seen`` (the version
+        when the first stream joined), a client left or a ping is due; drop laggards."""
         loop = asyncio.get_running_loop()
-        seen = self.hub.version
         next_ping = loop.time() + self.ping
         while True:
             await asyncio.sleep(self.limits.write_interval)

@@ -3,6 +3,7 @@ training console), at once (the socket is closed, not left ESTABLISHED), without
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -227,3 +228,30 @@ def test_an_idle_stream_gets_pings(quiet_console):
     finally:
         hub.close()
         server.stop()
+
+
+def test_an_epoch_published_before_the_feed_first_runs_still_wakes_a_waiting_stream():
+    """The race a late client hit under load: its stream joined the feed (which starts the feed's task), read
+    the hub and began waiting; the training thread published before the task's first step ran. The task's
+    baseline version is the one at join, so that epoch counts as new and wakes the stream at the next
+    look, not at the next ping (15 s by default: past a client's read timeout)."""
+
+    async def scenario() -> bool:
+        hub = EventHub()
+        feed = LiveFeed(hub, Limits(write_interval=0.01), ping=60.0)
+        reader = feed.join(None, -1)  # schedules the feed's task; it has not run yet
+        version = hub.read(reader.cursor).version
+        waiting = feed.changed(version)
+        waited_on = waiting.send(None)  # the stream is now waiting, still before the feed's first step
+        hub.publish_epoch({"epoch": 1})  # the training thread, meanwhile
+        for _ in range(200):  # the feed looks every 10 ms
+            await asyncio.sleep(0.01)
+            if waited_on.done():
+                break
+        woke = waited_on.done()
+        with contextlib.suppress(StopIteration):
+            waiting.send(None)
+        feed.leave(reader)
+        return woke
+
+    assert asyncio.run(scenario())
