@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import BackendError, ShapeError
 from . import fusion
 from . import row_kernels as R
-from .fusion import MAX_LEAVES, MAX_NODES, Expr, Scalar, linearize, result_dtype
+from .fusion import Expr, Scalar, linearize, result_dtype
 
 #: Python and NumPy scalar types a primitive takes in place of an array.
 SCALAR_TYPES = (bool, int, float, np.generic)
@@ -780,17 +780,15 @@ class LazyEngine:
         """A pending ``op(a)``."""
         if self._operand(a, op) is None:
             raise BackendError(f"{op}: expected {self._array_name}, got {type(a).__name__}")
-        dtype = self._result_dtypes.get((op, a.dtype))
-        if dtype is None:
-            dtype = self._result_dtype(op, a.dtype)
+        dtype = self._result_dtype(op, a.dtype)
         if fusion._ENABLED[0]:
             return self._pending(op, a, None, dtype)
         return self._node(op, (a,), dtype)
 
     def _pending(self, op: str, a: Any, b: Any, dtype: np.dtype) -> Any:
         """``_node`` for the commonest nodes, with fusion on: ``op`` over one array ``a`` (``b`` None) or two of one
-        shape and dtype, giving ``dtype``. No broadcast, scalar or operand-list walk; a tree past the caps takes
-        ``_node_shaped``'s way."""
+        shape and dtype, giving ``dtype``. No broadcast, scalar or operand-list walk; a tree past the caps
+        (``Expr.too_big``) takes ``_node_shaped``'s way."""
         lazy_type = self._lazy_type
         same = b is a
         if type(a) is not lazy_type:
@@ -800,7 +798,7 @@ class LazyEngine:
         elif b is not None and type(b) is not lazy_type:
             b = self._as_leaf(b)
         expr = Expr.over(op, a, b, dtype)
-        if expr.nodes > MAX_NODES or len(expr.leaf_ids) > MAX_LEAVES:
+        if expr.too_big():
             return self._node_shaped(op, expr.inputs, dtype, a.shape)
         out = self._new_lazy(expr, a.shape, dtype)
         self._register_reads(out, expr.inputs)
@@ -823,8 +821,7 @@ class LazyEngine:
                         b = self._broadcast_leaf(self._as_leaf(b), sa, op)  # a realized row over a's rows: a bias
                         sb = sa
                     if sa == sb:  # the commonest case: two arrays of one shape
-                        found = self._result_dtypes.get((op, dtype))
-                        return self._pending(op, a, b, self._result_dtype(op, dtype) if found is None else found)
+                        return self._pending(op, a, b, self._result_dtype(op, dtype))
             else:
                 if op == "pow" and dtype.kind in "iu" and isinstance(b, SCALAR_TYPES) and b < 0:
                     # NumPy's rule, checked where the exponent is at hand (array exponents are not read back).

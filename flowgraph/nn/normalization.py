@@ -154,14 +154,11 @@ def _flat(t: Tensor | None, backend, dtype, size: tuple[int, ...]):
     """``t``'s array in ``dtype``, shaped ``size`` (None for None)."""
     if t is None:
         return None
-    data = t._data
-    if data.dtype != dtype:
-        data = backend.cast(data, dtype)
+    data = t._data if t._data.dtype == dtype else backend.cast(t._data, dtype)
     # no reshape when the shape is already right: a device reshape realizes a pending value, and the
     # kernels compute a pending input themselves (``LazyEngine._row_input``: the forward's input, a linear
-    # layer's bias and activation; ``LazyEngine._pending_pair_sum``: the backward's sum of two gradients).
-    # (``_shaped``'s test, written out: two calls per operand of every LayerNorm each way.)
-    return data if tuple(data.shape) == size else backend.reshape(data, size)
+    # layer's bias and activation; ``LazyEngine._pending_pair_sum``: the backward's sum of two gradients)
+    return _shaped(backend, data, size)
 
 
 def _shaped(backend, a, shape: tuple[int, ...]):

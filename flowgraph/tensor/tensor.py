@@ -470,9 +470,8 @@ def _record(out: Tensor, name: str, inputs: tuple, saved: tuple, backward) -> Te
     elif len(inputs) == 1:
         t = inputs[0]
         edges = (t._grad_fn,) if t._view is None and t._oi == 0 and t._grad_fn is not None else (gradient_edge(t),)
-    else:  # a linear layer's (x, weight, bias), a LayerNorm's four: the same inline test per input
-        edges = tuple([None if t is None else (t._grad_fn or t._acc) if t._view is None and t._oi == 0 and (
-            t._grad_fn is not None or t._acc is not None) else gradient_edge(t) for t in inputs])
+    else:
+        edges = tuple([None if t is None else gradient_edge(t) for t in inputs])
     versions = ()
     if saved:  # the tensors and their versions; the op's own output is saved without its graph (_saved_output)
         if len(saved) == 1:

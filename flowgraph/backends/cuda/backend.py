@@ -89,25 +89,16 @@ def _install_peak_allocator() -> None:
     pool = cupy.get_default_memory_pool()
     malloc = pool.malloc
     used = pool.used_bytes
+    one_device = _device_count() == 1  # then the device is 0: no driver query per allocation
 
     def tracked_malloc(size: int) -> Any:
         mem = malloc(size)
         now = used()
-        dev = _get_device()
+        dev = 0 if one_device else _get_device()
         if now > _PEAK.get(dev, 0):
             _PEAK[dev] = now
         return mem
 
-    def tracked_malloc_one_device(size: int) -> Any:  # device 0: no driver query, no default per allocation
-        mem = malloc(size)
-        now = used()
-        if now > _PEAK[0]:
-            _PEAK[0] = now
-        return mem
-
-    if _device_count() == 1:
-        _PEAK.setdefault(0, 0)
-        tracked_malloc = tracked_malloc_one_device
     cupy.cuda.set_allocator(tracked_malloc)
     _ALLOCATOR_INSTALLED[0] = True
 
@@ -1073,7 +1064,7 @@ class CupyBackend(LazyEngine, ArrayBackend):
         """``a`` realized and row-major, as the ``cupy.ndarray`` a shared row kernel reads or writes (the lazy
         engine's hook for its own row-kernel launches, ``_launch_rows``)."""
         self._use()
-        return cupy.ascontiguousarray(self._arr(a))
+        return self._dense(a)
 
     def _launch_rows(self, spec: R.RowKernel | Callable[[], R.RowKernel], key: tuple, dtype: np.dtype,
                      groups: int, width: int, args: Sequence[Any]) -> None:
