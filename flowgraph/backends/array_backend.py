@@ -28,6 +28,32 @@ def _float_ndarrays(*arrays: Any) -> bool:
             and all(a.dtype == first.dtype for a in arrays))
 
 
+@functools.lru_cache(maxsize=256)
+def _phase_spans(stride: tuple, q: tuple, kept: tuple, low: tuple) -> tuple:
+    """Where the stride phases of ``_conv_phase_transpose``'s GEMM result ``(C_in, s1..sd, Q1..Qd, N)`` go in
+    its cropped output ``(C_in, *kept, N)``: per combination of phases, ``(phase, (q0, q1, u0), (dst, src))``,
+    ``phase`` the phase per dim, ``q0:q1`` its rows along the first dim that land in the output (every
+    ``s1``-th output row from ``u0`` on), ``dst`` and ``src`` the slices of the other dims in the output and in
+    the result. Output position ``u`` of a dim is row ``(u + low) // s`` of phase ``(u + low) % s`` (``low``: what
+    the crop takes off that dim's start)."""
+    per_dim = []
+    for s, rows, k, lo in zip(stride, q, kept, low):
+        spans = []
+        for r in range(s):
+            q0 = max(0, -((r - lo) // s))  # the first row with s*q + r - lo >= 0
+            q1 = min(rows, (k - 1 + lo - r) // s + 1)  # past the last with s*q + r - lo <= k - 1
+            if q1 > q0:
+                spans.append((r, q0, q1, s * q0 + r - lo))
+        per_dim.append(spans)
+    result = []
+    for combo in itertools.product(*per_dim):
+        (_, q0, q1, u0), rest = combo[0], combo[1:]
+        dst = tuple(slice(u, u + (b - a - 1) * s + 1, s) for (_, a, b, u), s in zip(rest, stride[1:]))
+        src = tuple(slice(a, b) for (_, a, b, _) in rest)
+        result.append((tuple(c[0] for c in combo), (q0, q1, u0), (dst, src)))
+    return tuple(result)
+
+
 @functools.lru_cache(maxsize=1024)
 def _conv_offsets_padded(x_shape: tuple, kernel: tuple, stride: tuple, dilation: tuple, out: tuple, r0: int,
                          r1: int, padding: tuple) -> tuple:
@@ -655,6 +681,13 @@ class NumpyBackend(ArrayBackend):
         blocks = (self._channel_blocks(x) if _float_ndarrays(x, g, mean, rstd, *(() if weight is None else (weight,)))
                   and x.dtype in (np.float32, np.float64) and x.size and g.shape == x.shape else None)
         g_blocks = None if blocks is None else self._channel_blocks(g)
+        if blocks is not None and (g_blocks is None or g_blocks[1] != blocks[1]):
+            # A gradient laid out otherwise (convnet's last block: a flatten's (N, C*H*W) gradient against a
+            # batch-last input) is copied into the input's layout once, as the pooling backward does, instead of
+            # taking the generic default's einsum passes.
+            frame = blocks[1]
+            g = np.ascontiguousarray(g.transpose(frame)).transpose(self._inverse(frame))
+            g_blocks = self._channel_blocks(g)
         if blocks is None or g_blocks is None or g_blocks[1] != blocks[1] or g_blocks[0].shape != blocks[0].shape:
             return super().batch_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
         (v, frame), gv = blocks, g_blocks[0]
@@ -981,22 +1014,25 @@ class NumpyBackend(ArrayBackend):
 
     def conv_gemm_transpose_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...],
                                      stride: tuple[int, ...], dilation: tuple[int, ...], need_x: bool,
-                                     need_w: bool) -> tuple:
+                                     need_w: bool, padding: tuple[tuple[int, int], ...] | None = None) -> tuple:
         """``Backend.conv_gemm_transpose_backward`` a cache-sized block of rows at a time, each block of ``g``'s
         im2col built once and read by both GEMMs: ``gx``'s rows (``w @ cols``) and ``gw += x_rows @ cols^T``
-        (dcgan_g's generator backward: one im2col per layer instead of two). The generic default unless
-        ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
+        (dcgan_g's generator backward: one im2col per layer instead of two). The ``padding`` of a cropped
+        forward is written by the im2col, as in ``conv_gemm``: no padded copy of ``g``. The generic default
+        unless ``x``, ``w`` and ``g`` are NumPy arrays of one float dtype."""
         if not _float_ndarrays(x, w, g):
-            return super().conv_gemm_transpose_backward(x, w, g, kernel, stride, dilation, need_x, need_w)
+            return super().conv_gemm_transpose_backward(x, w, g, kernel, stride, dilation, need_x, need_w,
+                                                        padding)
+        padding = None if padding is None else tuple(map(tuple, padding))  # hashable: the im2col's cache key
         in_size = tuple(x.shape[1:-1])
-        x = self._c_copy(x)
+        x, g = self._c_copy(x), self._c_copy(g)
         rows = self._conv_rows(g, math.prod(kernel), in_size)
         gx = np.empty((w.shape[0],) + in_size + (x.shape[-1],), dtype=x.dtype) if need_x else None
         gw = np.zeros(w.shape, dtype=x.dtype) if need_w else None
         buf = None
         for r0 in range(0, in_size[0], rows):
             r1 = min(in_size[0], r0 + rows)
-            buf = self._conv_cols_into(buf, g, kernel, stride, dilation, in_size, r0, r1)
+            buf = self._conv_cols_into(buf, g, kernel, stride, dilation, in_size, r0, r1, padding)
             if need_x:
                 self._gemm_into(w, buf, gx[:, r0:r1].reshape(w.shape[0], -1))
             if need_w:
@@ -1047,17 +1083,30 @@ class NumpyBackend(ArrayBackend):
         return gx, gw
 
     def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                            dilation: tuple[int, ...], x_shape: tuple[int, ...]) -> Array:
+                            dilation: tuple[int, ...], x_shape: tuple[int, ...],
+                            crop: tuple[tuple[int, int], ...] | None = None) -> Array:
         """``Backend.conv_gemm_transpose`` a cache-sized block of ``g``'s rows at a time (each block's
-        ``w^T @ g`` folded while in cache, as in ``conv_gemm_backward``). The generic default unless ``g``
-        and ``w`` are NumPy arrays of one float dtype."""
+        ``w^T @ g`` folded while in cache, as in ``conv_gemm_backward``). A ``crop`` is returned as a
+        contiguous array, written in place by the stride-phase form (``_conv_phase_transpose``) and copied out
+        otherwise: the next layer's fast paths need one (a cropped view sent DCGAN's batch norms, forward and
+        backward, through the generic default). The generic default unless ``g`` and ``w`` are NumPy arrays of
+        one float dtype."""
         if not _float_ndarrays(g, w):
-            return super().conv_gemm_transpose(g, w, kernel, stride, dilation, x_shape)
+            return super().conv_gemm_transpose(g, w, kernel, stride, dilation, x_shape, crop)
+        if crop is not None and not any(lo or hi for lo, hi in crop):
+            crop = None
         out = tuple(g.shape[1:-1])
         g = self._c_copy(g)
-        gx = self._conv_fold_whole(g, w, kernel, stride, dilation, out, x_shape)
+        gx = self._conv_fold_whole(g, w, kernel, stride, dilation, out, x_shape, crop)
         if gx is not None:
             return gx
+        gx = self._conv_fold_blocks(g, w, kernel, stride, dilation, out, x_shape)
+        return gx if crop is None else np.ascontiguousarray(gx[self._cropped_part(x_shape, crop)])
+
+    def _conv_fold_blocks(self, g: np.ndarray, w: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple,
+                          out: tuple, x_shape: tuple) -> np.ndarray:
+        """The col2im of ``w^T @ g`` into zeros of ``x_shape``, a cache-sized block of ``g``'s rows at a time,
+        each kernel offset's rows added into its strided slice (``_conv_fold_rows``)."""
         rows = self._conv_rows_of(x_shape[0] * math.prod(kernel), out, x_shape[-1], g.itemsize)
         gx = np.zeros(x_shape, dtype=g.dtype)
         wt = w.T  # BLAS reads the transpose in place (dcgan_g's 100 -> 128 layer: 0.73 -> 0.18 ms for w^T @ g)
@@ -1069,14 +1118,15 @@ class NumpyBackend(ArrayBackend):
         return gx
 
     def _conv_fold_whole(self, g: np.ndarray, w: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple,
-                         out: tuple, x_shape: tuple) -> np.ndarray | None:
-        """The col2im of ``w^T @ g`` into a new array of ``x_shape`` by the form that writes the input gradient
-        without strided adds: stride phases (``_conv_phases_apply``) or, at stride 1, contiguous shifts
-        (``_conv_fold_flat``); None where neither applies (the caller folds block by block)."""
+                         out: tuple, x_shape: tuple, crop: tuple | None = None) -> np.ndarray | None:
+        """The col2im of ``w^T @ g`` into a new array of ``x_shape`` (less ``crop``, contiguous) by the form that
+        writes the input gradient without strided adds: stride phases (``_conv_phases_apply``) or, at stride 1,
+        contiguous shifts (``_conv_fold_flat``); None where neither applies (the caller folds block by block)."""
         if self._conv_phases_apply(kernel, stride, dilation, out, x_shape):
-            return self._conv_phase_transpose(g, w, kernel, stride, x_shape)
+            return self._conv_phase_transpose(g, w, kernel, stride, x_shape, crop)
         if all(st == 1 for st in stride):
-            return self._conv_fold_flat(g, w, kernel, dilation, x_shape)
+            gx = self._conv_fold_flat(g, w, kernel, dilation, x_shape)
+            return gx if crop is None else np.ascontiguousarray(gx[self._cropped_part(x_shape, crop)])
         return None
 
     @staticmethod
@@ -1092,7 +1142,7 @@ class NumpyBackend(ArrayBackend):
         return 10 * q <= 13 * math.prod(out)
 
     def _conv_phase_transpose(self, g: np.ndarray, w: np.ndarray, kernel: tuple, stride: tuple,
-                              x_shape: tuple) -> np.ndarray:
+                              x_shape: tuple, crop: tuple | None = None) -> np.ndarray:
         """The col2im of ``w^T @ g`` (``conv_gemm_transpose``) as one GEMM per block of rows with no scattered
         adds, for kernels ``m * s`` (``_conv_phases_apply``).
 
@@ -1100,9 +1150,10 @@ class NumpyBackend(ArrayBackend):
         phase reads the same window of ``m`` consecutive ``g`` positions, so the whole input gradient is
         ``W @ cols`` with ``cols`` the stride-1 im2col of ``g`` padded by ``m - 1`` (``(C_out * m^d, Q^d N)``)
         and ``W`` ``(C_in * s^d, C_out * m^d)`` the weight with its kernel split into ``(m, s)`` and ``m``
-        flipped; the result ``(C_in, s..., Q..., N)`` is interleaved into place by one copy. Against the
-        scattered form (``K`` strided read-add-writes of input-gradient-sized blocks) this writes each input
-        element once: dcgan_d's second convolution, input gradient 4.8 -> 2.9 ms."""
+        flipped; the result ``(C_in, s..., Q..., N)`` is copied into place phase by phase (``_phase_spans``:
+        one strided copy per phase, only the rows ``x_shape`` less ``crop`` keeps). Against the scattered form
+        (``K`` strided read-add-writes of input-gradient-sized blocks) this writes each input element once:
+        dcgan_d's second convolution, input gradient 4.8 -> 2.9 ms."""
         nd = len(kernel)
         c_out, n = g.shape[0], g.shape[-1]
         c_in = x_shape[0]
@@ -1115,25 +1166,30 @@ class NumpyBackend(ArrayBackend):
         split = np.flip(split, axis=tuple(2 + 2 * i for i in range(nd)))
         order = (1,) + tuple(3 + 2 * i for i in range(nd)) + (0,) + tuple(2 + 2 * i for i in range(nd))
         wp = np.ascontiguousarray(split.transpose(order)).reshape(c_in * math.prod(stride), c_out * math.prod(m))
-        full = np.empty((c_in,) + tuple(qq * s for qq, s in zip(q, stride)) + (n,), dtype=g.dtype)
-        # (C_in, Q1, s1, Q2, s2, ..., N): each phase's rows land in their interleaved places
-        interleaved = full.reshape((c_in,) + tuple(v for qq, s in zip(q, stride) for v in (qq, s)) + (n,))
-        # GEMM result (C_in, s1..sd, rows, Q2..Qd, N) -> (C_in, rows, s1, Q2, s2, ..., N)
-        perm = (0,) + tuple(v for i in range(nd) for v in (nd + 1 + i, 1 + i)) + (2 * nd + 1,)
+        crop = crop or ((0, 0),) * nd
+        kept = tuple(size - lo - hi for size, (lo, hi) in zip(x_shape[1:-1], crop))
+        result = np.empty((c_in,) + kept + (n,), dtype=g.dtype)
+        spans = _phase_spans(tuple(stride), q, kept, tuple(lo for lo, _ in crop))
         rows = self._conv_rows_of(c_out * math.prod(m), q, n, g.itemsize)
         buf = res = None
         ones = (1,) * nd
+        every = (slice(None),)
         for r0 in range(0, q[0], rows):
             r1 = min(q[0], r0 + rows)
             buf = self._conv_cols_into(buf, gp, m, ones, ones, q, r0, r1)
             if res is None or res.shape[1] != buf.shape[1]:
                 res = np.empty((wp.shape[0], buf.shape[1]), dtype=g.dtype)
             np.matmul(wp, buf, out=res)
+            # GEMM result (C_in, s1..sd, rows, Q2..Qd, N): each phase's rows copied to their places
             blocks = res.reshape((c_in,) + tuple(stride) + (r1 - r0,) + q[1:] + (n,))
-            np.copyto(interleaved[:, r0:r1], blocks.transpose(perm))
-        if full.shape == tuple(x_shape):
-            return full
-        return np.ascontiguousarray(full[(slice(None),) + tuple(slice(0, size) for size in x_shape[1:-1])])
+            for phase, (q0, q1, u0), tail in spans:
+                qa, qb = max(q0, r0), min(q1, r1)
+                if qa >= qb:
+                    continue
+                s0 = stride[0]
+                dst = (slice(u0 + (qa - q0) * s0, u0 + (qb - 1 - q0) * s0 + 1, s0),) + tail[0]
+                np.copyto(result[every + dst + every], blocks[every + phase + (slice(qa - r0, qb - r0),) + tail[1]])
+        return result
 
     def _conv_fold_flat(self, g: np.ndarray, w: np.ndarray, kernel: tuple, dilation: tuple,
                         x_shape: tuple) -> np.ndarray:

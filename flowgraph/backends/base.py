@@ -657,17 +657,28 @@ class Backend:
         return (slice(None),) + tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, shape[1:-1])) + (slice(None),)
 
     def conv_gemm_transpose(self, g: Array, w: Array, kernel: tuple[int, ...], stride: tuple[int, ...],
-                            dilation: tuple[int, ...], x_shape: tuple[int, ...]) -> Array:
+                            dilation: tuple[int, ...], x_shape: tuple[int, ...],
+                            crop: tuple[tuple[int, int], ...] | None = None) -> Array:
         """The adjoint of ``conv_gemm`` in its input: the col2im of ``w^T @ g`` into zeros of ``x_shape``
         ``(C_in, *S, N)``, for ``g`` ``(C_out, *out, N)`` (the input gradient of a convolution, and the forward of
-        a transposed convolution, whose weight is then ``(C_in_of_transposed, C_out * K)``).
+        a transposed convolution, whose weight is then ``(C_in_of_transposed, C_out * K)``). With ``crop`` (one
+        ``(low, high)`` per spatial dim, what a transposed convolution's ``padding`` takes off its output) the
+        result is that part of it: ``(C_in, *(S - low - high), N)``.
 
-        Generic default: the whole ``w^T @ g`` at once, then one strided add per kernel offset."""
+        Generic default: the whole ``w^T @ g`` at once, then one strided add per kernel offset; the crop a view.
+        """
         out = tuple(g.shape[1:-1])
         gx = self.full(tuple(x_shape), 0, g.dtype)
         g2 = self.reshape(g, (g.shape[0], -1))
         self._conv_fold(gx, self.matmul(self.permute(w, (1, 0)), g2), kernel, stride, dilation, out, 0, out[0])
-        return gx
+        if crop is None:
+            return gx
+        return self.slice(gx, self._cropped_part(x_shape, crop))
+
+    @staticmethod
+    def _cropped_part(shape: tuple, crop: tuple) -> tuple[slice, ...]:
+        """The index of what ``crop`` (one ``(low, high)`` per spatial dim) leaves of a ``(C, *S, N)`` array."""
+        return (slice(None),) + tuple(slice(lo, n - hi) for (lo, hi), n in zip(crop, shape[1:-1])) + (slice(None),)
 
     # ------------------------------------------------------- native convolutions (optional capability)
     def native_conv(self, dtype: np.dtype, nd: int) -> bool:
@@ -815,17 +826,18 @@ class Backend:
 
     def conv_gemm_transpose_backward(self, x: Array, w: Array, g: Array, kernel: tuple[int, ...],
                                      stride: tuple[int, ...], dilation: tuple[int, ...], need_x: bool,
-                                     need_w: bool) -> tuple:
+                                     need_w: bool, padding: tuple[tuple[int, int], ...] | None = None) -> tuple:
         """The gradients ``(gx, gw)`` of ``conv_gemm_transpose(x, w, ...)`` (a transposed convolution's input
         ``x`` ``(C_in, *in, N)`` and weight ``w`` ``(C_in, C_out * K)``) from its output gradient ``g``
         ``(C_out, *full, N)``, None where not asked: ``gx = conv_gemm(g, w)`` and ``gw = x @ cols(g)^T``, both
-        reading the im2col of ``g``.
+        reading the im2col of ``g``. With ``padding`` (one ``(low, high)`` per spatial dim: the forward's
+        ``crop``) ``g`` is the gradient of the cropped output, zero-padded back to ``full`` by the im2col.
 
         Generic default: ``conv_gemm`` and ``conv_gemm_backward``'s weight gradient, each building that im2col;
         backends override it to build it once."""
         in_size = tuple(x.shape[1:-1])
-        gx = self.conv_gemm(g, w, kernel, stride, dilation, in_size) if need_x else None
-        gw = self.conv_gemm_backward(g, w, x, kernel, stride, dilation, False, True)[1] if need_w else None
+        gx = self.conv_gemm(g, w, kernel, stride, dilation, in_size, padding) if need_x else None
+        gw = self.conv_gemm_backward(g, w, x, kernel, stride, dilation, False, True, padding)[1] if need_w else None
         return gx, gw
 
     @staticmethod

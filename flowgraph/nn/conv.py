@@ -352,27 +352,26 @@ def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dil
                          crop) -> Tensor:
     """A transposed convolution in the batch-last layout through ``Backend.conv_gemm_transpose``: ``x``
     ``(C_in, *in, N)``, ``w`` ``(C_in, C_out * K)``, the result ``(C_out, *full, N)`` with ``crop`` (left, right)
-    taken off each spatial dim. Its input gradient is the convolution ``conv_gemm`` of the output gradient
-    (padded back to ``full`` batch-last, no relayout), its weight gradient that convolution's weight gradient,
-    both from ``Backend.conv_gemm_transpose_backward`` (one im2col of the gradient for the two); only ``x`` and
-    ``w`` are kept for backward."""
+    taken off each spatial dim by the backend (NumPy writes the cropped result contiguous). Its input gradient
+    is the convolution ``conv_gemm`` of the output gradient (zero-padded back to ``full`` by that convolution's
+    ``padding``, batch-last, no relayout), its weight gradient that convolution's weight gradient, both from
+    ``Backend.conv_gemm_transpose_backward`` (one im2col of the gradient for the two); only ``x`` and ``w`` are
+    kept for backward."""
     bk = x._backend
     n, k = x.shape[-1], math.prod(kernel)
     c_out = w.shape[1] // k
     shape = (c_out,) + tuple(full) + (n,)
-    index = (slice(None),) + tuple(slice(lo, f - hi) for (lo, hi), f in zip(crop, full)) + (slice(None),)
-    cropped = any(lo or hi for lo, hi in crop)
-    y = bk.conv_gemm_transpose(x._data, w._data, kernel, stride, dilation, shape)
-    out = _wrap(bk.slice(y, index) if cropped else y, bk)
+    crop = tuple(map(tuple, crop)) if any(lo or hi for lo, hi in crop) else None
+    out = _wrap(bk.conv_gemm_transpose(x._data, w._data, kernel, stride, dilation, shape, crop), bk)
     need_x, need_w = x.requires_grad, w.requires_grad
     if STATE.enabled and (need_x or need_w):
         in_size = tuple(x.shape[1:-1])
-        widths = [(0, 0)] + list(crop) + [(0, 0)]
 
         def backward(g: Tensor, x: Tensor, w: Tensor):
-            if cropped:  # the crop's adjoint: zeros around g (batch-last, contiguous)
-                g = pad(g, [v for lo_hi in reversed(widths) for v in lo_hi], "constant", 0.0)
             if STATE.enabled:  # create_graph: differentiable ops
+                if crop is not None:  # the crop's adjoint: zeros around g (batch-last)
+                    widths = [(0, 0), *crop, (0, 0)]
+                    g = pad(g, [v for lo_hi in reversed(widths) for v in lo_hi], "constant", 0.0)
                 gx = None
                 if need_x:
                     gx = _conv_gemm(g, w, kernel, stride, dilation, [(0, 0)] * len(kernel), "conv_transpose")
@@ -383,7 +382,7 @@ def _conv_transpose_gemm(x: Tensor, w: Tensor, kernel: tuple, stride: tuple, dil
                 return gx, gw
             bk = g._backend
             gxd, gwd = bk.conv_gemm_transpose_backward(x._data, w._data, g._data, kernel, stride, dilation, need_x,
-                                                       need_w)
+                                                       need_w, crop)  # the crop's zeros: written by the im2col
             return None if gxd is None else _wrap(gxd, bk), None if gwd is None else _wrap(gwd, bk)
 
         _record(out, f"ConvTranspose{len(kernel)}dGemm", (x, w), (x, w), backward)

@@ -396,7 +396,7 @@ def test_cuda_adam_multi_with_device_step_scalars_equals_the_per_tensor_kernel()
                          ids=str)
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("running", [True, False])
-@pytest.mark.parametrize("layout", ["contiguous", "batch-last", "other"])
+@pytest.mark.parametrize("layout", ["contiguous", "batch-last", "other", "mixed"])
 def test_batch_norm_override_matches_the_generic_default(device, shape, affine, running, layout):
     """``batch_norm`` (rows' moments, then the channels' statistics and the running update, on CUDA and
     OpenCL; BLAS sums over per-channel blocks on NumPy) and ``batch_norm_backward`` against the generic
@@ -404,25 +404,29 @@ def test_batch_norm_override_matches_the_generic_default(device, shape, affine, 
     has rows too short for the kernels (the default runs there too); ``(300, 3, 6, 6)`` merges more rows per
     channel than a work-group has items. ``batch-last``: ``x`` and ``g`` are ``(C, *S, N)`` arrays seen as
     ``(N, C, *S)`` (a convolution's output on the CPU), whose layout NumPy's result keeps; ``other``: a
-    layout neither fast path takes on NumPy (the spatial axes reversed)."""
+    layout neither fast path takes on NumPy (the spatial axes reversed); ``mixed``: ``x`` batch-last and ``g``
+    contiguous (a flatten's gradient reaching convnet's last batch norm), which NumPy lays out like ``x`` once."""
     be = get_backend(device)
     rng = np.random.default_rng(sum(shape))
     c = shape[1]
     nd = len(shape)
-    if layout == "batch-last":
+    if layout in ("batch-last", "mixed"):
         stored, view = (shape[1:] + shape[:1]), (nd - 1,) + tuple(range(nd - 1))
     elif layout == "other":
         stored, view = shape[:2] + shape[2:][::-1], (0, 1) + tuple(range(nd - 1, 1, -1))
     else:
         stored, view = shape, tuple(range(nd))
     x, g = (rng.standard_normal(stored).astype(F32) * 2 + 3 for _ in range(2))
+    g_view = view
+    if layout == "mixed":
+        g, g_view = np.ascontiguousarray(g.transpose(view)), tuple(range(nd))
     w, b, rm, rv = (rng.standard_normal(c).astype(F32) for _ in range(4))
     rv = np.abs(rv) + 0.5
     results = []
     for impl in (type(be), Backend):
         wd, bd = (be.from_host(t) if affine else None for t in (w, b))
         rmd, rvd = (be.from_host(t) if running else None for t in (rm, rv))
-        xd, gd = (be.permute(be.from_host(t), view) for t in (x, g))
+        xd, gd = be.permute(be.from_host(x), view), be.permute(be.from_host(g), g_view)
         y, mean, var, rstd = impl.batch_norm(be, xd, wd, bd, 1e-5, rmd, rvd, 0.1)
         grads = impl.batch_norm_backward(be, gd, xd, mean, rstd, wd, True, affine, affine)
         if device == "cpu" and impl is not Backend:

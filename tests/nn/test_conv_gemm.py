@@ -304,3 +304,73 @@ def test_stride1_input_gradient_matches_torch(cfg, blocks, dtype, monkeypatch):
     folded = be.conv_gemm_transpose(gl, w2, kernel, stride, dilation, to_last(x).shape)
     reference = Backend.conv_gemm_transpose(be, gl, w2, kernel, stride, dilation, to_last(x).shape)
     np.testing.assert_allclose(folded, reference, rtol=tol, atol=tol)
+
+
+CROP_CONFIGS = [  # (C_in, C_out, input spatial, kernel, stride, dilation, padding, output_padding)
+    (3, 4, (5, 6), (4, 4), (2, 2), (1, 1), (1, 1), (0, 0)),  # DCGAN's layers: by stride phases
+    (2, 3, (4, 5), (4, 4), (2, 2), (1, 1), (1, 2), (1, 0)),  # uneven crops: phases from row 1 or 2
+    (2, 3, (6,), (6,), (3,), (1,), (2,), (1,)),  # 1-d, three phases
+    (3, 2, (5, 4), (3, 3), (1, 1), (1, 1), (1, 1), (0, 0)),  # stride 1: contiguous shifts, then cropped
+    (2, 3, (4, 5), (3, 2), (2, 1), (2, 1), (1, 0), (1, 0)),  # dilated: blocks of strided adds, then cropped
+]
+
+
+@pytest.mark.parametrize("cfg", CROP_CONFIGS)
+@pytest.mark.parametrize("blocks", ["whole", "one_row"])
+def test_cropped_conv_gemm_transpose_matches_torch(device, cfg, blocks, monkeypatch):
+    """A transposed convolution with ``padding`` (and ``output_padding``): ``conv_gemm_transpose`` with a
+    ``crop`` against PyTorch's output (the NumPy backend writes it contiguous: the next layer's fast paths need
+    that), and ``conv_gemm_transpose_backward`` with the crop as ``padding`` (the gradient of the cropped output,
+    never padded by the caller) against PyTorch's gradients, for the backend's override and the generic default."""
+    import torch
+
+    c_in, c_out, size, kernel, stride, dilation, padding, output_padding = cfg  # the transpose maps c_in -> c_out
+    nd = len(kernel)
+    be = get_backend(device)
+    if blocks == "one_row":
+        monkeypatch.setattr(type(be), "_CONV_WHOLE_BYTES", 0, raising=False)
+        monkeypatch.setattr(type(be), "_CONV_CHUNK_BYTES", 1, raising=False)
+    rng = np.random.default_rng(9)
+    to_last = lambda a: np.ascontiguousarray(np.moveaxis(a, 0, -1))  # noqa: E731 - (N, C, *S) -> (C, *S, N)
+    x = rng.standard_normal((3, c_in) + size).astype(np.float32)
+    w = rng.standard_normal((c_in, c_out) + kernel).astype(np.float32)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = getattr(torch.nn.functional, f"conv_transpose{nd}d")(tx, tw, stride=stride, padding=padding,
+                                                              output_padding=output_padding, dilation=dilation)
+    g = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    y.backward(torch.tensor(g))
+    full = tuple((i - 1) * s + d * (k - 1) + 1 for i, s, d, k in zip(size, stride, dilation, kernel))
+    crop = tuple((p, p - op) for p, op in zip(padding, output_padding))
+    shape = (c_out,) + full + (3,)
+    xa, wa, ga = be.from_host(to_last(x)), be.from_host(w.reshape(c_in, -1)), be.from_host(to_last(g))
+    for forward, backward in ((type(be).conv_gemm_transpose, type(be).conv_gemm_transpose_backward),
+                              (Backend.conv_gemm_transpose, Backend.conv_gemm_transpose_backward)):
+        out = forward(be, xa, wa, kernel, stride, dilation, shape, crop)
+        np.testing.assert_allclose(be.to_host(out), to_last(y.detach().numpy()), rtol=1e-4, atol=1e-4)
+        if device == "cpu" and forward is not Backend.conv_gemm_transpose:
+            assert out.flags.c_contiguous
+        gx, gw = backward(be, xa, wa, ga, kernel, stride, dilation, True, True, crop)
+        np.testing.assert_allclose(be.to_host(gx), to_last(tx.grad.numpy()), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(be.to_host(gw), tw.grad.numpy().reshape(c_in, -1), rtol=1e-4, atol=1e-4)
+
+
+def test_dcgan_block_takes_the_batch_norm_fast_paths(monkeypatch):
+    """A padded transposed convolution followed by batch norm (DCGAN's generator block) on the CPU: the
+    convolution's cropped output and its gradient reach the NumPy batch norm, forward and backward, in layouts
+    its fast paths take (a cropped view sent both through the generic default, ~25% of dcgan_g's step), and
+    the gradient of the crop is never a padded copy."""
+    from flowgraph.backends.array_backend import ArrayBackend
+
+    def generic(*args, **kwargs):
+        raise AssertionError("the generic default ran")
+
+    monkeypatch.setattr(ArrayBackend, "batch_norm", generic)
+    monkeypatch.setattr(ArrayBackend, "batch_norm_backward", generic)
+    monkeypatch.setattr(type(get_backend("cpu")), "pad", generic)
+    up = fg.nn.ConvTranspose2d(8, 4, 4, 2, 1, bias=False)
+    bn = fg.nn.BatchNorm2d(4)
+    x = fg.randn(2, 8, 5, 5, requires_grad=True)
+    y = F.relu(bn(up(x)))
+    assert y.shape == (2, 4, 10, 10)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and up.weight.grad.shape == up.weight.shape
