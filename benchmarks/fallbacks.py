@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+from collections.abc import Sequence
 from typing import Any
 
 from flowgraph.backends import get_backend
@@ -22,9 +23,11 @@ from flowgraph.backends import get_backend
 from .models import MODELS, flowgraph_training
 
 
-def _install(backend_type: type, counts: collections.Counter, active: list[bool]) -> None:
+def _install(backend_type: type, counts: collections.Counter, active: list[bool]) -> list[tuple]:
     """Wrap the base-class version of each method ``backend_type`` overrides to count calls made with an
-    instance of exactly ``backend_type`` while ``active[0]`` is set."""
+    instance of exactly ``backend_type`` while ``active[0]`` is set; returns ``(class, name, original)`` of each
+    wrapped method, for ``_restore``."""
+    wrapped = []
     for name, fn in list(vars(backend_type).items()):
         if name.startswith("__") or not callable(fn) or isinstance(fn, (staticmethod, classmethod)):
             continue
@@ -34,7 +37,14 @@ def _install(backend_type: type, counts: collections.Counter, active: list[bool]
                 continue
             if callable(original) and not isinstance(original, (staticmethod, classmethod)):
                 setattr(base, name, _counting(original, f"{base.__name__}.{name}", backend_type, counts, active))
+                wrapped.append((base, name, original))
             break
+    return wrapped
+
+
+def _restore(wrapped: list[tuple]) -> None:
+    for base, name, original in reversed(wrapped):
+        setattr(base, name, original)
 
 
 def _counting(original: Any, label: str, backend_type: type, counts: collections.Counter, active: list[bool]):
@@ -54,6 +64,30 @@ def _step(model: Any, opt: Any, x: Any, y: Any, loss_fn: Any) -> None:
     opt.step()
 
 
+def count_fallbacks(device: str, models: Sequence[str], scale: float = 0.25) -> dict[str, collections.Counter]:
+    """Per model, ``{(base-class method, shapes of its first array arguments): calls}`` of the generic defaults
+    that one training step (after an untimed one) reached on ``device``'s backend."""
+    backend = get_backend(device)
+    counts: collections.Counter = collections.Counter()
+    active = [False]
+    result = {}
+    wrapped = _install(type(backend), counts, active)
+    try:
+        for name in models:
+            training = flowgraph_training(name, scale, device)
+            _step(*training)
+            active[0] = True
+            _step(*training)
+            backend.synchronize()
+            active[0] = False
+            result[name] = collections.Counter(counts)
+            counts.clear()
+    finally:
+        active[0] = False
+        _restore(wrapped)
+    return result
+
+
 def main() -> None:
     """Print, per model, the generic defaults one training step reached and how often."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,21 +95,10 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {tuple(MODELS)}")
     parser.add_argument("--scale", type=float, default=0.25)
     args = parser.parse_args()
-    backend = get_backend(args.device)
-    counts: collections.Counter = collections.Counter()
-    active = [False]
-    _install(type(backend), counts, active)
-    for name in args.models.split(","):
-        training = flowgraph_training(name, args.scale, args.device)
-        _step(*training)
-        active[0] = True
-        _step(*training)
-        backend.synchronize()
-        active[0] = False
+    for name, counts in count_fallbacks(args.device, args.models.split(","), args.scale).items():
         print(f"{name}: {sum(counts.values())} generic-default calls")
         for (label, shapes), n in counts.most_common():
             print(f"  {n:4d}  {label}  {shapes}")
-        counts.clear()
 
 
 if __name__ == "__main__":
