@@ -798,16 +798,41 @@ class NumpyBackend(ArrayBackend):
         ds *= scale
         return np.matmul(ds, k), np.matmul(ds.swapaxes(-1, -2), q), dv
 
+    @staticmethod
+    def _rows_index(index: Any, axis: int, shape: tuple) -> np.ndarray | None:
+        """The 1-d index of an ``index_select`` / ``index_add`` (an embedding's forward and backward): an integer
+        NumPy array broadcast (stride 0) along every axis but ``axis``, as long as ``shape`` there; None for any
+        other index."""
+        if type(index) is not np.ndarray or index.ndim != len(shape) or index.dtype.kind not in "iu":
+            return None
+        for d, (stride, n, m) in enumerate(zip(index.strides, index.shape, shape)):
+            if d != axis and (n != m or n == 0 or (stride and n != 1)):
+                return None
+        return index[tuple(slice(None) if d == axis else 0 for d in range(index.ndim))]
+
+    def gather(self, a: Array, axis: int, index: Array) -> Array:
+        """``ArrayBackend.gather``; an ``index_select``'s index (``_rows_index``) as one ``np.take`` of whole rows
+        instead of ``take_along_axis``'s element-by-element gather: the small GPT's token embedding, (1024, 64)
+        from (65, 64), 308 -> 14 us (the same values)."""
+        rows = self._rows_index(index, axis, a.shape) if type(a) is np.ndarray else None
+        if rows is not None:
+            return np.take(a, rows, axis=axis)
+        return super().gather(a, axis, index)
+
     def scatter_add(self, a: Array, axis: int, index: Array, src: Array) -> Array:
-        """``ArrayBackend.scatter_add`` as one ``np.bincount`` over flat destination indices for float arrays:
-        ``np.add.at`` walks its index grids element by element (an embedding's backward, (1024, 64) rows into
-        (65, 64): 0.76 -> 0.18 ms). The sums accumulate in float64 and round once, so they may differ from
-        ``add.at``'s float32 running sums in the last bits, as PyTorch's own order does. Other dtypes, and
-        indices out of range (which ``add.at`` reports), take the generic path."""
+        """``ArrayBackend.scatter_add`` for float arrays in range without ``np.add.at`` (which walks its index
+        grids element by element): an ``index_add``'s index (``_rows_index``: an embedding's backward) by whole
+        rows (``_add_rows``), any other as one ``np.bincount`` over flat destination indices ((1024, 64) rows into
+        (65, 64): add.at 0.76 ms, bincount 0.18-0.30, rows 0.14). The sums may differ from ``add.at``'s running
+        sums in the last bits, as PyTorch's own order does. Other dtypes, and indices out of range (which
+        ``add.at`` reports), take the generic path."""
         if (type(a) is not np.ndarray or a.dtype.kind != "f" or type(index) is not np.ndarray or index.size == 0
                 or index.ndim != a.ndim or any(i > n for d, (i, n) in enumerate(zip(index.shape, a.shape)) if d != axis)
                 or index.min() < 0 or index.max() >= a.shape[axis]):
             return super().scatter_add(a, axis, index, src)
+        rows = self._rows_index(index, axis, a.shape)
+        if rows is not None:
+            return self._add_rows(a, axis, rows, np.broadcast_to(src, index.shape))
         values = np.broadcast_to(src, index.shape)
         flat = np.multiply(index, math.prod(a.shape[axis + 1:]), dtype=np.intp)
         for d, n in enumerate(index.shape):
@@ -817,6 +842,19 @@ class NumpyBackend(ArrayBackend):
         sums = np.bincount(flat.ravel(), weights=values.ravel(), minlength=a.size).reshape(a.shape)
         sums += a
         return sums.astype(a.dtype)
+
+    @staticmethod
+    def _add_rows(a: np.ndarray, axis: int, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """A copy of ``a`` with slice ``i`` of ``values`` along ``axis`` added at ``rows[i]`` (in range): the rows
+        sorted stably by destination, each destination's run summed in order by one ``np.add.reduceat``, and the
+        sums added to their rows at once."""
+        order = np.argsort(rows, kind="stable")
+        dest = rows[order]
+        starts = np.flatnonzero(np.concatenate(([True], dest[1:] != dest[:-1])))
+        sums = np.add.reduceat(np.take(values, order, axis=axis), starts, axis=axis)
+        out = a.copy()
+        out[(slice(None),) * axis + (dest[starts],)] += sums
+        return out
 
     _TRANSPOSE_BLOCK = 128  # elements per run in the two-stage transposing copy (16-256 measured alike)
     _TRANSPOSE_BLOCK_BYTES = 1 << 18  # the largest block transposed in one piece (L2-resident)

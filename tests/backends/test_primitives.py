@@ -667,6 +667,37 @@ def test_scatter_add_many_duplicates_matches_torch(device):
                                   be.from_host(src[:1, :2])))
 
 
+@pytest.mark.parametrize("shape, axis", [((7,), 0), ((9, 4), 0), ((3, 11, 5), 1), ((2, 3, 6), 2), ((1, 4), 0)],
+                         ids=str)
+def test_index_select_and_index_add_patterns_match_the_elementwise_forms(device, shape, axis):
+    """``gather`` and ``scatter_add`` with an index broadcast (stride 0) along every axis but ``axis``: how
+    ``index_select`` and ``index_add`` (an embedding's forward and backward) reach the backend. NumPy takes them
+    by whole rows (``np.take``; a sort and one ``np.add.reduceat``); the results equal ``take_along_axis`` and
+    ``np.add.at``, with repeated, negative (gather) and unused rows."""
+    be = backend_for(device)
+    rng = np.random.default_rng(len(shape) + axis)
+    a = sample(rng, shape, F32)
+    picks = 13
+    rows = rng.integers(0, shape[axis], size=picks)
+    rows[0] = rows[-1]  # a repeated row
+    view = [1] * len(shape)
+    view[axis] = picks
+    out_shape = list(shape)
+    out_shape[axis] = picks
+    index = np.broadcast_to(rows.reshape(view), out_shape)  # stride 0 off the axis, as expand() leaves it
+    negative = rows - shape[axis]  # counted from the end, as in NumPy
+    for idx in (index, np.broadcast_to(negative.reshape(view), out_shape)):
+        got = be.gather(be.from_host(a), axis, be.from_host(idx) if device != "cpu" else idx)
+        assert_matches(be, got, np.take_along_axis(a, np.ascontiguousarray(idx), axis))
+    src = sample(rng, tuple(out_shape), F32)
+    grid = list(np.indices(index.shape, sparse=True))
+    grid[axis] = np.ascontiguousarray(index)
+    added = a.copy()
+    np.add.at(added, tuple(grid), src)
+    got = be.scatter_add(be.from_host(a), axis, be.from_host(index) if device != "cpu" else index, be.from_host(src))
+    assert_matches(be, got, added, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------ creation
 @pytest.mark.parametrize(
     "dtype",
