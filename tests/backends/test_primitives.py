@@ -698,6 +698,23 @@ def test_index_select_and_index_add_patterns_match_the_elementwise_forms(device,
     assert_matches(be, got, added, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape, axes", [((64, 16, 8), (2,)), ((6, 5, 4, 3), (2, 3)), ((3, 4, 5), (2, 1)),
+                                         ((7, 5000), (1,)), ((9, 3), (0,)), ((4, 6), (0, 1))], ids=str)
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_sum_over_trailing_axes_matches_numpy(device, shape, axes, dtype, keepdims):
+    """``sum`` over the trailing axes of a contiguous array (NumPy: one BLAS product with ones for rows up to
+    ``_SUM_ROW_MAX``), over longer rows, leading axes and all axes, and of a transposed view (NumPy's own sum),
+    against ``np.sum`` in float64."""
+    be = backend_for(device, dtype)
+    rng = np.random.default_rng(sum(shape))
+    a = sample(rng, shape, dtype)
+    want = np.sum(a.astype(np.float64), axis=axes, keepdims=keepdims)
+    tol = 1e-5 if dtype == F32 else 1e-12
+    assert_matches(be, be.sum(be.from_host(a), axes, keepdims), want.astype(dtype), rtol=tol, atol=tol * 10)
+    assert_matches(be, be.sum(transposed(be, a), axes, keepdims), want.astype(dtype), rtol=tol, atol=tol * 10)
+
+
 # ------------------------------------------------------------------------------------------ creation
 @pytest.mark.parametrize(
     "dtype",
