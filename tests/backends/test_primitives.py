@@ -699,13 +699,14 @@ def test_index_select_and_index_add_patterns_match_the_elementwise_forms(device,
 
 
 @pytest.mark.parametrize("shape, axes", [((64, 16, 8), (2,)), ((6, 5, 4, 3), (2, 3)), ((3, 4, 5), (2, 1)),
-                                         ((7, 5000), (1,)), ((9, 3), (0,)), ((4, 6), (0, 1))], ids=str)
+                                         ((7, 5000), (1,)), ((9, 3), (0,)), ((6, 5, 4), (1, 0)), ((5000, 3), (0,)),
+                                         ((4, 6), (0, 1)), ((4, 5, 6), (1,))], ids=str)
 @pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_sum_over_trailing_axes_matches_numpy(device, shape, axes, dtype, keepdims):
-    """``sum`` over the trailing axes of a contiguous array (NumPy: one BLAS product with ones for rows up to
-    ``_SUM_ROW_MAX``), over longer rows, leading axes and all axes, and of a transposed view (NumPy's own sum),
-    against ``np.sum`` in float64."""
+    """``sum`` over the trailing or leading axes of a contiguous array (NumPy: one BLAS product with ones up to
+    ``_SUM_ROW_MAX`` elements a result), over longer runs, a middle axis and all axes, and of a transposed view
+    (NumPy's own sum), against ``np.sum`` in float64."""
     be = backend_for(device, dtype)
     rng = np.random.default_rng(sum(shape))
     a = sample(rng, shape, dtype)
