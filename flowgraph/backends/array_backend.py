@@ -680,15 +680,17 @@ class NumpyBackend(ArrayBackend):
         three in-place passes over the centred copy. The generic default unless ``g`` has ``x``'s layout."""
         blocks = (self._channel_blocks(x) if _float_ndarrays(x, g, mean, rstd, *(() if weight is None else (weight,)))
                   and x.dtype in (np.float32, np.float64) and x.size and g.shape == x.shape else None)
-        g_blocks = None if blocks is None else self._channel_blocks(g)
-        if blocks is not None and (g_blocks is None or g_blocks[1] != blocks[1]):
+        if blocks is None:
+            return super().batch_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
+        g_blocks = self._channel_blocks(g)
+        if g_blocks is None or g_blocks[1] != blocks[1]:
             # A gradient laid out otherwise (convnet's last block: a flatten's (N, C*H*W) gradient against a
             # batch-last input) is copied into the input's layout once, as the pooling backward does, instead of
             # taking the generic default's einsum passes.
             frame = blocks[1]
-            g = np.ascontiguousarray(g.transpose(frame)).transpose(self._inverse(frame))
+            g = self._c_copy(g.transpose(frame)).transpose(self._inverse(frame))
             g_blocks = self._channel_blocks(g)
-        if blocks is None or g_blocks is None or g_blocks[1] != blocks[1] or g_blocks[0].shape != blocks[0].shape:
+        if g_blocks is None or g_blocks[1] != blocks[1] or g_blocks[0].shape != blocks[0].shape:
             return super().batch_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
         (v, frame), gv = blocks, g_blocks[0]
         count = v.shape[0] * v.shape[2]
@@ -855,13 +857,16 @@ class NumpyBackend(ArrayBackend):
         sums in the last bits, as PyTorch's own order does. Other dtypes, and indices out of range (which
         ``add.at`` reports), take the generic path."""
         if (type(a) is not np.ndarray or a.dtype.kind != "f" or type(index) is not np.ndarray or index.size == 0
-                or index.ndim != a.ndim or any(i > n for d, (i, n) in enumerate(zip(index.shape, a.shape)) if d != axis)
-                or index.min() < 0 or index.max() >= a.shape[axis]):
+                or index.ndim != a.ndim
+                or any(i > n for d, (i, n) in enumerate(zip(index.shape, a.shape)) if d != axis)):
             return super().scatter_add(a, axis, index, src)
         rows = self._rows_index(index, axis, a.shape)
-        if rows is not None:
-            return self._add_rows(a, axis, rows, np.broadcast_to(src, index.shape))
+        targets = index if rows is None else rows  # a row index is range-checked once, not per broadcast copy
+        if targets.min() < 0 or targets.max() >= a.shape[axis]:
+            return super().scatter_add(a, axis, index, src)
         values = np.broadcast_to(src, index.shape)
+        if rows is not None:
+            return self._add_rows(a, axis, rows, values)
         flat = np.multiply(index, math.prod(a.shape[axis + 1:]), dtype=np.intp)
         for d, n in enumerate(index.shape):
             if d != axis:
@@ -1163,10 +1168,11 @@ class NumpyBackend(ArrayBackend):
             crop = None
         out = tuple(g.shape[1:-1])
         g = self._c_copy(g)
-        gx = self._conv_fold_whole(g, w, kernel, stride, dilation, out, x_shape, crop)
-        if gx is not None:
-            return gx
-        gx = self._conv_fold_blocks(g, w, kernel, stride, dilation, out, x_shape)
+        if crop is not None and self._conv_phases_apply(kernel, stride, dilation, out, x_shape):
+            return self._conv_phase_transpose(g, w, kernel, stride, x_shape, crop)
+        gx = self._conv_fold_whole(g, w, kernel, stride, dilation, out, x_shape)
+        if gx is None:
+            gx = self._conv_fold_blocks(g, w, kernel, stride, dilation, out, x_shape)
         return gx if crop is None else np.ascontiguousarray(gx[self._cropped_part(x_shape, crop)])
 
     def _conv_fold_blocks(self, g: np.ndarray, w: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple,
@@ -1184,15 +1190,14 @@ class NumpyBackend(ArrayBackend):
         return gx
 
     def _conv_fold_whole(self, g: np.ndarray, w: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple,
-                         out: tuple, x_shape: tuple, crop: tuple | None = None) -> np.ndarray | None:
-        """The col2im of ``w^T @ g`` into a new array of ``x_shape`` (less ``crop``, contiguous) by the form that
-        writes the input gradient without strided adds: stride phases (``_conv_phases_apply``) or, at stride 1,
-        contiguous shifts (``_conv_fold_flat``); None where neither applies (the caller folds block by block)."""
+                         out: tuple, x_shape: tuple) -> np.ndarray | None:
+        """The col2im of ``w^T @ g`` into a new array of ``x_shape`` by the form that writes the input gradient
+        without strided adds: stride phases (``_conv_phases_apply``) or, at stride 1, contiguous shifts
+        (``_conv_fold_flat``); None where neither applies (the caller folds block by block)."""
         if self._conv_phases_apply(kernel, stride, dilation, out, x_shape):
-            return self._conv_phase_transpose(g, w, kernel, stride, x_shape, crop)
+            return self._conv_phase_transpose(g, w, kernel, stride, x_shape)
         if all(st == 1 for st in stride):
-            gx = self._conv_fold_flat(g, w, kernel, dilation, x_shape)
-            return gx if crop is None else np.ascontiguousarray(gx[self._cropped_part(x_shape, crop)])
+            return self._conv_fold_flat(g, w, kernel, dilation, x_shape)
         return None
 
     @staticmethod
@@ -1240,6 +1245,7 @@ class NumpyBackend(ArrayBackend):
         buf = res = None
         ones = (1,) * nd
         every = (slice(None),)
+        s0 = stride[0]
         for r0 in range(0, q[0], rows):
             r1 = min(q[0], r0 + rows)
             buf = self._conv_cols_into(buf, gp, m, ones, ones, q, r0, r1)
@@ -1252,7 +1258,6 @@ class NumpyBackend(ArrayBackend):
                 qa, qb = max(q0, r0), min(q1, r1)
                 if qa >= qb:
                     continue
-                s0 = stride[0]
                 dst = (slice(u0 + (qa - q0) * s0, u0 + (qb - 1 - q0) * s0 + 1, s0),) + tail[0]
                 np.copyto(result[every + dst + every], blocks[every + phase + (slice(qa - r0, qb - r0),) + tail[1]])
         return result
