@@ -75,9 +75,10 @@ _LR_HOOKS: list[Callable[[], None]] = []
 _HOST_READS = frozenset({"to_host", "to_dlpack", "native", "from_dlpack", "dlpack_device"})
 #: Backend methods that are not computations and are never recorded (``is_contiguous`` answers from the layout and
 #: ``is_pending`` from the lazy engine's state, which a replay of the same calls reproduces; ``native_conv`` /
-#: ``native_sdpa`` from the dtype and the flags, which the signature and a replay of the same calls keep).
+#: ``native_sdpa`` from the dtype and the flags, which the signature and a replay of the same calls keep;
+#: ``replay_call`` is the recorder's own question to the backend).
 _NOT_RECORDED = frozenset({"synchronize", "graph_session", "memory_stats", "list_devices", "is_available",
-                           "is_contiguous", "is_pending", "native_conv", "native_sdpa", "cudnn"})
+                           "is_contiguous", "is_pending", "native_conv", "native_sdpa", "cudnn", "replay_call"})
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -306,7 +307,9 @@ class _Recorder:
                 recorder.depth -= 1
             targs = tuple(recorder._encode(a) for a in args)
             tkw = {k: recorder._encode(v) for k, v in kwargs.items()}
-            recorder.calls.append((method, targs, tkw, recorder._output(out)))
+            # the backend may swap in a faster equivalent for replays (a mixed-layout product relaid first)
+            fn = recorder.backend.replay_call(method, args, kwargs, out)
+            recorder.calls.append((fn, targs, tkw, recorder._output(out)))
             return out
 
         return call

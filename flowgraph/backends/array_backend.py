@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -921,6 +921,40 @@ class NumpyBackend(ArrayBackend):
         else:
             return np.ascontiguousarray(a)
         return out.reshape(a.shape)
+
+    #: Elements from which a replayed two-operand ufunc with operands in two layouts relays one first.
+    _RELAY_MIN = 1 << 16
+
+    def replay_call(self, fn: Callable[..., Any], args: tuple, kwargs: dict, out: Any) -> Callable[..., Any]:
+        """``Backend.replay_call``: a two-operand ufunc whose operands are laid out in two different axis orders
+        (a batch-last convolution's output against an NCHW target or dropout mask) reads one of them across
+        its layout, a large stride per element. Its replays copy that operand into the result's layout first,
+        by ``_c_copy``'s two-stage transposing copy, and run the ufunc on one layout. The values are the
+        same, and so is the result's layout (NumPy lays a result out as its operands are when they agree).
+        Only for same-shape array operands of at least ``_RELAY_MIN`` elements, each contiguous in some axis
+        order, one of them in the result's; ``fn`` itself otherwise."""
+        if (type(fn) is not np.ufunc or fn.nin != 2 or len(args) != 2 or kwargs or type(out) is not np.ndarray
+                or out.ndim < 2 or out.size < self._RELAY_MIN):
+            return fn
+        a, b = args
+        if type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != out.shape or b.shape != out.shape:
+            return fn
+        frame = self._frame(out)
+        in_frame = [x.transpose(frame).flags.c_contiguous for x in (out, a, b)]
+        if not in_frame[0] or in_frame[1] == in_frame[2]:
+            return fn
+        other = b if in_frame[1] else a
+        if not other.transpose(self._frame(other)).flags.c_contiguous:
+            return fn
+        inv, relay = self._inverse(frame), self._c_copy
+        if in_frame[1]:
+            def call(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+                return fn(x, relay(y.transpose(frame)).transpose(inv))
+        else:
+            def call(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+                return fn(relay(x.transpose(frame)).transpose(inv), y)
+        call.__qualname__ = f"relaid {fn.__name__}"
+        return call
 
     def contiguous(self, a: Array) -> Array:
         """``ArrayBackend.contiguous`` with the two-stage transposing copy (``_c_copy``) for NumPy arrays."""

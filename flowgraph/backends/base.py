@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -231,6 +231,13 @@ class Backend:
         """The strides of a realized strided array (any unit), or None where the backend keeps no strided views
         (``reshape_view`` then views row-major arrays only)."""
         return None
+
+    def replay_call(self, fn: Callable[..., Any], args: tuple, kwargs: dict, out: Any) -> Callable[..., Any]:
+        """What a recorded ``fg.jit`` step calls on replay in place of the backend call ``fn(*args, **kwargs)``,
+        which gave ``out`` while the step was recorded: ``fn`` itself, or an equivalent that computes the same
+        values, laid out as ``out`` is (later calls of the step depend on that layout), in less time. The
+        recorder asks once per call; a replay pays nothing for the question."""
+        return fn
 
     def is_contiguous(self, a: Array) -> bool:
         """Whether ``a`` is laid out row-major (``Tensor.is_contiguous``). Generic default from ``contiguous``'s

@@ -166,6 +166,67 @@ def test_replays_read_each_call_s_inputs_whatever_their_layout(device):
         np.testing.assert_allclose(out.numpy(), exp, rtol=1e-5, atol=1e-5)
 
 
+def test_mixed_layout_products_replay_the_eager_values_and_layout(device):
+    """Two-operand elementwise ops on operands laid out in two axis orders (a batch-last activation against an
+    NCHW mask and target, 73,728 elements: past the NumPy backend's relaying threshold), forward and backward:
+    every replay gives eager's values, loss and gradient, bit for bit, and the result keeps the layout the
+    recording saw (the ops after it were recorded against that layout)."""
+    rng = np.random.default_rng(5)
+    shape = (8, 16, 24, 24)
+    w = fg.tensor(rng.standard_normal((16, 24, 24, 8)).astype(F32), device=device, requires_grad=True)
+
+    def step(mask, target):
+        w.grad = None
+        act = w.permute(3, 0, 1, 2)  # (N, C, H, W) read from a batch-last buffer
+        y = act * mask
+        loss = ((y - target) * (y - target)).sum()
+        loss.backward()
+        return y, loss
+
+    jitted = fg.jit(step)
+    for i in range(4):
+        mask = fg.tensor((rng.random(shape) < 0.7).astype(F32), device=device)
+        target = fg.tensor(rng.standard_normal(shape).astype(F32), device=device)
+        y_e, loss_e = step(mask, target)
+        grad_e = w.grad.numpy()
+        y_j, loss_j = jitted(mask, target)
+        np.testing.assert_array_equal(y_j.numpy(), y_e.detach().numpy())
+        np.testing.assert_array_equal(loss_j.numpy(), loss_e.detach().numpy())
+        np.testing.assert_array_equal(w.grad.numpy(), grad_e)
+        assert y_j.is_contiguous() == y_e.is_contiguous(), i
+        if device == "cpu":  # numpy() shares the array there, strides included
+            assert y_j.numpy().strides == y_e.detach().numpy().strides, i
+    if device == "cpu":  # the replayed calls include relaid ones (the recorded program's own list)
+        (entry,) = jitted._cache.values()
+        relaid = [fn.__qualname__ for fn, *_ in entry.program.calls if "relaid" in getattr(fn, "__qualname__", "")]
+        assert relaid, "no mixed-layout call was relaid"
+
+
+def test_numpy_replays_relay_one_operand_of_a_mixed_layout_op():
+    """``NumpyBackend.replay_call``: a ufunc on two same-shape operands in two layouts, one of them the
+    result's, replays as a copy of the other into that layout and the ufunc, with the same values and result
+    layout; small, broadcast, keyword and non-ufunc calls replay as recorded."""
+    from flowgraph.backends.array_backend import NumpyBackend
+
+    bk = NumpyBackend()
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 24, 24, 8)).astype(F32).transpose(3, 0, 1, 2)  # batch-last
+    b = rng.standard_normal((8, 16, 24, 24)).astype(F32)  # NCHW
+    for fn, args in ((np.multiply, (a, b)), (np.subtract, (b, a)), (np.greater, (a, b))):
+        out = fn(*args)
+        replay = bk.replay_call(fn, args, {}, out)
+        assert replay is not fn
+        again = replay(*args)
+        np.testing.assert_array_equal(again, out)
+        assert again.strides == out.strides
+    small = a[:2], b[:2]  # 18,432 elements: mixed, but below the threshold
+    assert bk.replay_call(np.multiply, small, {}, np.multiply(*small)) is np.multiply
+    assert bk.replay_call(np.multiply, (a, b[:1]), {}, np.multiply(a, b[:1])) is np.multiply  # broadcast
+    assert bk.replay_call(np.multiply, (a, a), {}, np.multiply(a, a)) is np.multiply  # one layout
+    assert bk.replay_call(np.add, (a, b), {"dtype": np.float64}, np.add(a, b, dtype=np.float64)) is np.add
+    assert bk.replay_call(bk.sum, (a, None, False), {}, bk.sum(a, None, False)) == bk.sum
+
+
 def test_host_read_inside_a_jitted_step_names_the_line(device):
     w = fg.ones(3, device=device, requires_grad=True)
 
