@@ -688,7 +688,7 @@ class NumpyBackend(ArrayBackend):
             # batch-last input) is copied into the input's layout once, as the pooling backward does, instead of
             # taking the generic default's einsum passes.
             frame = blocks[1]
-            g = self._c_copy(g.transpose(frame)).transpose(self._inverse(frame))
+            g = self._copy_in_frame(g, frame)
             g_blocks = self._channel_blocks(g)
         if g_blocks is None or g_blocks[1] != blocks[1] or g_blocks[0].shape != blocks[0].shape:
             return super().batch_norm_backward(g, x, mean, rstd, weight, need_x, need_w, need_b)
@@ -922,6 +922,12 @@ class NumpyBackend(ArrayBackend):
             return np.ascontiguousarray(a)
         return out.reshape(a.shape)
 
+    @classmethod
+    def _copy_in_frame(cls, a: np.ndarray, frame: tuple[int, ...]) -> np.ndarray:
+        """A copy of ``a`` laid out in the axis order ``frame`` (``_frame``'s form), returned with ``a``'s shape:
+        ``_c_copy``'s two-stage transposing copy where the change of layout is a 2-d transpose."""
+        return cls._c_copy(a.transpose(frame)).transpose(cls._inverse(frame))
+
     #: Elements from which a replayed two-operand ufunc with operands in two layouts relays one first.
     _RELAY_MIN = 1 << 16
 
@@ -946,13 +952,13 @@ class NumpyBackend(ArrayBackend):
         other = b if in_frame[1] else a
         if not other.transpose(self._frame(other)).flags.c_contiguous:
             return fn
-        inv, relay = self._inverse(frame), self._c_copy
+        relay = self._copy_in_frame
         if in_frame[1]:
             def call(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-                return fn(x, relay(y.transpose(frame)).transpose(inv))
+                return fn(x, relay(y, frame))
         else:
             def call(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-                return fn(relay(x.transpose(frame)).transpose(inv), y)
+                return fn(relay(x, frame), y)
         call.__qualname__ = f"relaid {fn.__name__}"
         return call
 
