@@ -840,13 +840,16 @@ def test_gelu_exact_capability_matches_erf(device, dtype, shape):
 
 
 @pytest.mark.parametrize("slope", [0.0, 0.2, 1.0, 1.5])
-@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("dtype", [np.float16, F32, F64])
 def test_leaky_relu_backward_matches_the_generic_default(device, slope, dtype):
-    """``leaky_relu_backward`` (NumPy: ``g * fmax(sign(y), slope)`` for slopes in [0, 1]) bit for bit against
-    the generic select: NaN, signed zeros and infinities in ``y`` and ``g``, a permuted layout, a 0-d pair."""
+    """``leaky_relu_backward`` (NumPy: ``g`` times a factor built on the bits of ``slope`` and 1, for slopes in
+    [0, 1]) bit for bit against the generic select: NaN, signed zeros and infinities in ``y`` and ``g``, a
+    permuted layout, a 0-d pair."""
     be = backend_for(device)
     if dtype is F64 and not be.supports_float64:
         pytest.skip("no float64 on this device")
+    if dtype is np.float16 and not be.supports_float16:
+        pytest.skip(f"{device} has no float16 (cl_khr_fp16)")
     rng = np.random.default_rng(5)
     y = rng.standard_normal((3, 16, 16, 32)).astype(dtype)
     y.flat[::7], y.flat[::11], y.flat[::13], y.flat[::17] = np.nan, -0.0, 0.0, -np.inf
