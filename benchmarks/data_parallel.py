@@ -104,7 +104,7 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
     sp = spec(args.model, args.scale)
     fg.manual_seed(0)
     model = build_flowgraph(args.model, args.scale).to(device)
-    dp = dist.DataParallel(model) if world > 1 else model
+    dp = dist.DataParallel(model, bucket_cap_mb=args.bucket_cap_mb) if world > 1 else model
     opt = optim.Adam(dp.parameters(), lr=args.lr)
     rng = np.random.default_rng(100 + rank)
     data = [(fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device),
@@ -138,12 +138,65 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
         return None
     samples = world * sp.batch * args.steps / med
     result = {"mode": "bench", "model": args.model, "world": world, "capture": args.capture,
+              "bucket_cap_mb": args.bucket_cap_mb,
               "epoch_ms": med * 1e3,
               "epoch_ms_all": [t * 1e3 for t in times], "samples_per_s": samples, "batch_per_rank": sp.batch}
     what = f"{args.model} jit" if args.capture else args.model
     print(f"bench {what}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
           f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
     return result
+
+
+def bench_torch(args, rank: int, world: int) -> dict | None:
+    """The same protocol with PyTorch's ``DistributedDataParallel`` (eager, NCCL through ``torch.distributed``;
+    one rank trains the plain model), for reference: the scaling the usual tool reaches on these GPUs."""
+    import torch
+    import torch.distributed as tdist
+
+    from .models import build_torch, spec
+
+    sp = spec(args.model, args.scale)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    device = f"cuda:{local}"
+    if world > 1:
+        tdist.init_process_group("nccl", device_id=torch.device(device))
+    torch.manual_seed(0)
+    model = build_torch(args.model, args.scale).to(device)
+    net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local],
+                                                    bucket_cap_mb=args.bucket_cap_mb) if world > 1 else model
+    opt = torch.optim.Adam(net.parameters(), lr=args.lr, fused=True)
+    gen = np.random.default_rng(100 + rank)
+    data = [(torch.tensor(gen.standard_normal(sp.input_shape, dtype=np.float32), device=device),
+             torch.tensor(gen.standard_normal(sp.target_shape, dtype=np.float32), device=device))
+            for _ in range(args.steps)]
+    loss_fn = torch.nn.MSELoss()
+    times = []
+    for epoch in range(args.warmup + args.epochs):
+        if world > 1:
+            tdist.barrier()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for x, y in data:
+            loss = loss_fn(net(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+        torch.cuda.synchronize()
+        if epoch >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    if world > 1:
+        tdist.destroy_process_group()
+    med = statistics.median(times)
+    if rank != 0:
+        return None
+    samples = world * sp.batch * args.steps / med
+    print(f"bench torch DDP {args.model}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
+          f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
+    return {"mode": "bench", "framework": "torch", "model": args.model, "world": world, "capture": False,
+            "bucket_cap_mb": args.bucket_cap_mb, "epoch_ms": med * 1e3, "samples_per_s": samples,
+            "batch_per_rank": sp.batch}
 
 
 def main() -> None:
@@ -160,12 +213,22 @@ def main() -> None:
                         help="--check: Adam (lr) or SGD (10 x lr)")
     parser.add_argument("--jit", "--capture", dest="capture", action="store_true",
                         help="--bench: run each step under fg.jit (a CUDA graph per rank)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DataParallel's bucket size (MiB)")
     parser.add_argument("--backend", default="nccl", help="nccl, or local (CPU processes through the store)")
+    parser.add_argument("--torch", action="store_true",
+                        help="--bench with PyTorch's DistributedDataParallel instead (eager; reference)")
     parser.add_argument("--json", default=None, help="append rank 0's result as one JSON line to this file")
     args = parser.parse_args()
     import flowgraph.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.torch:
+        args.steps = args.steps or 50
+        result = bench_torch(args, int(os.environ.get("RANK", "0")), world)
+        if result is not None and args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(result) + "\n")
+        return
     if world > 1:
         dist.init(backend=args.backend)
     rank = dist.get_rank() if world > 1 else 0

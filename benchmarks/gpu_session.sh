@@ -14,6 +14,7 @@ fi
 # CuPy finds NCCL through the loader: use the copy that came with torch's wheels when there is one.
 NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
 [ -n "$NCCL_LIB" ] && export LD_LIBRARY_PATH="$NCCL_LIB:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off, as the device notes require
 # NVIDIA's OpenCL driver is installed but not registered with the ICD loader on these hosts.
 mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 cp /etc/OpenCL/vendors/*.icd /tmp/icd/ 2>/dev/null || true
@@ -54,10 +55,15 @@ if has dp; then
 DP="python3 -m flowgraph.distributed.run"
 timeout "${DP_BUDGET:-60}" $DP --nproc-per-node 2 -m benchmarks.data_parallel --check --optimizer sgd --model mlp \
   > "$OUT/data_parallel.txt" 2>&1
-for m in mlp residual_tower; do for c in "" "--capture"; do for n in 1 2; do
+for m in mlp residual_tower; do for c in "" "--jit" "--torch"; do for n in 1 2; do  # --torch: PyTorch's DDP
   timeout "${DP_BUDGET:-60}" $DP --nproc-per-node $n --master-port $((29540 + n)) -m benchmarks.data_parallel \
     --bench $c --model $m --epochs 3 --json "$OUT/data_parallel.jsonl" >> "$OUT/data_parallel.txt" 2>&1
 done; done; done
+# the kernels and NCCL calls of both ranks on one axis (docs/distributed.md), and ZeRO-1's state per rank
+timeout "${DP_BUDGET:-60}" $DP --nproc-per-node 2 --master-port 29550 -m benchmarks.dp_timeline --model mlp --jit \
+  --out "$OUT/dp_timeline" >> "$OUT/data_parallel.txt" 2>&1
+timeout "${DP_BUDGET:-60}" $DP --nproc-per-node 2 --master-port 29551 -m benchmarks.zero_memory --model mlp \
+  --device cuda >> "$OUT/data_parallel.txt" 2>&1
 fi
 if has cpu; then  # the 7 models on the host CPU, eager and fg.jit vs torch (CPU scale)
   timeout "${CPU_BENCH_BUDGET:-240}" python3 -m benchmarks --device cpu --models "${CPU_MODELS:-all}" --jit --check-losses \
@@ -90,4 +96,4 @@ has profile && timeout 60 python3 -m benchmarks.gpu_profile --models "${PROFILE_
 tail -n 2 "$OUT"/tests_*.txt "$OUT"/overhead_*.txt 2>/dev/null; cat "$OUT"/bench_*.txt "$OUT"/host_cost_*.txt 2>/dev/null
 cat "$OUT"/activation_checkpoint_cuda.txt "$OUT"/ports_cpu.txt "$OUT"/attention_cuda.txt "$OUT"/launches_cuda.txt \
   2>/dev/null
-grep -E "^(check|bench)" "$OUT/data_parallel.txt" 2>/dev/null
+grep -E "^(check|bench|rank|\\|)" "$OUT/data_parallel.txt" 2>/dev/null

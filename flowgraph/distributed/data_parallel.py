@@ -28,32 +28,52 @@ from ..tensor import Tensor
 from .comm import Communicator
 
 
-def assign_buckets(params: Sequence[Tensor], bucket_cap_mb: float = 25.0) -> list[list[int]]:
-    """Group parameter indices into buckets of at most ``bucket_cap_mb`` MiB, in reverse registration order.
+def assign_buckets(params: Sequence[Tensor], bucket_cap_mb: float = 25.0, order: Sequence[int] | None = None,
+                   units: Sequence[Any] | None = None, first_bucket_mb: float | None = None) -> list[list[int]]:
+    """Group parameter indices into buckets of at most ``bucket_cap_mb`` MiB, in the order backward makes them.
 
-    Only parameters with ``requires_grad`` are placed (frozen ones are in no bucket). A bucket holds one dtype
-    and one device (it is flattened into one tensor); a parameter larger than the cap gets a bucket of its own.
-    Reverse order approximates the order in which backward produces gradients (last layer first), as in DDP.
+    ``order`` is that order (parameter indices); by default reverse registration order, which approximates it
+    (last layer first, as in DDP). :class:`DataParallel` records the real order during the first backward and
+    rebuilds its buckets with it. ``units`` gives each parameter a key of the group whose gradients one backward
+    op produces together (its module: a Linear's weight and bias), so a bucket never waits for a parameter of the
+    next layer that becomes ready only later; consecutive parameters (in ``order``) with one key stay in one
+    bucket. ``first_bucket_mb`` caps the first bucket (default and at most ``bucket_cap_mb``): small, so the first
+    all-reduce starts while most of backward is still to run. Only parameters with ``requires_grad`` are placed
+    (frozen ones are in no bucket). A bucket holds one dtype and one device; a parameter (or unit) larger than
+    the cap gets a bucket of its own.
     """
-    if bucket_cap_mb <= 0:
-        raise FlowError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+    if bucket_cap_mb <= 0 or (first_bucket_mb is not None and first_bucket_mb <= 0):
+        raise FlowError(f"bucket_cap_mb and first_bucket_mb must be positive, got {bucket_cap_mb} and "
+                        f"{first_bucket_mb}")
     cap = bucket_cap_mb * 1024 * 1024
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    size = 0
-    key = None
-    for i in reversed(range(len(params))):
+    first = cap if first_bucket_mb is None else min(cap, first_bucket_mb * 1024 * 1024)
+    if order is None:
+        order = list(reversed(range(len(params))))
+    # runs of consecutive parameters of one unit, dtype and device
+    runs: list[tuple[Any, list[int], int]] = []
+    for i in order:
         p = params[i]
         if not p.requires_grad:
             continue
+        key = (p.dtype, p.device, i if units is None else units[i])
         nbytes = p.numel() * p.element_size()
-        pkey = (p.dtype, p.device)
-        if current and (size + nbytes > cap or pkey != key):
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(i)
+            runs[-1] = (key, runs[-1][1], runs[-1][2] + nbytes)
+        else:
+            runs.append((key, [i], nbytes))
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    kind = None
+    for key, idx, nbytes in runs:
+        limit = cap if buckets else first
+        if current and (size + nbytes > limit or key[:2] != kind):
             buckets.append(current)
             current, size = [], 0
-        current.append(i)
+        current.extend(idx)
         size += nbytes
-        key = pkey
+        kind = key[:2]
     if current:
         buckets.append(current)
     return buckets
@@ -63,8 +83,12 @@ class DataParallel(Module):
     """Wrap ``module`` so that ``backward`` leaves the gradients averaged over all ranks.
 
     At construction the parameters and buffers are broadcast from rank 0. Parameters that require grad are
-    assigned to buckets (:func:`assign_buckets`); each bucket is all-reduced as soon as all its gradients are
-    ready, and the averaged gradients are in ``.grad`` when ``backward`` returns. ``broadcast_buffers`` copies
+    assigned to buckets (:func:`assign_buckets`: reverse registration order, a module's parameters together, the
+    first bucket at most ``first_bucket_mb`` MiB, the others ``bucket_cap_mb``); each bucket is all-reduced as
+    soon as all its gradients are ready, and the averaged gradients are in ``.grad`` when ``backward`` returns.
+    The first backward that reduces every parameter records the order its gradients came in, and the buckets
+    are rebuilt in that order (rank 0's, broadcast, so all ranks agree), as PyTorch's DDP does after its first
+    iteration. ``broadcast_buffers`` copies
     rank 0's buffers (e.g. BatchNorm running statistics) to every rank at each training forward.
     ``sync_batchnorm=True`` replaces the module's BatchNorm layers by :class:`SyncBatchNorm` (statistics over the
     global batch, sharing the same parameters and buffers); otherwise each rank normalises with its local batch.
@@ -80,7 +104,7 @@ class DataParallel(Module):
 
     def __init__(self, module: Module, bucket_cap_mb: float = 25.0, broadcast_buffers: bool = True,
                  sync_batchnorm: bool = False, find_unused_parameters: bool = False,
-                 communicator: Communicator | None = None) -> None:
+                 communicator: Communicator | None = None, first_bucket_mb: float = 1.0) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise FlowError(f"DataParallel wraps an nn.Module, got {type(module).__name__}")
@@ -107,14 +131,14 @@ class DataParallel(Module):
                 communicator.broadcast(p, 0)
             for b in module.buffers():
                 communicator.broadcast(b, 0)
-        buckets = assign_buckets(params, bucket_cap_mb)
-        object.__setattr__(self, "buckets", buckets)
-        bucket_of = {}
-        for b, idx in enumerate(buckets):
-            for i in idx:
-                bucket_of[i] = b
-        object.__setattr__(self, "_bucket_of", bucket_of)
-        object.__setattr__(self, "_handles", [params[i].register_hook(self._make_hook(i)) for i in bucket_of])
+        # a module's parameters come out of one backward op together (a Linear's weight and bias)
+        units = [name.rpartition(".")[0] for name in names]
+        caps = dict(bucket_cap_mb=bucket_cap_mb, units=units, first_bucket_mb=first_bucket_mb)
+        object.__setattr__(self, "_caps", caps)
+        self._set_buckets(assign_buckets(params, **caps))
+        object.__setattr__(self, "_order", [])  # parameter indices in the order the first backward made them
+        object.__setattr__(self, "_rebuilt", False)
+        object.__setattr__(self, "_handles", [params[i].register_hook(self._make_hook(i)) for i in self._bucket_of])
         #: PyTorch's DDP attribute: ``False`` makes the next forward's backward accumulate local gradients only.
         object.__setattr__(self, "require_backward_grad_sync", True)
         object.__setattr__(self, "_sync_backward", True)  # the setting at the last forward
@@ -139,6 +163,20 @@ class DataParallel(Module):
         finally:
             object.__setattr__(self, "require_backward_grad_sync", old)
 
+    def _set_buckets(self, buckets: list[list[int]]) -> None:
+        object.__setattr__(self, "buckets", buckets)
+        object.__setattr__(self, "_bucket_of", {i: b for b, idx in enumerate(buckets) for i in idx})
+
+    def _rebuild_buckets(self) -> None:
+        """Bucket again in the order the first fully reduced backward produced the gradients (``_order``), rank
+        0's order on every rank (a broadcast), so each bucket's gradients are ready at about the same time."""
+        object.__setattr__(self, "_rebuilt", True)
+        from ..tensor import tensor
+
+        order = tensor(self._order, dtype="int64", device=self._params[self._order[0]].device)
+        self._comm.broadcast(order, 0)
+        self._set_buckets(assign_buckets(self._params, order=[int(i) for i in order.tolist()], **self._caps))
+
     # ------------------------------------------------------------------ per-backward state
     def _reset(self) -> None:
         object.__setattr__(self, "_ready", {})  # param index -> (grad before this backward, this backward's grad)
@@ -162,6 +200,8 @@ class DataParallel(Module):
                             "reduced (is it used in two backward passes of one step? call finish_gradients())")
         with no_grad():
             g = grad.detach() if grad.dtype == p.dtype else grad.detach().to(p.dtype)
+        if not self._rebuilt:
+            self._order.append(i)
         self._record(i, g)
         self._missing[self._bucket_of[i]] -= 1
         self._launch_ready()
@@ -212,6 +252,11 @@ class DataParallel(Module):
                     continue
                 self._params[i].grad = avg if prev is None else prev + avg
         object.__setattr__(self, "_unsynced", False)
+        if not self._rebuilt:
+            if len(self._order) == len(self._bucket_of):
+                self._rebuild_buckets()
+            else:  # some parameter got no gradient (finish_gradients): record the next backward instead
+                self._order.clear()
         self._reset()
         return out
 

@@ -11,6 +11,7 @@ message naming the rank.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import secrets
 import subprocess
@@ -28,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, default=29500, help="port of the store on the master node")
     p.add_argument("--kill-timeout", type=float, default=10.0,
                    help="seconds between SIGTERM and SIGKILL when stopping the other ranks")
+    p.add_argument("--bind-cores", action="store_true",
+                   help="give each local rank its own share of this node's physical cores (Linux; a core's "
+                        "hyperthreads stay with one rank), so no two ranks' Python threads share a core")
     p.add_argument("-m", "--module", action="store_true",
                    help="run `script` as a module (python -m script), as torchrun's -m does")
     p.add_argument("script", help="the training script (a module name with -m)")
@@ -35,12 +39,42 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _core_of(cpu: int) -> str:
+    """The physical core CPU ``cpu`` belongs to, as the kernel lists its hyperthreads ("0,16")."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            return f.read().strip()
+    except OSError:
+        return f"cpu{cpu}"
+
+
+def core_shares(nproc: int, cpus: Sequence[int] | None = None) -> list[list[int]]:
+    """This node's usable CPUs (``cpus``, default this process's affinity) split into ``nproc`` shares of whole
+    physical cores (a core's hyperthreads, read from ``/sys/devices/system/cpu``, go to one share), in core
+    order: share ``r`` is local rank ``r``'s. A CPU whose topology is unreadable is a core of its own."""
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    cores: dict[str, list[int]] = {}
+    for cpu in cpus:
+        cores.setdefault(_core_of(cpu), []).append(cpu)
+    groups = list(cores.values())
+    if len(groups) < nproc:
+        raise ValueError(f"--bind-cores: {nproc} ranks but only {len(groups)} physical cores usable here")
+    per, extra = divmod(len(groups), nproc)
+    shares, start = [], 0
+    for r in range(nproc):
+        n = per + (r < extra)
+        shares.append(sorted(c for g in groups[start:start + n] for c in g))
+        start += n
+    return shares
+
+
 def launch(script: str, args: Sequence[str] = (), nproc_per_node: int = 1, nnodes: int = 1, node_rank: int = 0,
            master_addr: str = "127.0.0.1", master_port: int = 29500, kill_timeout: float = 10.0,
-           module: bool = False) -> int:
+           module: bool = False, bind_cores: bool = False) -> int:
     """Run ``script`` in ``nproc_per_node`` processes and return the exit code (0 when all ranks succeeded).
 
-    With ``module=True`` ``script`` is a module name run as ``python -m script``.
+    With ``module=True`` ``script`` is a module name run as ``python -m script``. With ``bind_cores=True`` each
+    local rank runs on its own share of the physical cores (:func:`core_shares`; Linux only).
     """
     if nproc_per_node < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
         print(f"flowgraph.distributed.run: need --nproc-per-node >= 1, --nnodes >= 1 and 0 <= --node-rank < "
@@ -54,6 +88,16 @@ def launch(script: str, args: Sequence[str] = (), nproc_per_node: int = 1, nnode
                   "every host, e.g. python -c 'import secrets; print(secrets.token_hex(32))')", file=sys.stderr)
             return 2
         secret = secrets.token_hex(32)  # one per job: only its ranks can use the store
+    shares = None
+    if bind_cores:
+        if not hasattr(os, "sched_setaffinity"):
+            print("flowgraph.distributed.run: --bind-cores needs Linux (os.sched_setaffinity)", file=sys.stderr)
+            return 2
+        try:
+            shares = core_shares(nproc_per_node)
+        except ValueError as e:
+            print(f"flowgraph.distributed.run: {e}", file=sys.stderr)
+            return 2
     procs: dict[int, subprocess.Popen] = {}
     for local in range(nproc_per_node):
         rank = node_rank * nproc_per_node + local
@@ -61,7 +105,8 @@ def launch(script: str, args: Sequence[str] = (), nproc_per_node: int = 1, nnode
                    LOCAL_WORLD_SIZE=str(nproc_per_node), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
                    FLOWGRAPH_STORE_SECRET=secret, FLOWGRAPH_LAUNCHED="1")
         target = ["-m", script] if module else [script]
-        procs[rank] = subprocess.Popen([sys.executable, *target, *args], env=env)
+        pin = None if shares is None else functools.partial(os.sched_setaffinity, 0, shares[local])
+        procs[rank] = subprocess.Popen([sys.executable, *target, *args], env=env, preexec_fn=pin)
     failed: tuple[int, int] | None = None
     try:
         while procs and failed is None:
@@ -98,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code."""
     a = _parser().parse_args(argv)
     return launch(a.script, a.args, a.nproc_per_node, a.nnodes, a.node_rank, a.master_addr, a.master_port,
-                  a.kill_timeout, module=a.module)
+                  a.kill_timeout, module=a.module, bind_cores=a.bind_cores)
 
 
 if __name__ == "__main__":

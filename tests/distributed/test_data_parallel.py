@@ -100,8 +100,40 @@ def test_buckets_reduced_once_frozen_never():
                                                         "2.bias"]
     dp(fg.randn(3, 4)).sum().backward()
     # every trainable parameter is reduced exactly once; the frozen 8*4+8 elements never
-    assert comm.reduced == [2 + 16, 8, 64]  # buckets in order: (2.bias, 2.weight), (1.bias), (1.weight)
+    # buckets in order: (2.bias, 2.weight), then (1.bias, 1.weight): a layer's weight and bias stay together
+    assert comm.reduced == [2 + 16, 8 + 64]
     assert m[0].weight.grad is None and m[2].weight.grad is not None
+
+
+def test_buckets_are_rebuilt_in_the_order_the_first_backward_made_the_gradients():
+    class Registered(nn.Module):  # registered c, b, a; used a -> b -> c, so backward makes c's gradients first
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Linear(5, 2)
+            self.b = nn.Linear(4, 5)
+            self.a = nn.Linear(3, 4)
+
+        def forward(self, x):
+            return self.c(self.b(self.a(x)))
+
+    fg.manual_seed(0)
+    m = Registered()
+    comm = _Loopback()
+    dp = dist.DataParallel(m, bucket_cap_mb=40 / (1024 * 1024), communicator=comm)  # a layer a bucket
+    names = dp._names
+    layers = lambda: [sorted({names[i].split(".")[0] for i in b}) for b in dp.buckets]  # noqa: E731
+    assert layers() == [["a"], ["b"], ["c"]]  # reverse registration order: a guess, wrong here
+    x = fg.randn(6, 3)
+    dp(x).sum().backward()
+    assert layers() == [["c"], ["b"], ["a"]]  # the order backward made them in
+    grads = [p.grad.detach().numpy().copy() for p in m.parameters()]
+    for p in m.parameters():
+        p.grad = None
+    comm.reduced.clear()
+    dp(x).sum().backward()
+    assert comm.reduced == [2 * 5 + 2, 5 * 4 + 5, 4 * 3 + 4]  # each parameter once, in the new buckets
+    for p, g in zip(m.parameters(), grads):
+        assert abs(p.grad.detach().numpy() - g).max() == 0.0
 
 
 def test_gradients_accumulate_across_backwards():

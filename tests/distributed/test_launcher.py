@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ._util import free_port
 
 _ENV_SCRIPT = """
@@ -79,3 +81,29 @@ def test_module_mode_runs_python_dash_m(tmp_path):
     for rank in range(2):
         fields = (tmp_path / f"out.{rank}").read_text().split()
         assert fields[0] == str(rank) and fields[-1] == "x"
+
+
+def test_core_shares_give_each_rank_whole_physical_cores(monkeypatch):
+    from flowgraph.distributed import run
+
+    # 8 CPUs, hyperthread pairs (i, i + 4) as many cloud hosts number them
+    monkeypatch.setattr(run, "_core_of", lambda cpu: f"{cpu % 4},{cpu % 4 + 4}")
+    assert run.core_shares(2, range(8)) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert run.core_shares(3, range(8)) == [[0, 1, 4, 5], [2, 6], [3, 7]]
+    with pytest.raises(ValueError, match="5 ranks but only 4 physical cores"):
+        run.core_shares(5, range(8))
+
+
+def test_bind_cores_pins_each_rank(tmp_path):
+    script = tmp_path / "aff.py"
+    script.write_text("import os\n"
+                      "open(os.path.join(os.path.dirname(__file__), 'aff.' + os.environ['LOCAL_RANK']), 'w').write("
+                      "','.join(map(str, sorted(os.sched_getaffinity(0)))))\n")
+    n = min(2, len(os.sched_getaffinity(0)))
+    res = subprocess.run([sys.executable, "-m", "flowgraph.distributed.run", "--nproc-per-node", str(n), "--bind-cores",
+                          "--master-port", str(free_port()), str(script)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    from flowgraph.distributed.run import core_shares
+
+    for r, share in enumerate(core_shares(n)):
+        assert (tmp_path / f"aff.{r}").read_text() == ",".join(map(str, share))
