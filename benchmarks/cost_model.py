@@ -36,10 +36,12 @@ class Link:
     alpha: float
 
 
-#: H100/H200 NVLink 4: 18 links, 900 GB/s per GPU both directions together, 450 GB/s per direction; NCCL's
-#: all-reduce bus bandwidth on 8 GPUs of one host reaches about that in practice (nccl-tests). Latency per step:
-#: a few microseconds (5-10 us); 7 us assumed.
-NVLINK = Link("NVLink (H100/H200)", 450e9, 7e-6)
+#: H100/H200 NVLink 4 (18 links, 900 GB/s per GPU both directions together, 450 GB/s per direction on the data
+#: sheet), as measured: NCCL 2.28's all-reduces of DataParallel's buckets on 2 H200s (NV18), inside a replayed
+#: step with nothing running beside them, took 107-116 us for the 25.2 MB last bucket and 53-62 us for an 8.4 MB
+#: one (CUPTI, ``benchmarks/dp_timeline.py``; docs/results/dp_2xh200_r31.txt). A 2-rank ring moves ``n/B`` and
+#: takes 2 steps: fitted, ``B`` = 305 GB/s and ``alpha`` = 14 us, below the data sheet at these message sizes.
+NVLINK = Link("NVLink (H200, measured)", 305e9, 14e-6)
 #: One 400 Gb/s InfiniBand NDR / RoCE port: 50 GB/s per direction; ~15 us per step across the network.
 IB_400G = Link("400 Gb/s", 50e9, 15e-6)
 
@@ -169,12 +171,14 @@ def mlp_parameters() -> int:
     return sum(i * o + o for i, o in linear) + 4 * 2 * sp.hidden
 
 
-#: Measured on 2 x H200 with NVLink (docs/benchmark.md, "Data-parallel training"): samples/s at batch 256 per GPU.
+#: Measured on 2 x H200 with NVLink (docs/results/dp_2xh200_r31.txt): samples/s at batch 256 per GPU, 1 GPU and 2
+#: GPUs. fg.jit from the session's last call (the final bucketing); eager from its first call (these hosts' eager
+#: steps vary from call to call: the ranks' Python sets the pace).
 MEASURED = {
-    "mlp eager": (36_404, 62_418),
-    "mlp captured": (204_053, 335_043),
-    "residual_tower eager": (11_288, 19_652),
-    "residual_tower captured": (118_593, 196_258),
+    "mlp eager": (129_426, 124_615),
+    "mlp jit": (254_824, 398_659),
+    "residual_tower eager": (47_948, 75_128),
+    "residual_tower jit": (188_227, 321_051),
 }
 
 

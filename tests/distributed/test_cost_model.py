@@ -80,6 +80,7 @@ def test_transformer_compute_and_benchmark_parameter_counts():
     assert small == 14 * (d * d + d) + 12 * 2 * d  # the formula of residual_tower_parameters at a small size
     rows = cm.predictions()
     assert {r["layout"] for r in rows} >= {"8 GPUs, NVLink", "4x8, 8 x 400 Gb/s per node"}
-    assert all(0 < r["eff"] <= r["eff_overlap"] <= 1 + 1e-12 and math.isfinite(r["step_s"]) for r in rows)
+    # overlap never predicts a slower step (equal at 2 GPUs, where both are calibrated to the measured one)
+    assert all(0 < r["eff"] <= r["eff_overlap"] + 1e-12 <= 1 + 2e-12 and math.isfinite(r["step_s"]) for r in rows)
     with pytest.raises(ValueError, match="integer >= 1"):
         cm.ring_all_reduce(1.0, 0, LINK)
