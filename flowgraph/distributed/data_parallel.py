@@ -17,6 +17,7 @@ rank's local gradients in ``.grad``; the first backward after it reduces, per pa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -88,8 +89,9 @@ class DataParallel(Module):
     soon as all its gradients are ready, and the averaged gradients are in ``.grad`` when ``backward`` returns.
     The first backward that reduces every parameter records the order its gradients came in, and the buckets
     are rebuilt in that order (rank 0's, broadcast, so all ranks agree), as PyTorch's DDP does after its first
-    iteration. ``broadcast_buffers`` copies
-    rank 0's buffers (e.g. BatchNorm running statistics) to every rank at each training forward.
+    iteration. ``broadcast_buffers`` copies rank 0's buffers (e.g. BatchNorm running statistics) to every rank at
+    each training forward (skipped for a module that had no buffers when it was wrapped, as DDP keeps the
+    buffers it found at construction).
     ``sync_batchnorm=True`` replaces the module's BatchNorm layers by :class:`SyncBatchNorm` (statistics over the
     global batch, sharing the same parameters and buffers); otherwise each rank normalises with its local batch.
     ``find_unused_parameters=True`` lets some parameters get no gradient in a step; then call
@@ -126,10 +128,13 @@ class DataParallel(Module):
             params.append(p)
         object.__setattr__(self, "_names", names)
         object.__setattr__(self, "_params", params)
+        buffers = list(module.buffers())
+        # DDP's rule too: the buffers a module has when it is wrapped are the ones kept in sync
+        object.__setattr__(self, "_has_buffers", bool(buffers))
         with no_grad():
             for p in params:
                 communicator.broadcast(p, 0)
-            for b in module.buffers():
+            for b in buffers:
                 communicator.broadcast(b, 0)
         # a module's parameters come out of one backward op together (a Linear's weight and bias)
         units = [name.rpartition(".")[0] for name in names]
@@ -185,21 +190,19 @@ class DataParallel(Module):
         object.__setattr__(self, "_next_bucket", 0)
 
     def _make_hook(self, i: int):
-        def hook(grad: Tensor) -> Tensor | None:
-            return self._on_grad(i, grad)
-
-        return hook
+        return functools.partial(self._on_grad, i)
 
     def _on_grad(self, i: int, grad: Tensor) -> Tensor | None:
-        p = self._params[i]
         if not self._sync_backward:
             object.__setattr__(self, "_unsynced", True)
             return None  # the engine accumulates the local gradient into .grad
         if i in self._ready:
             raise FlowError(f"DataParallel: parameter {self._names[i]!r} got two gradients before the buckets were "
                             "reduced (is it used in two backward passes of one step? call finish_gradients())")
-        with no_grad():
-            g = grad.detach() if grad.dtype == p.dtype else grad.detach().to(p.dtype)
+        g = grad
+        if g.requires_grad or g.dtype != self._params[i].dtype:  # create_graph, or a gradient of another dtype
+            with no_grad():
+                g = g.detach().to(self._params[i].dtype)
         if not self._rebuilt:
             self._order.append(i)
         self._record(i, g)
@@ -290,7 +293,7 @@ class DataParallel(Module):
             raise FlowError("DataParallel: the previous backward left gradients unreduced (no gradient for "
                             f"{missing}); call finish_gradients() after backward, with find_unused_parameters=True")
         object.__setattr__(self, "_sync_backward", bool(self.require_backward_grad_sync))
-        if self.broadcast_buffers and self.training and self._comm.world_size > 1:
+        if self._has_buffers and self.broadcast_buffers and self.training and self._comm.world_size > 1:
             with no_grad():
                 for b in self.module.buffers():
                     self._comm.broadcast(b, 0)
