@@ -93,8 +93,11 @@ def check(args, rank: int, world: int, device: str) -> dict | None:
     return result
 
 
-def bench(args, rank: int, world: int, device: str) -> dict | None:
-    """Median epoch time per rank; rank 0 reports global samples per second."""
+def training_step(args, rank: int, world: int, device: str, jit: bool) -> tuple:
+    """``(spec, model, step, backend, rng)``: the benchmark model (``DataParallel`` on several ranks, with
+    ``args.bucket_cap_mb``), Adam at ``args.lr``, and ``step(x, y)`` (forward, MSE, zero_grad, backward, step;
+    returns the loss), under ``fg.jit`` when ``jit`` (one CUDA graph per rank, NCCL all-reduces included);
+    ``rng`` this rank's generator for its batches."""
     import flowgraph as fg
     import flowgraph.distributed as dist
     from flowgraph import nn, optim
@@ -106,12 +109,7 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
     model = build_flowgraph(args.model, args.scale).to(device)
     dp = dist.DataParallel(model, bucket_cap_mb=args.bucket_cap_mb) if world > 1 else model
     opt = optim.Adam(dp.parameters(), lr=args.lr)
-    rng = np.random.default_rng(100 + rank)
-    data = [(fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device),
-             fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device))
-            for _ in range(args.steps)]
     loss_fn = nn.MSELoss()
-    backend = fg.get_backend(device)
 
     def step(x, y):
         loss = loss_fn(dp(x), y)
@@ -120,8 +118,18 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
         opt.step()
         return loss
 
-    if args.capture:  # fg.jit: the whole step, NCCL all-reduces included, as one CUDA graph per rank
-        step = fg.jit(step)
+    return sp, dp, fg.jit(step) if jit else step, fg.get_backend(device), np.random.default_rng(100 + rank)
+
+
+def bench(args, rank: int, world: int, device: str) -> dict | None:
+    """Median epoch time per rank; rank 0 reports global samples per second."""
+    import flowgraph as fg
+    import flowgraph.distributed as dist
+
+    sp, _, step, backend, rng = training_step(args, rank, world, device, args.capture)
+    data = [(fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device),
+             fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device))
+            for _ in range(args.steps)]
     times = []
     for epoch in range(args.warmup + args.epochs):
         if world > 1:

@@ -105,9 +105,8 @@ def record(args) -> None:
 
     import flowgraph as fg
     import flowgraph.distributed as dist
-    from flowgraph import nn, optim
 
-    from .models import build_flowgraph, spec
+    from .data_parallel import training_step
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
@@ -115,26 +114,9 @@ def record(args) -> None:
     rank = dist.get_rank() if world > 1 else 0
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     torch.cuda.set_device(int(device.split(":")[1]))
-    sp = spec(args.model, args.scale)
-    fg.manual_seed(0)
-    model = build_flowgraph(args.model, args.scale).to(device)
-    dp = dist.DataParallel(model, bucket_cap_mb=args.bucket_cap_mb) if world > 1 else model
-    opt = optim.Adam(dp.parameters(), lr=1e-3)
-    rng = np.random.default_rng(100 + rank)
+    sp, dp, step, backend, rng = training_step(args, rank, world, device, args.jit)
     x = fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device)
     y = fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device)
-    loss_fn = nn.MSELoss()
-    backend = fg.get_backend(device)
-
-    def step(x, y):
-        loss = loss_fn(dp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
-    if args.jit:
-        step = fg.jit(step)
     for _ in range(args.warmup):
         step(x, y).item()
     if world > 1:
@@ -228,6 +210,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="profiled steps")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", default="out", help="folder for timeline.json")
     parser.add_argument("--render", nargs="+", default=None, help="draw these recorded files (timeline.json) instead")
     parser.add_argument("--svg", default="timeline.svg", help="--render: the SVG to write")
