@@ -121,6 +121,34 @@ def training_step(args, rank: int, world: int, device: str, jit: bool) -> tuple:
     return sp, dp, fg.jit(step) if jit else step, fg.get_backend(device), np.random.default_rng(100 + rank)
 
 
+def _median_epoch(args, barrier, synchronize, run_step, data) -> tuple[float, list[float]]:
+    """``(median, times)`` in seconds of ``args.epochs`` timed epochs after ``args.warmup``: each epoch starts
+    after ``barrier()`` (None in a world of one) and ``synchronize()``, calls ``run_step(x, y)`` (which reads
+    the loss back) on every batch of ``data``, and ends with ``synchronize()``."""
+    times = []
+    for epoch in range(args.warmup + args.epochs):
+        if barrier is not None:
+            barrier()
+        synchronize()
+        t0 = time.perf_counter()
+        for x, y in data:
+            run_step(x, y)
+        synchronize()
+        if epoch >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def _report(args, world: int, batch: int, med: float, times: list[float], label: str, **extra) -> dict:
+    """Rank 0's line (``bench <label>: ...``) and JSON result: global samples per second."""
+    samples = world * batch * args.steps / med
+    print(f"bench {label}: {world} GPU(s), batch {batch} per GPU, {args.steps} steps/epoch: "
+          f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
+    return {"mode": "bench", **extra, "model": args.model, "world": world, "bucket_cap_mb": args.bucket_cap_mb,
+            "epoch_ms": med * 1e3, "epoch_ms_all": [t * 1e3 for t in times], "samples_per_s": samples,
+            "batch_per_rank": batch}
+
+
 def bench(args, rank: int, world: int, device: str) -> dict | None:
     """Median epoch time per rank; rank 0 reports global samples per second."""
     import flowgraph as fg
@@ -130,29 +158,12 @@ def bench(args, rank: int, world: int, device: str) -> dict | None:
     data = [(fg.tensor(rng.standard_normal(sp.input_shape, dtype=np.float32), device=device),
              fg.tensor(rng.standard_normal(sp.target_shape, dtype=np.float32), device=device))
             for _ in range(args.steps)]
-    times = []
-    for epoch in range(args.warmup + args.epochs):
-        if world > 1:
-            dist.barrier()
-        backend.synchronize()
-        t0 = time.perf_counter()
-        for x, y in data:
-            step(x, y).item()
-        backend.synchronize()
-        if epoch >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
+    med, times = _median_epoch(args, dist.barrier if world > 1 else None, backend.synchronize,
+                               lambda x, y: step(x, y).item(), data)
     if rank != 0:
         return None
-    samples = world * sp.batch * args.steps / med
-    result = {"mode": "bench", "model": args.model, "world": world, "capture": args.capture,
-              "bucket_cap_mb": args.bucket_cap_mb,
-              "epoch_ms": med * 1e3,
-              "epoch_ms_all": [t * 1e3 for t in times], "samples_per_s": samples, "batch_per_rank": sp.batch}
-    what = f"{args.model} jit" if args.capture else args.model
-    print(f"bench {what}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
-          f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
-    return result
+    return _report(args, world, sp.batch, med, times, f"{args.model} jit" if args.capture else args.model,
+                   capture=args.capture)
 
 
 def bench_torch(args, rank: int, world: int) -> dict | None:
@@ -179,32 +190,20 @@ def bench_torch(args, rank: int, world: int) -> dict | None:
              torch.tensor(gen.standard_normal(sp.target_shape, dtype=np.float32), device=device))
             for _ in range(args.steps)]
     loss_fn = torch.nn.MSELoss()
-    times = []
-    for epoch in range(args.warmup + args.epochs):
-        if world > 1:
-            tdist.barrier()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for x, y in data:
-            loss = loss_fn(net(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss.item()
-        torch.cuda.synchronize()
-        if epoch >= args.warmup:
-            times.append(time.perf_counter() - t0)
+
+    def step(x, y):
+        loss = loss_fn(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+
+    med, times = _median_epoch(args, tdist.barrier if world > 1 else None, torch.cuda.synchronize, step, data)
     if world > 1:
         tdist.destroy_process_group()
-    med = statistics.median(times)
     if rank != 0:
         return None
-    samples = world * sp.batch * args.steps / med
-    print(f"bench torch DDP {args.model}: {world} GPU(s), batch {sp.batch} per GPU, {args.steps} steps/epoch: "
-          f"median epoch {med * 1e3:.1f} ms, {samples:.0f} samples/s", flush=True)
-    return {"mode": "bench", "framework": "torch", "model": args.model, "world": world, "capture": False,
-            "bucket_cap_mb": args.bucket_cap_mb, "epoch_ms": med * 1e3, "samples_per_s": samples,
-            "batch_per_rank": sp.batch}
+    return _report(args, world, sp.batch, med, times, f"torch DDP {args.model}", framework="torch", capture=False)
 
 
 def main() -> None:

@@ -19,16 +19,13 @@ import html
 import json
 import os
 import tempfile
-import time
 
 import numpy as np
 
-_COMM_PREFIXES = ("nccl", "ncclDevKernel", "ncclKernel")
-
 
 def _is_comm(name: str) -> bool:
-    """Whether a kernel name is NCCL's."""
-    return name.startswith(_COMM_PREFIXES)
+    """Whether a kernel name is NCCL's (``ncclDevKernel_...``, ``ncclKernel_...``)."""
+    return name.startswith("nccl")
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -142,8 +139,7 @@ def record(args) -> None:
         json.dump(what, f)
     if world > 1:
         dist.barrier()
-    if rank == 0:
-        time.sleep(0.5)
+    if rank == 0:  # every rank's file is written: the barrier above
         ranks = []
         for r in range(world):
             path = os.path.join(args.out, f"timeline_rank{r}.json")

@@ -25,7 +25,7 @@ from typing import Any
 from ..autograd.grad_mode import no_grad
 from ..errors import FlowError
 from ..nn.module import Module
-from ..tensor import Tensor
+from ..tensor import Tensor, tensor, zeros_like
 from .comm import Communicator
 
 
@@ -176,8 +176,6 @@ class DataParallel(Module):
         """Bucket again in the order the first fully reduced backward produced the gradients (``_order``), rank
         0's order on every rank (a broadcast), so each bucket's gradients are ready at about the same time."""
         object.__setattr__(self, "_rebuilt", True)
-        from ..tensor import tensor
-
         order = tensor(self._order, dtype="int64", device=self._params[self._order[0]].device)
         self._comm.broadcast(order, 0)
         self._set_buckets(assign_buckets(self._params, order=[int(i) for i in order.tolist()], **self._caps))
@@ -199,10 +197,10 @@ class DataParallel(Module):
         if i in self._ready:
             raise FlowError(f"DataParallel: parameter {self._names[i]!r} got two gradients before the buckets were "
                             "reduced (is it used in two backward passes of one step? call finish_gradients())")
-        g = grad
-        if g.requires_grad or g.dtype != self._params[i].dtype:  # create_graph, or a gradient of another dtype
+        g, dtype = grad, self._params[i].dtype
+        if g.requires_grad or g.dtype != dtype:  # create_graph, or a gradient of another dtype
             with no_grad():
-                g = g.detach().to(self._params[i].dtype)
+                g = g.detach().to(dtype)
         if not self._rebuilt:
             self._order.append(i)
         self._record(i, g)
@@ -276,8 +274,6 @@ class DataParallel(Module):
         if missing and not self.find_unused_parameters:
             raise FlowError("DataParallel: no gradient for parameters " + str([self._names[i] for i in missing])
                             + "; construct with find_unused_parameters=True if some parameters are unused")
-        from ..tensor import zeros_like
-
         for i in missing:
             self._record(i, zeros_like(self._params[i]))
             self._missing[self._bucket_of[i]] -= 1
